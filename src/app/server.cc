@@ -1,0 +1,223 @@
+#include "app/server.h"
+
+#include <netdb.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "config/loader.h"
+#include "core/logging.h"
+
+namespace sluice::app {
+
+config::ConfigPtr resolveEndpoints(const config::Config& loaded, std::string* error) {
+  auto config = std::make_shared<config::Config>(loaded);
+  for (auto& upstream : config->upstreams) {
+    upstream.resolved.clear();
+    for (const auto& endpoint : upstream.endpoints) {
+      sockaddr_storage storage{};
+      socklen_t len = 0;
+      if (!endpoint.toSockaddr(&storage, &len)) {
+        addrinfo hints{};
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* result = nullptr;
+        const std::string port = std::to_string(endpoint.port);
+        const int rc = getaddrinfo(endpoint.host.c_str(), port.c_str(), &hints, &result);
+        if (rc != 0 || !result) {
+          *error = "upstream " + upstream.name + ": cannot resolve " + endpoint.text + ": " +
+                   gai_strerror(rc);
+          return nullptr;
+        }
+        std::memcpy(&storage, result->ai_addr, result->ai_addrlen);
+        freeaddrinfo(result);
+      }
+      upstream.resolved.push_back(storage);
+    }
+  }
+  return config;
+}
+
+Server::Server(std::string config_path) : config_path_(std::move(config_path)) {
+  uv_loop_init(&loop_);
+}
+
+Server::~Server() {
+  admin_.reset();
+  workers_poll_.reset();
+  for (uv_signal_t* s : signals_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(s),
+             [](uv_handle_t* h) { delete reinterpret_cast<uv_signal_t*>(h); });
+  }
+  signals_.clear();
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  uv_loop_close(&loop_);
+}
+
+int Server::run() {
+  const auto start = std::chrono::system_clock::now().time_since_epoch();
+  process_stats_.start_time_seconds = std::chrono::duration<double>(start).count();
+  config::LoadResult loaded = config::loadConfigFile(config_path_);
+  if (!loaded.ok()) {
+    for (const auto& e : loaded.errors) std::fprintf(stderr, "%s\n", e.toString().c_str());
+    return 1;
+  }
+  logging::configure(loaded.config->log.level, loaded.config->log.format);
+  std::string error;
+  config_ = resolveEndpoints(*loaded.config, &error);
+  if (!config_) {
+    SLUICE_LOG_ERROR("{}", error);
+    return 1;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+
+  int count = config_->server.workers;
+  if (count <= 0) count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 0; i < count; ++i) {
+    auto worker = std::make_unique<Worker>(i);
+    if (worker->start(config_, &error) != 0) {
+      SLUICE_LOG_ERROR("cannot listen: {}", error);
+      for (auto& w : workers_) w->postDrain();
+      for (auto& w : workers_) w->join();
+      return 1;
+    }
+    workers_.push_back(std::move(worker));
+  }
+
+  admin_ = std::make_unique<admin::AdminServer>(
+      &loop_, [this](std::string_view path) { return handleAdmin(path); });
+  const char* what = "";
+  if (const int rc = admin_->listen(config_->admin.listen, &what); rc != 0) {
+    SLUICE_LOG_ERROR("cannot listen (admin): {} {}: {}", what, config_->admin.listen.text,
+                     uv_strerror(rc));
+    for (auto& w : workers_) w->postDrain();
+    for (auto& w : workers_) w->join();
+    return 1;
+  }
+
+  for (int signum : {SIGTERM, SIGINT, SIGHUP}) {
+    auto* s = new uv_signal_t;
+    uv_signal_init(&loop_, s);
+    s->data = this;
+    uv_signal_start(s, [](uv_signal_t* h, int n) { static_cast<Server*>(h->data)->onSignal(n); },
+                    signum);
+    signals_.push_back(s);
+  }
+  SLUICE_LOG_INFO("sluice {} listening on {} with {} workers, admin on {}", SLUICE_VERSION,
+                  config_->server.listen.text, workers_.size(), config_->admin.listen.text);
+
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  for (auto& w : workers_) w->join();
+  SLUICE_LOG_INFO("stopped");
+  spdlog::default_logger_raw()->flush();
+  return 0;
+}
+
+void Server::onSignal(int signum) {
+  if (signum == SIGHUP) {
+    reload();
+  } else {
+    beginDrain();
+  }
+}
+
+void Server::reload() {
+  if (draining_) return;
+  config::LoadResult loaded = config::loadConfigFile(config_path_);
+  std::string error;
+  config::ConfigPtr config;
+  if (loaded.ok()) {
+    config = resolveEndpoints(*loaded.config, &error);
+  } else {
+    for (const auto& e : loaded.errors) {
+      if (!error.empty()) error += "; ";
+      error += e.toString();
+    }
+  }
+  if (!config) {
+    ++process_stats_.config_reload_failures;
+    SLUICE_LOG_ERROR("reload refused, the previous configuration keeps serving: {}", error);
+    return;
+  }
+  if (config->server.listen.text != config_->server.listen.text ||
+      config->server.workers != config_->server.workers ||
+      config->admin.listen.text != config_->admin.listen.text) {
+    SLUICE_LOG_WARN("reload: listen addresses and workers change only at restart");
+  }
+  logging::configure(config->log.level, config->log.format);
+  config_ = config;
+  for (auto& w : workers_) w->postConfig(config);
+  ++process_stats_.config_reloads;
+  SLUICE_LOG_INFO("configuration reloaded from {}", config_path_);
+}
+
+void Server::beginDrain() {
+  if (draining_) return;
+  draining_ = true;
+  SLUICE_LOG_INFO("draining: no new connections, finishing requests in flight (up to {} ms)",
+                  config_->server.drain_timeout.count());
+  for (auto& w : workers_) w->postDrain();
+  workers_poll_ = std::make_unique<Timer>(&loop_, onWorkersPoll, this);
+  workers_poll_->start(20);
+}
+
+void Server::onWorkersPoll(void* context) {
+  auto* self = static_cast<Server*>(context);
+  for (auto& w : self->workers_) {
+    if (!w->finished()) {
+      self->workers_poll_->start(20);
+      return;
+    }
+  }
+  // Every worker is done: let the main loop end.
+  self->workers_poll_.reset();
+  self->admin_->close();
+  for (uv_signal_t* s : self->signals_) {
+    uv_close(reinterpret_cast<uv_handle_t*>(s),
+             [](uv_handle_t* h) { delete reinterpret_cast<uv_signal_t*>(h); });
+  }
+  self->signals_.clear();
+}
+
+bool Server::ready(std::string* why) const {
+  if (draining_) {
+    *why = "draining";
+    return false;
+  }
+  if (!config_) {
+    *why = "no configuration";
+    return false;
+  }
+  return true;
+}
+
+admin::AdminResponse Server::handleAdmin(std::string_view path) {
+  admin::AdminResponse response;
+  if (path == "/healthz") {
+    response.body = "ok\n";
+  } else if (path == "/ready") {
+    std::string why;
+    if (ready(&why)) {
+      response.body = "ready\n";
+    } else {
+      response.status = 503;
+      response.body = "not ready: " + why + "\n";
+    }
+  } else if (path == "/metrics") {
+    std::vector<const stats::WorkerStats*> stats;
+    for (const auto& w : workers_) stats.push_back(&w->stats());
+    std::string why;
+    process_stats_.ready = ready(&why);
+    response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    response.body = admin::renderMetrics(stats, process_stats_);
+  } else {
+    response.status = 404;
+    response.body = "not found\n";
+  }
+  return response;
+}
+
+}  // namespace sluice::app

@@ -1,0 +1,51 @@
+#pragma once
+
+// The process: loads the configuration, starts the workers and the admin listener, and turns
+// signals into reload (SIGHUP) and graceful drain (SIGTERM, SIGINT). Runs on the main thread.
+
+#include <uv.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "admin/admin_server.h"
+#include "admin/metrics.h"
+#include "app/worker.h"
+#include "config/config.h"
+#include "core/timer.h"
+
+namespace sluice::app {
+
+// Resolves every upstream endpoint (DNS for names) into a copy of `config`. On failure returns
+// null and says which endpoint in *error.
+config::ConfigPtr resolveEndpoints(const config::Config& config, std::string* error);
+
+class Server {
+ public:
+  explicit Server(std::string config_path);
+  ~Server();
+
+  // Runs until drained; returns the process exit code.
+  int run();
+
+ private:
+  void onSignal(int signum);
+  void reload();
+  void beginDrain();
+  static void onWorkersPoll(void* self);
+  admin::AdminResponse handleAdmin(std::string_view path);
+  bool ready(std::string* why) const;
+
+  std::string config_path_;
+  uv_loop_t loop_;
+  config::ConfigPtr config_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::unique_ptr<admin::AdminServer> admin_;
+  std::vector<uv_signal_t*> signals_;
+  std::unique_ptr<Timer> workers_poll_;
+  admin::ProcessStats process_stats_;
+  bool draining_ = false;
+};
+
+}  // namespace sluice::app

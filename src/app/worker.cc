@@ -1,0 +1,178 @@
+#include "app/worker.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/logging.h"
+#include "proxy/downstream_connection.h"
+#include "upstream/cluster.h"
+
+namespace sluice::app {
+
+namespace {
+
+// Everything that makes two upstream definitions interchangeable for a pool.
+std::string clusterSignature(const config::UpstreamConfig& u) {
+  std::string s = u.name;
+  for (const auto& e : u.endpoints) s += "|" + e.text;
+  for (const auto& r : u.resolved) s += "|" + std::string(reinterpret_cast<const char*>(&r), sizeof r);
+  s += "|" + std::to_string(u.connect_timeout.count()) + "|" + std::to_string(u.response_timeout.count()) +
+       "|" + std::to_string(u.idle_timeout.count()) + "|" + std::to_string(u.fail_timeout.count()) +
+       "|" + std::to_string(u.max_idle_connections) + "|" + (u.tls ? "tls" : "plain");
+  return s;
+}
+
+}  // namespace
+
+Worker::Worker(int index) : index_(index) {}
+
+Worker::~Worker() { join(); }
+
+int Worker::start(config::ConfigPtr config, std::string* error) {
+  std::promise<std::pair<int, std::string>> bound;
+  auto result = bound.get_future();
+  thread_ = std::thread(&Worker::run, this, std::move(config), std::move(bound));
+  auto [rc, what] = result.get();
+  if (rc != 0) {
+    *error = what;
+    join();
+  }
+  return rc;
+}
+
+void Worker::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void Worker::postConfig(config::ConfigPtr config) {
+  {
+    std::lock_guard<std::mutex> lock(mail_mutex_);
+    mail_config_ = std::move(config);
+  }
+  uv_async_send(&async_);
+}
+
+void Worker::postDrain() {
+  {
+    std::lock_guard<std::mutex> lock(mail_mutex_);
+    mail_drain_ = true;
+  }
+  uv_async_send(&async_);
+}
+
+void Worker::run(config::ConfigPtr config, std::promise<std::pair<int, std::string>> bound) {
+  uv_loop_init(&loop_);
+  loop_.data = this;
+  context_ = std::make_unique<proxy::WorkerContext>(&loop_, &stats_);
+  applyConfig(config);
+  listener_ = std::make_unique<net::Listener>(
+      &loop_, [this](std::unique_ptr<net::TcpTransport> t) { onAccept(std::move(t)); });
+  const char* what = "";
+  const int rc = listener_->listen(config->server.listen, true, &what);
+  if (rc != 0) {
+    listener_.reset();
+    context_->setSnapshot(nullptr);
+    uv_run(&loop_, UV_RUN_DEFAULT);  // lets the closed handles finish
+    uv_loop_close(&loop_);
+    finished_.store(true, std::memory_order_release);
+    bound.set_value({rc, std::string(what) + " " + config->server.listen.text + ": " +
+                             uv_strerror(rc)});
+    return;
+  }
+  uv_async_init(&loop_, &async_, [](uv_async_t* a) { static_cast<Worker*>(a->data)->onMail(); });
+  async_.data = this;
+  bound.set_value({0, {}});
+
+  uv_run(&loop_, UV_RUN_DEFAULT);
+
+  context_.reset();
+  uv_run(&loop_, UV_RUN_DEFAULT);
+  if (uv_loop_close(&loop_) != 0) SLUICE_LOG_WARN("worker {}: handles left at exit", index_);
+  finished_.store(true, std::memory_order_release);
+}
+
+void Worker::applyConfig(config::ConfigPtr config) {
+  auto snapshot = std::make_shared<proxy::Snapshot>();
+  const std::shared_ptr<proxy::Snapshot>& old = context_->snapshot();
+  for (const auto& upstream : config->upstreams) {
+    std::shared_ptr<upstream::Cluster> reuse;
+    if (old) {
+      for (size_t i = 0; i < old->config->upstreams.size(); ++i) {
+        if (clusterSignature(old->config->upstreams[i]) == clusterSignature(upstream)) {
+          reuse = old->clusters[i];
+          break;
+        }
+      }
+    }
+    snapshot->clusters.push_back(reuse ? reuse
+                                       : std::make_shared<upstream::Cluster>(&loop_, upstream));
+  }
+  if (old) {
+    for (const auto& cluster : old->clusters) {
+      const bool kept = std::find(snapshot->clusters.begin(), snapshot->clusters.end(),
+                                  cluster) != snapshot->clusters.end();
+      if (!kept) cluster->retire();
+    }
+  }
+  snapshot->config = std::move(config);
+  context_->setSnapshot(std::move(snapshot));
+}
+
+void Worker::onMail() {
+  config::ConfigPtr config;
+  bool drain = false;
+  {
+    std::lock_guard<std::mutex> lock(mail_mutex_);
+    config = std::move(mail_config_);
+    mail_config_.reset();
+    drain = mail_drain_;
+  }
+  if (config && !draining_) applyConfig(std::move(config));
+  if (drain && !draining_) beginDrain();
+}
+
+void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport) {
+  auto* connection = new proxy::DownstreamConnection(*context_, std::move(transport));
+  connection->start();
+}
+
+void Worker::beginDrain() {
+  draining_ = true;
+  context_->setDraining();
+  listener_.reset();
+  for (proxy::DownstreamConnection* connection : context_->connections()) connection->drain();
+  const auto timeout = context_->snapshot()->config->server.drain_timeout.count();
+  drain_deadline_ = std::make_unique<Timer>(&loop_, onDrainTimer, this);
+  drain_deadline_->start(static_cast<uint64_t>(timeout));
+  drain_poll_ = std::make_unique<Timer>(&loop_, onDrainPoll, this);
+  checkDrained();
+}
+
+void Worker::onDrainTimer(void* context) {
+  auto* self = static_cast<Worker*>(context);
+  const auto left = self->context_->connections();
+  if (!left.empty()) {
+    SLUICE_LOG_WARN("worker {}: drain timeout, closing {} connections", self->index_, left.size());
+  }
+  for (proxy::DownstreamConnection* connection : left) connection->forceClose();
+  self->checkDrained();
+}
+
+void Worker::onDrainPoll(void* context) { static_cast<Worker*>(context)->checkDrained(); }
+
+void Worker::checkDrained() {
+  if (context_->connectionCount() > 0) {
+    drain_poll_->start(20);
+    return;
+  }
+  // Nothing in flight: release every handle so that uv_run returns.
+  drain_deadline_.reset();
+  drain_poll_.reset();
+  if (const auto& snapshot = context_->snapshot()) {
+    for (const auto& cluster : snapshot->clusters) cluster->retire();
+  }
+  context_->setSnapshot(nullptr);
+  uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
+}
+
+}  // namespace sluice::app

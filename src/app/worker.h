@@ -1,0 +1,71 @@
+#pragma once
+
+// One event loop on its own thread: its listening socket (SO_REUSEPORT), its connections, its
+// upstream pools and its counters. The main thread talks to it only through post*(), which
+// wake the loop with a uv_async.
+
+#include <uv.h>
+
+#include <atomic>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "config/config.h"
+#include "core/timer.h"
+#include "net/listener.h"
+#include "proxy/worker_context.h"
+#include "stats/stats.h"
+
+namespace sluice::app {
+
+class Worker {
+ public:
+  explicit Worker(int index);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Starts the thread with `config`; returns once its listener is bound, with 0 or an error
+  // (then the thread has already ended).
+  int start(config::ConfigPtr config, std::string* error);
+  // Thread-safe: new requests use `config` from now on.
+  void postConfig(config::ConfigPtr config);
+  // Thread-safe: stop accepting, finish requests in flight within drain_timeout, end.
+  void postDrain();
+  void join();
+
+  const stats::WorkerStats& stats() const { return stats_; }
+  // True once the thread has left its loop (safe to join without blocking).
+  bool finished() const { return finished_.load(std::memory_order_acquire); }
+  int index() const { return index_; }
+
+ private:
+  void run(config::ConfigPtr config, std::promise<std::pair<int, std::string>> bound);
+  void applyConfig(config::ConfigPtr config);
+  void onMail();
+  void beginDrain();
+  void checkDrained();
+  void onAccept(std::unique_ptr<net::TcpTransport> transport);
+  static void onDrainTimer(void* self);
+  static void onDrainPoll(void* self);
+
+  int index_;
+  uv_loop_t loop_;
+  uv_async_t async_;
+  std::thread thread_;
+  stats::WorkerStats stats_;
+  std::unique_ptr<proxy::WorkerContext> context_;
+  std::unique_ptr<net::Listener> listener_;
+  std::unique_ptr<Timer> drain_deadline_;
+  std::unique_ptr<Timer> drain_poll_;
+  bool draining_ = false;
+  std::atomic<bool> finished_{false};
+
+  std::mutex mail_mutex_;
+  config::ConfigPtr mail_config_;
+  bool mail_drain_ = false;
+};
+
+}  // namespace sluice::app

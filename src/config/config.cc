@@ -1,0 +1,32 @@
+#include "config/config.h"
+
+#include <algorithm>
+
+namespace sluice::config {
+
+namespace {
+
+// The loader refuses duplicate names, so the first match is the only one. A linear scan is
+// fine: these run at load time and per reload, over a few dozen entries at most.
+template <class T>
+const T* findByName(const std::vector<T>& entries, const std::string& name) {
+  auto it = std::find_if(entries.begin(), entries.end(),
+                         [&](const T& entry) { return entry.name == name; });
+  return it == entries.end() ? nullptr : &*it;
+}
+
+}  // namespace
+
+const UpstreamConfig* Config::findUpstream(const std::string& name) const {
+  return findByName(upstreams, name);
+}
+
+const LimitConfig* Config::findLimit(const std::string& name) const {
+  return findByName(limits, name);
+}
+
+const PlanConfig* Config::findPlan(const std::string& name) const {
+  return findByName(plans, name);
+}
+
+}  // namespace sluice::config

@@ -1,0 +1,194 @@
+#pragma once
+
+// The typed, validated, immutable configuration snapshot. A loader (config/loader.h) builds it
+// from TOML; everything else only reads it through std::shared_ptr<const Config>. A reload
+// builds a new snapshot, requests in flight keep the one they started with.
+
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/address.h"
+#include "core/ip_address.h"
+
+namespace sluice::config {
+
+using Duration = std::chrono::milliseconds;
+
+enum class RateLimitHeaders { Ietf, Legacy, Both, None };
+enum class LogLevel { Error, Warn, Info, Debug };
+enum class LogFormat { Text, Json };
+
+struct TlsCertificate {
+  std::string cert_path;  // PEM chain, leaf first
+  std::string key_path;   // PEM private key
+};
+
+struct ServerTlsConfig {
+  TlsCertificate default_certificate;         // [server.tls] cert / key
+  std::vector<TlsCertificate> sni_certificates;  // [[server.tls.certificates]], chosen by SNI
+  Duration handshake_timeout{Duration(10000)};
+};
+
+struct ServerConfig {
+  SocketAddress listen;             // listen = "0.0.0.0:8080"
+  int workers = 0;                  // 0 = one per core (resolved when the server starts)
+  size_t max_request_header_bytes = 16384;
+  size_t max_request_body_bytes = 10485760;
+  Duration request_header_timeout{Duration(10000)};
+  Duration idle_timeout{Duration(60000)};
+  Duration drain_timeout{Duration(10000)};
+  RateLimitHeaders rate_limit_headers = RateLimitHeaders::Ietf;
+  std::optional<ServerTlsConfig> tls;
+};
+
+struct AdminConfig {
+  SocketAddress listen;  // default 127.0.0.1:9901
+};
+
+struct LogConfig {
+  LogLevel level = LogLevel::Info;
+  LogFormat format = LogFormat::Text;  // format of the process log on stderr
+  std::string access_log = "stdout";   // "stdout", "off" or a file path
+};
+
+struct ValkeyConfig {
+  std::optional<SocketAddress> address;  // address = "host:port" | "unix:/path"
+  std::vector<SocketAddress> nodes;      // Valkey Cluster seeds, instead of address
+  std::string password_env;              // name of the variable; never the password itself
+  Duration timeout{Duration(25)};        // deadline of one decision
+  Duration connect_timeout{Duration(1000)};
+  std::string key_prefix = "rl:v1";
+};
+
+struct IdentityConfig {
+  std::vector<Cidr> trusted_proxies;
+  int ipv6_prefix = 64;
+  std::string api_key_header = "X-API-Key";
+  std::string session_cookie = "session";
+  bool reject_unknown_api_keys = false;
+  bool valkey_tenants = true;             // resolve API keys not in the TOML from Valkey
+  Duration tenant_cache_ttl{Duration(10000)};
+};
+
+struct UpstreamTlsConfig {
+  std::string server_name;  // SNI and the name verified; default: the endpoint's host
+  std::string ca_file;      // empty: the system's default CA store
+  bool verify = true;
+  std::string client_cert;  // optional mTLS
+  std::string client_key;
+};
+
+struct UpstreamConfig {
+  std::string name;
+  std::vector<SocketAddress> endpoints;
+  Duration connect_timeout{Duration(1000)};
+  Duration response_timeout{Duration(30000)};
+  Duration idle_timeout{Duration(60000)};  // pooled keep-alive connections
+  Duration fail_timeout{Duration(10000)};  // an endpoint that failed is skipped this long
+  size_t max_idle_connections = 64;        // per endpoint, per worker
+  std::optional<UpstreamTlsConfig> tls;
+
+  // One socket address per endpoint, same order. Filled by the server (DNS) before the
+  // snapshot is shared; the loader leaves it empty.
+  std::vector<sockaddr_storage> resolved;
+};
+
+enum class Algorithm { FixedWindow, SlidingLog, SlidingWindow, TokenBucket };
+
+enum class KeyPartKind {
+  Ip,
+  ApiKey,
+  Session,
+  Tenant,
+  Route,
+  Method,
+  Header,
+  Cookie,
+  Query,
+  Form,
+  Json
+};
+
+struct KeyPart {
+  KeyPartKind kind;
+  std::string name;  // header / cookie / query / form / json: the name; empty otherwise
+  std::string text;  // as written in the configuration, e.g. "header:X-Team"
+};
+
+enum class OnError { Allow, Deny };
+
+struct LimitConfig {
+  std::string name;
+  Algorithm algorithm = Algorithm::SlidingWindow;
+  std::vector<KeyPart> by;
+  int64_t limit = 0;
+  Duration window{0};
+  int64_t burst = 0;  // token_bucket capacity; defaults to limit
+  int64_t cost = 1;
+  bool count_denied = false;  // default true for sliding_log, false otherwise
+  OnError on_error = OnError::Allow;
+  bool shadow = false;
+};
+
+struct RouteMatch {
+  std::string path_prefix;           // empty: any
+  std::string path;                  // exact path; empty: any
+  std::string host;                  // exact host (port ignored), lower case; empty: any
+  std::vector<std::string> methods;  // upper case; empty: any
+};
+
+struct RouteConfig {
+  std::string name;
+  RouteMatch match;
+  std::string upstream;
+  size_t upstream_index = 0;           // index into Config::upstreams
+  std::vector<std::string> limits;
+  std::vector<size_t> limit_indices;   // indices into Config::limits, same order
+  size_t max_buffered_body_bytes = 8192;  // form:/json: key parts read at most this much body
+};
+
+struct PlanLimitOverride {
+  int64_t limit = 0;
+  std::optional<int64_t> burst;
+};
+
+struct PlanConfig {
+  std::string name;
+  std::map<std::string, PlanLimitOverride> limits;  // by limit name
+};
+
+struct TenantConfig {
+  std::string name;
+  std::string plan;  // empty: no plan
+  std::vector<std::string> api_keys;
+};
+
+struct Config {
+  std::string source_path;  // the file it was loaded from
+  ServerConfig server;
+  AdminConfig admin;
+  LogConfig log;
+  ValkeyConfig valkey;
+  IdentityConfig identity;
+  std::vector<UpstreamConfig> upstreams;
+  std::vector<LimitConfig> limits;
+  std::vector<RouteConfig> routes;
+  std::vector<PlanConfig> plans;
+  std::vector<TenantConfig> tenants;
+
+  bool hasValkey() const { return valkey.address.has_value() || !valkey.nodes.empty(); }
+  const UpstreamConfig* findUpstream(const std::string& name) const;
+  const LimitConfig* findLimit(const std::string& name) const;
+  const PlanConfig* findPlan(const std::string& name) const;
+};
+
+using ConfigPtr = std::shared_ptr<const Config>;
+
+}  // namespace sluice::config

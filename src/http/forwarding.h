@@ -1,0 +1,65 @@
+#pragma once
+
+// Header rules at the proxy boundary: what is hop-by-hop, what Sluice adds (X-Forwarded-*,
+// Via), and how a body is framed on the other side. Pure functions over heads, so that they
+// are unit-tested without sockets.
+
+#include <string>
+#include <string_view>
+
+#include "http/message.h"
+
+namespace sluice::http {
+
+// How a body travels on one side of the proxy.
+enum class Framing {
+  None,            // no body (HEAD responses, 204, 304, requests without a body)
+  ContentLength,   // the Content-Length of the message is kept
+  Chunked,         // re-encoded as chunks
+  CloseDelimited,  // responses only: the body ends when the connection closes
+};
+
+// True for fields that describe one connection and must not be forwarded: Connection,
+// Keep-Alive, TE, Trailer, Transfer-Encoding, Upgrade, Proxy-*.
+bool isHopByHop(std::string_view name);
+
+// The field names listed in every Connection header of `headers`, lower case.
+std::vector<std::string> connectionOptions(const HeaderMap& headers);
+
+struct UpstreamRequestContext {
+  std::string_view target;             // origin-form target to send (normalized path + query)
+  std::string_view forwarded_for;      // complete X-Forwarded-For value to send
+  std::string_view scheme;             // "http" / "https"
+  bool trusted_peer = false;           // keep a trusted peer's X-Forwarded-Proto / -Host
+  bool tunnel = false;                 // keep Upgrade and send Connection: upgrade
+  Framing body = Framing::None;        // None, ContentLength or Chunked
+};
+
+// Serializes the request head sent upstream (HTTP/1.1, keep-alive), ending with CRLF CRLF.
+std::string buildUpstreamRequestHead(const MessageHead& request,
+                                     const UpstreamRequestContext& context);
+
+// The framing of a response towards the client.
+Framing responseFraming(const MessageHead& response, bool head_request, bool client_http10);
+
+struct ClientResponseContext {
+  bool client_http10 = false;
+  bool keep_alive = true;  // the client connection stays open after this response
+  bool tunnel = false;     // 101: keep Upgrade and send Connection: upgrade
+  Framing framing = Framing::ContentLength;
+  std::string_view extra_headers;  // already serialized "Name: value\r\n" lines
+};
+
+// Serializes the response head sent to the client, ending with CRLF CRLF.
+std::string buildClientResponseHead(const MessageHead& response,
+                                    const ClientResponseContext& context);
+
+// "HTTP/1.1 100 Continue\r\n\r\n"
+std::string_view continueResponse();
+
+// Chunk framing for a piece of body: "<hex>\r\n" (the caller sends data then "\r\n").
+std::string chunkHeader(size_t size);
+inline constexpr std::string_view kChunkEnd = "\r\n";
+inline constexpr std::string_view kLastChunk = "0\r\n\r\n";
+
+}  // namespace sluice::http

@@ -1,0 +1,68 @@
+#include "http/headers.h"
+
+#include <algorithm>
+
+namespace sluice::http {
+
+namespace {
+inline char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
+}  // namespace
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (lower(a[i]) != lower(b[i])) return false;
+  }
+  return true;
+}
+
+std::string toLower(std::string_view text) {
+  std::string out(text);
+  for (char& c : out) c = lower(c);
+  return out;
+}
+
+std::string_view trim(std::string_view text) {
+  while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);
+  while (!text.empty() && (text.back() == ' ' || text.back() == '\t')) text.remove_suffix(1);
+  return text;
+}
+
+const std::string* HeaderMap::get(std::string_view name) const {
+  for (const auto& h : headers_) {
+    if (iequals(h.name, name)) return &h.value;
+  }
+  return nullptr;
+}
+
+size_t HeaderMap::count(std::string_view name) const {
+  return static_cast<size_t>(std::count_if(headers_.begin(), headers_.end(),
+                                           [&](const Header& h) { return iequals(h.name, name); }));
+}
+
+std::optional<std::string> HeaderMap::getJoined(std::string_view name) const {
+  std::optional<std::string> out;
+  for (const auto& h : headers_) {
+    if (!iequals(h.name, name)) continue;
+    if (out) {
+      *out += ", ";
+      *out += h.value;
+    } else {
+      out = h.value;
+    }
+  }
+  return out;
+}
+
+size_t HeaderMap::remove(std::string_view name) {
+  const auto before = headers_.size();
+  std::erase_if(headers_, [&](const Header& h) { return iequals(h.name, name); });
+  return before - headers_.size();
+}
+
+void HeaderMap::set(std::string name, std::string value) {
+  remove(name);
+  add(std::move(name), std::move(value));
+}
+
+}  // namespace sluice::http

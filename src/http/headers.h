@@ -1,0 +1,63 @@
+#pragma once
+
+// An ordered list of header fields, as received. Names keep their case; lookups ignore it.
+// Requests carry a few dozen fields at most, so a vector beats any map here.
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sluice::http {
+
+bool iequals(std::string_view a, std::string_view b);
+std::string toLower(std::string_view text);
+std::string_view trim(std::string_view text);  // spaces and tabs at both ends
+
+// Calls fn(element) for each comma-separated element of a list-valued field, trimmed, skipping
+// empty ones (RFC 9110 section 5.6.1).
+template <typename Fn>
+void forEachListElement(std::string_view value, Fn&& fn) {
+  while (!value.empty()) {
+    const auto comma = value.find(',');
+    std::string_view element = trim(value.substr(0, comma));
+    if (!element.empty()) fn(element);
+    if (comma == std::string_view::npos) break;
+    value.remove_prefix(comma + 1);
+  }
+}
+
+struct Header {
+  std::string name;
+  std::string value;
+};
+
+class HeaderMap {
+ public:
+  using const_iterator = std::vector<Header>::const_iterator;
+
+  void add(std::string name, std::string value) {
+    headers_.push_back({std::move(name), std::move(value)});
+  }
+  // The first field with this name, or nullptr.
+  const std::string* get(std::string_view name) const;
+  size_t count(std::string_view name) const;
+  // Every field with this name joined with ", " (the way a list-valued field is combined).
+  std::optional<std::string> getJoined(std::string_view name) const;
+  // Removes every field with this name; returns how many.
+  size_t remove(std::string_view name);
+  void set(std::string name, std::string value);  // remove + add
+
+  std::vector<Header>& fields() { return headers_; }
+  const std::vector<Header>& fields() const { return headers_; }
+  const_iterator begin() const { return headers_.begin(); }
+  const_iterator end() const { return headers_.end(); }
+  size_t size() const { return headers_.size(); }
+  bool empty() const { return headers_.empty(); }
+  void clear() { headers_.clear(); }
+
+ private:
+  std::vector<Header> headers_;
+};
+
+}  // namespace sluice::http

@@ -1,0 +1,233 @@
+#include "http/parser.h"
+
+namespace sluice::http {
+
+namespace {
+
+inline Parser* self(llhttp_t* p) { return static_cast<Parser*>(p->data); }
+
+// Per header field beyond its name and value: ": " and CRLF.
+constexpr size_t kFieldOverhead = 4;
+
+}  // namespace
+
+const llhttp_settings_t* Parser::settings() {
+  static const llhttp_settings_t s = [] {
+    llhttp_settings_t st;
+    llhttp_settings_init(&st);
+    st.on_message_begin = onMessageBegin;
+    st.on_url = onUrl;
+    st.on_status = onStatus;
+    st.on_method = onMethod;
+    st.on_header_field = onHeaderField;
+    st.on_header_field_complete = onHeaderFieldComplete;
+    st.on_header_value = onHeaderValue;
+    st.on_headers_complete = onHeadersComplete;
+    st.on_body = onBody;
+    st.on_message_complete = onMessageCompleteCb;
+    return st;
+  }();
+  return &s;
+}
+
+Parser::Parser(Type type, ParserCallbacks* callbacks, ParserLimits limits)
+    : type_(type), callbacks_(callbacks), limits_(limits) {
+  llhttp_init(&parser_, type == Type::Request ? HTTP_REQUEST : HTTP_RESPONSE, settings());
+  parser_.data = this;
+}
+
+int Parser::fail(int status, const char* reason) {
+  error_status_ = status;
+  error_reason_ = reason;
+  return HPE_USER;
+}
+
+int Parser::countHeadBytes(size_t len) {
+  head_bytes_ += len;
+  if (head_bytes_ > limits_.max_head_bytes) {
+    return fail(type_ == Type::Request ? 431 : 502, "header section too large");
+  }
+  return 0;
+}
+
+int Parser::onMessageBegin(llhttp_t* p) {
+  Parser* s = self(p);
+  s->head_ = MessageHead{};
+  s->head_bytes_ = 0;
+  s->body_bytes_ = 0;
+  s->in_field_ = false;
+  s->in_message_ = true;
+  s->head_complete_ = false;
+  s->interim_ = false;
+  return 0;
+}
+
+int Parser::onMethod(llhttp_t* p, const char*, size_t len) { return self(p)->countHeadBytes(len); }
+
+int Parser::onUrl(llhttp_t* p, const char* at, size_t len) {
+  Parser* s = self(p);
+  if (int rc = s->countHeadBytes(len)) return rc;
+  s->head_.target.append(at, len);
+  return 0;
+}
+
+int Parser::onStatus(llhttp_t* p, const char* at, size_t len) {
+  Parser* s = self(p);
+  if (int rc = s->countHeadBytes(len)) return rc;
+  s->head_.reason.append(at, len);
+  return 0;
+}
+
+int Parser::onHeaderField(llhttp_t* p, const char* at, size_t len) {
+  Parser* s = self(p);
+  if (int rc = s->countHeadBytes(len)) return rc;
+  if (!s->in_field_) {
+    if (s->head_.headers.size() >= s->limits_.max_header_count) {
+      return s->fail(s->type_ == Type::Request ? 431 : 502, "too many header fields");
+    }
+    if (int rc = s->countHeadBytes(kFieldOverhead)) return rc;
+    s->head_.headers.add({}, {});
+    s->in_field_ = true;
+  }
+  s->head_.headers.fields().back().name.append(at, len);
+  return 0;
+}
+
+int Parser::onHeaderFieldComplete(llhttp_t* p) {
+  self(p)->in_field_ = false;
+  return 0;
+}
+
+int Parser::onHeaderValue(llhttp_t* p, const char* at, size_t len) {
+  Parser* s = self(p);
+  if (int rc = s->countHeadBytes(len)) return rc;
+  if (s->head_.headers.empty()) return s->fail(400, "header value without a name");
+  s->head_.headers.fields().back().value.append(at, len);
+  return 0;
+}
+
+int Parser::onHeadersComplete(llhttp_t* p) {
+  Parser* s = self(p);
+  MessageHead& head = s->head_;
+  for (auto& field : head.headers.fields()) {
+    const std::string_view trimmed = trim(field.value);
+    if (trimmed.size() != field.value.size()) field.value = std::string(trimmed);
+  }
+  head.version_major = llhttp_get_http_major(p);
+  head.version_minor = llhttp_get_http_minor(p);
+  if (s->type_ == Type::Request) {
+    head.method = llhttp_method_name(static_cast<llhttp_method_t>(llhttp_get_method(p)));
+  } else {
+    head.status = llhttp_get_status_code(p);
+    if (head.status >= 100 && head.status < 200 && head.status != 101) {
+      // Interim responses (100 Continue, 103 Early Hints) are not relayed.
+      s->interim_ = true;
+      return 0;
+    }
+  }
+  if (p->flags & F_CHUNKED) {
+    head.chunked = true;
+  } else if (p->flags & F_CONTENT_LENGTH) {
+    head.content_length = p->content_length;
+  }
+  head.keep_alive = llhttp_should_keep_alive(p) != 0;
+  head.upgrade = p->upgrade != 0;
+  s->head_complete_ = true;
+  if (s->type_ == Type::Request && s->limits_.max_body_bytes > 0 && head.content_length &&
+      *head.content_length > s->limits_.max_body_bytes) {
+    return s->fail(413, "request body too large");
+  }
+  if (int status = s->callbacks_->onMessageHead(head)) {
+    return s->fail(status, "refused");
+  }
+  if (s->type_ == Type::Response && s->expect_no_body_) return 1;  // skip the body
+  return 0;
+}
+
+int Parser::onBody(llhttp_t* p, const char* at, size_t len) {
+  Parser* s = self(p);
+  s->body_bytes_ += len;
+  if (s->type_ == Type::Request && s->limits_.max_body_bytes > 0 &&
+      s->body_bytes_ > s->limits_.max_body_bytes) {
+    return s->fail(413, "request body too large");
+  }
+  s->callbacks_->onMessageBody(at, len);
+  return 0;
+}
+
+int Parser::onMessageCompleteCb(llhttp_t* p) {
+  Parser* s = self(p);
+  if (s->interim_) {
+    s->interim_ = false;
+    return 0;
+  }
+  s->in_message_ = false;
+  s->callbacks_->onMessageComplete();
+  // An upgrade ends in HPE_PAUSED_UPGRADE by itself; anything else stops here so that the
+  // next pipelined message waits until this one is answered.
+  if (p->upgrade) return 0;
+  s->paused_ = true;
+  return HPE_PAUSED;
+}
+
+Parser::Result Parser::makeResult(llhttp_errno_t err, const char* data, size_t len) {
+  Result r;
+  switch (err) {
+    case HPE_OK:
+      r.status = Status::NeedMore;
+      r.consumed = len;
+      break;
+    case HPE_PAUSED:
+      r.status = Status::MessageDone;
+      r.consumed = static_cast<size_t>(llhttp_get_error_pos(&parser_) - data);
+      break;
+    case HPE_PAUSED_UPGRADE:
+      r.status = Status::Upgrade;
+      r.consumed = static_cast<size_t>(llhttp_get_error_pos(&parser_) - data);
+      in_message_ = false;
+      break;
+    case HPE_USER:
+      r.status = Status::Error;
+      r.error_status = error_status_;
+      r.error_reason = error_reason_;
+      break;
+    default:
+      r.status = Status::Error;
+      r.error_status = type_ == Type::Request ? 400 : 502;
+      r.error_reason = llhttp_get_error_reason(&parser_);
+      if (r.error_reason == nullptr) r.error_reason = llhttp_errno_name(err);
+      break;
+  }
+  return r;
+}
+
+Parser::Result Parser::execute(const char* data, size_t len) {
+  return makeResult(llhttp_execute(&parser_, data, len), data, len);
+}
+
+Parser::Result Parser::finish() {
+  const bool was_in_message = in_message_;
+  const llhttp_errno_t err = llhttp_finish(&parser_);
+  Result r;
+  if (err == HPE_OK || err == HPE_PAUSED) {
+    r.status = (was_in_message && !in_message_) ? Status::MessageDone : Status::NeedMore;
+    if (r.status == Status::NeedMore && was_in_message) {
+      r.status = Status::Error;
+      r.error_status = type_ == Type::Request ? 400 : 502;
+      r.error_reason = "connection closed in the middle of a message";
+    }
+    return r;
+  }
+  r.status = Status::Error;
+  r.error_status = type_ == Type::Request ? 400 : 502;
+  r.error_reason = "connection closed in the middle of a message";
+  return r;
+}
+
+void Parser::resume() {
+  if (!paused_) return;
+  paused_ = false;
+  llhttp_resume(&parser_);
+}
+
+}  // namespace sluice::http

@@ -1,0 +1,313 @@
+#include "proxy/downstream_connection.h"
+
+#include "core/logging.h"
+#include "http/responses.h"
+#include "proxy/worker_context.h"
+#include "stats/stats.h"
+
+namespace sluice::proxy {
+
+namespace {
+
+// Bytes a client may send ahead of the request being answered (pipelining) before we stop
+// reading from it.
+constexpr size_t kMaxPendingBytes = 64 * 1024;
+// How long a closing connection keeps reading (and discarding) after its last response, so
+// that unread request bytes do not turn our FIN into a RST that destroys that response.
+constexpr uint64_t kLingerMs = 2000;
+
+http::ParserLimits requestLimits(const config::ServerConfig& server) {
+  http::ParserLimits limits;
+  limits.max_head_bytes = server.max_request_header_bytes;
+  limits.max_body_bytes = server.max_request_body_bytes;
+  return limits;
+}
+
+}  // namespace
+
+DownstreamConnection::DownstreamConnection(WorkerContext& worker,
+                                           std::unique_ptr<net::Transport> transport)
+    : worker_(worker),
+      transport_(std::move(transport)),
+      timer_(worker.loop(), onTimer, this),
+      parser_(http::Parser::Type::Request, this,
+              requestLimits(worker.snapshot()->config->server)),
+      exchange_(*this) {
+  transport_->setCallbacks(this);
+  worker_.add(this);
+  worker_.stats().connections_open.add(1);
+  worker_.stats().connections_total.inc();
+}
+
+DownstreamConnection::~DownstreamConnection() {
+  worker_.remove(this);
+  worker_.stats().connections_open.add(-1);
+}
+
+void DownstreamConnection::start() {
+  transport_->readStart();
+  timer_role_ = TimerRole::Header;
+  timer_.start(static_cast<uint64_t>(
+      worker_.snapshot()->config->server.request_header_timeout.count()));
+}
+
+void DownstreamConnection::armIdleTimer() {
+  timer_role_ = TimerRole::Idle;
+  timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
+}
+
+void DownstreamConnection::onRead(const char* data, size_t len) {
+  switch (state_) {
+    case State::Tunnel:
+      exchange_.onClientTunnelData(data, len);
+      return;
+    case State::Lingering:
+    case State::Closed:
+      return;
+    case State::Reading:
+      break;
+  }
+  if (close_when_drained_) return;  // answered and closing: the rest is discarded
+  const bool parsing_held = (request_active_ && request_complete_) || !pending_.empty() ||
+                            timer_role_ == TimerRole::Resume;
+  if (parsing_held) {
+    pending_.append(data, len);
+    if (pending_.size() > kMaxPendingBytes && !paused_full_) {
+      paused_full_ = true;
+      transport_->readStop();
+    }
+    return;
+  }
+  process(data, len);
+}
+
+void DownstreamConnection::process(const char* data, size_t len) {
+  if (!request_active_ && !parser_.inMessage() && timer_role_ != TimerRole::Header) {
+    // The first byte of a new request: from now on the head has request_header_timeout.
+    timer_role_ = TimerRole::Header;
+    timer_.start(static_cast<uint64_t>(
+        worker_.snapshot()->config->server.request_header_timeout.count()));
+  }
+  in_parser_ = true;
+  const http::Parser::Result result = parser_.execute(data, len);
+  in_parser_ = false;
+  if (state_ != State::Reading) return;
+  switch (result.status) {
+    case http::Parser::Status::NeedMore:
+      break;
+    case http::Parser::Status::MessageDone:
+    case http::Parser::Status::Upgrade:
+      pending_.append(data + result.consumed, len - result.consumed);
+      if (pending_.size() > kMaxPendingBytes && !paused_full_) {
+        paused_full_ = true;
+        transport_->readStop();
+      }
+      break;
+    case http::Parser::Status::Error:
+      failRequest(result.error_status, result.error_reason);
+      return;
+  }
+  if (response_done_ && request_active_) afterResponse();
+}
+
+int DownstreamConnection::onMessageHead(http::MessageHead& head) {
+  request_active_ = true;
+  request_complete_ = false;
+  response_done_ = false;
+  keep_alive_ = head.keep_alive;
+  if (head.version_major != 1) return 505;
+  if (head.method == "CONNECT") return 405;
+  const size_t hosts = head.headers.count("host");
+  if (hosts > 1 || (hosts == 0 && !head.isHttp10())) return 400;
+  if (head.hasBody()) {
+    timer_role_ = TimerRole::Body;
+    timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
+  } else {
+    timer_role_ = TimerRole::None;
+    timer_.stop();
+  }
+  exchange_.begin(std::move(head));
+  return 0;
+}
+
+void DownstreamConnection::onMessageBody(const char* data, size_t len) {
+  if (timer_role_ == TimerRole::Body) {
+    timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
+  }
+  exchange_.onRequestBody(data, len);
+}
+
+void DownstreamConnection::onMessageComplete() {
+  request_complete_ = true;
+  if (timer_role_ == TimerRole::Body) {
+    timer_role_ = TimerRole::None;
+    timer_.stop();
+  }
+  exchange_.onRequestComplete();
+}
+
+void DownstreamConnection::responseFinished(bool keep_alive) {
+  response_done_ = true;
+  keep_alive_ = keep_alive_ && keep_alive;
+  // Inside the parser the request may still be arriving; process() takes it from here.
+  if (!in_parser_) afterResponse();
+}
+
+void DownstreamConnection::afterResponse() {
+  request_active_ = false;
+  response_done_ = false;
+  exchange_.reset();
+  if (!keep_alive_ || !request_complete_ || draining_ || client_eof_) {
+    closeAfterWrites();
+    return;
+  }
+  request_complete_ = false;
+  parser_.resume();
+  if (!pending_.empty()) {
+    // A pipelined request is waiting. Parse it from the loop, not from inside the callback
+    // that finished this response.
+    timer_role_ = TimerRole::Resume;
+    timer_.start(0);
+  } else {
+    armIdleTimer();
+  }
+}
+
+void DownstreamConnection::failRequest(int status, const char* reason) {
+  SLUICE_LOG_DEBUG("client request refused: {} {}", status, logging::sanitize(reason));
+  const bool started = exchange_.responseStarted();
+  exchange_.abort();
+  request_active_ = false;
+  if (started) {
+    closeNow();
+    return;
+  }
+  exchange_.countLocalResponse(status);
+  const http::LocalResponse response = http::problemResponse(status, reason);
+  transport_->write(http::renderLocalResponse(response, false, false, false));
+  closeAfterWrites();
+}
+
+void DownstreamConnection::closeAfterWrites() {
+  if (state_ != State::Reading || close_when_drained_) return;
+  close_when_drained_ = true;
+  exchange_.abort();
+  if (transport_->pendingBytes() == 0) {
+    onWriteDrained();
+    return;
+  }
+  // A client that does not read its last response gets idle_timeout to do so.
+  timer_role_ = TimerRole::Linger;
+  timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
+}
+
+void DownstreamConnection::closeNow() {
+  if (state_ == State::Closed) return;
+  state_ = State::Closed;
+  exchange_.abort();
+  timer_.stop();
+  transport_->close();
+}
+
+void DownstreamConnection::abortConnection() { closeNow(); }
+
+void DownstreamConnection::pauseReading() {
+  paused_by_exchange_ = true;
+  transport_->readStop();
+}
+
+void DownstreamConnection::resumeReading() {
+  paused_by_exchange_ = false;
+  if (!paused_full_ && state_ != State::Closed) transport_->readStart();
+}
+
+void DownstreamConnection::startTunnel() {
+  state_ = State::Tunnel;
+  timer_role_ = TimerRole::None;
+  timer_.stop();
+  std::string early;
+  early.swap(pending_);
+  if (!early.empty()) exchange_.onClientTunnelData(early.data(), early.size());
+  paused_full_ = false;
+  if (state_ == State::Tunnel && !paused_by_exchange_) transport_->readStart();
+}
+
+void DownstreamConnection::endTunnel() {
+  close_when_drained_ = true;
+  if (transport_->pendingBytes() == 0) closeNow();
+}
+
+void DownstreamConnection::drain() {
+  draining_ = true;
+  if (state_ != State::Reading) return;
+  if (!request_active_ && !parser_.inMessage()) closeNow();
+}
+
+void DownstreamConnection::forceClose() { closeNow(); }
+
+void DownstreamConnection::onTimer(void* context) {
+  auto* self = static_cast<DownstreamConnection*>(context);
+  const TimerRole role = self->timer_role_;
+  self->timer_role_ = TimerRole::None;
+  switch (role) {
+    case TimerRole::Idle:
+    case TimerRole::Linger:
+      self->closeNow();
+      return;
+    case TimerRole::Header:
+      self->failRequest(408, "the request head did not arrive in time");
+      return;
+    case TimerRole::Body:
+      self->failRequest(408, "the request body stopped arriving");
+      return;
+    case TimerRole::Resume: {
+      std::string buffered;
+      buffered.swap(self->pending_);
+      if (self->paused_full_) {
+        self->paused_full_ = false;
+        if (!self->paused_by_exchange_) self->transport_->readStart();
+      }
+      self->process(buffered.data(), buffered.size());
+      return;
+    }
+    case TimerRole::None:
+      return;
+  }
+}
+
+void DownstreamConnection::onReadEnd(int status) {
+  if (state_ == State::Tunnel) {
+    exchange_.onClientTunnelEnd();
+    return;
+  }
+  if (state_ == State::Lingering || status != UV_EOF) {
+    closeNow();
+    return;
+  }
+  client_eof_ = true;
+  // A client may half-close after sending a complete request; it still gets its response.
+  if (request_active_ && request_complete_ && !close_when_drained_) return;
+  closeNow();
+}
+
+void DownstreamConnection::onWriteDrained() {
+  if (close_when_drained_ && state_ == State::Reading) {
+    state_ = State::Lingering;
+    transport_->shutdownWrite();
+    transport_->readStart();
+    timer_role_ = TimerRole::Linger;
+    timer_.start(kLingerMs);
+    return;
+  }
+  if (state_ == State::Tunnel && close_when_drained_) {
+    closeNow();
+    return;
+  }
+  if (state_ == State::Reading || state_ == State::Tunnel) exchange_.onClientDrained();
+}
+
+void DownstreamConnection::onWriteError(int) { closeNow(); }
+
+void DownstreamConnection::onClosed() { delete this; }
+
+}  // namespace sluice::proxy

@@ -1,0 +1,99 @@
+#pragma once
+
+// One client connection: reads and parses requests, one exchange at a time (pipelined requests
+// wait, unparsed, until the response before them is complete), writes responses, enforces the
+// client-side timeouts, and closes without losing the last response (lingering close).
+//
+// Lifetime: created by the listener, destroyed in the transport's onClosed(), never earlier.
+
+#include <memory>
+#include <string>
+
+#include "core/timer.h"
+#include "http/parser.h"
+#include "net/transport.h"
+#include "proxy/exchange.h"
+
+namespace sluice::proxy {
+
+class WorkerContext;
+
+class DownstreamConnection final : public net::TransportCallbacks, public http::ParserCallbacks {
+ public:
+  DownstreamConnection(WorkerContext& worker, std::unique_ptr<net::Transport> transport);
+  ~DownstreamConnection() override;
+
+  // Starts reading; called once by the listener.
+  void start();
+  // The worker drains: close now if idle, else after the response in progress.
+  void drain();
+  // Drain time is over: close at once.
+  void forceClose();
+
+  // Exchange use.
+  WorkerContext& worker() { return worker_; }
+  net::Transport& transport() { return *transport_; }
+  void write(std::string_view data) { transport_->write(data); }
+  void writev(const std::string_view* parts, size_t count) { transport_->writev(parts, count); }
+  size_t pendingBytes() const { return transport_->pendingBytes(); }
+  // Request body backpressure: stop reading from the client until resumeReading().
+  void pauseReading();
+  void resumeReading();
+  // The exchange queued the last byte of its response. keep_alive: the next request may come.
+  void responseFinished(bool keep_alive);
+  // The response cannot be completed (upstream failed after the head went out): close now.
+  void abortConnection();
+  // After a 101: bytes flow raw both ways; bytes the client sent after its request head are
+  // handed to the exchange now.
+  void startTunnel();
+  // Both sides of the tunnel ended: close once the last bytes went out.
+  void endTunnel();
+  bool clientHalfClosed() const { return client_eof_; }
+
+ private:
+  friend class WorkerContext;  // intrusive list
+  enum class State { Reading, Tunnel, Lingering, Closed };
+
+  // net::TransportCallbacks
+  void onRead(const char* data, size_t len) override;
+  void onReadEnd(int status) override;
+  void onWriteDrained() override;
+  void onWriteError(int status) override;
+  void onClosed() override;
+  // http::ParserCallbacks
+  int onMessageHead(http::MessageHead& head) override;
+  void onMessageBody(const char* data, size_t len) override;
+  void onMessageComplete() override;
+
+  static void onTimer(void* self);
+  // Parses from pending_ (and `data`): stops after a complete request or at an error.
+  void process(const char* data, size_t len);
+  void afterResponse();
+  void failRequest(int status, const char* reason);
+  void closeAfterWrites();
+  void closeNow();
+  void armIdleTimer();
+
+  WorkerContext& worker_;
+  std::unique_ptr<net::Transport> transport_;
+  Timer timer_;
+  http::Parser parser_;
+  Exchange exchange_;
+  std::string pending_;  // received, not parsed yet (pipelined requests, tunnel bytes)
+  DownstreamConnection* list_prev_ = nullptr;
+  DownstreamConnection* list_next_ = nullptr;
+  State state_ = State::Reading;
+  enum class TimerRole { None, Idle, Header, Body, Resume, Linger } timer_role_ = TimerRole::None;
+  bool in_parser_ = false;
+  bool request_active_ = false;    // between the head of a request and the end of its response
+  bool request_complete_ = false;  // its last byte was parsed
+  bool response_done_ = false;
+  bool keep_alive_ = true;
+  bool paused_by_exchange_ = false;
+  bool paused_full_ = false;       // pending_ is full
+  bool client_eof_ = false;
+  bool close_when_drained_ = false;
+  bool draining_ = false;
+};
+
+}  // namespace sluice::proxy

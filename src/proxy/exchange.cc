@@ -1,0 +1,379 @@
+#include "proxy/exchange.h"
+
+#include <uv.h>
+
+#include "core/ip_address.h"
+#include "core/logging.h"
+#include "proxy/downstream_connection.h"
+#include "stats/stats.h"
+#include "upstream/cluster.h"
+
+namespace sluice::proxy {
+
+namespace {
+
+// Above this many unsent bytes towards one side, stop reading from the other side.
+constexpr size_t kHighWater = 128 * 1024;
+
+}  // namespace
+
+Exchange::Exchange(DownstreamConnection& connection) : conn_(connection) {}
+
+Exchange::~Exchange() { abort(); }
+
+void Exchange::reset() {
+  if (upstream_) {
+    upstream_->abort();
+    upstream_ = nullptr;
+  }
+  phase_ = Phase::Idle;
+  snapshot_.reset();
+  route_ = nullptr;
+  cluster_ = nullptr;
+  request_ = http::MessageHead{};
+  target_ = Target{};
+  std::string().swap(body_buffer_);
+  request_framing_ = response_framing_ = http::Framing::None;
+  status_ = attempts_ = 0;
+  start_ns_ = upstream_sent_ns_ = 0;
+  head_request_ = wants_upgrade_ = expect_continue_ = continue_sent_ = false;
+  request_complete_ = request_head_sent_ = upstream_reused_ = false;
+  response_started_ = keep_alive_ = client_paused_ = upstream_paused_ = false;
+  tunnel_client_ended_ = tunnel_upstream_ended_ = false;
+}
+
+void Exchange::abort() {
+  if (upstream_) {
+    upstream_->abort();
+    upstream_ = nullptr;
+  }
+  if (phase_ != Phase::Idle && phase_ != Phase::Done) {
+    // Like nginx's 499: the client went away before its response was complete.
+    count(response_started_ ? status_ : 499);
+  }
+  phase_ = Phase::Done;
+}
+
+void Exchange::count(int status) {
+  if (status <= 0) return;
+  std::string labels = "route=\"";
+  if (route_) labels += stats::labelValue(route_->name);
+  labels += "\",status=\"";
+  labels += std::to_string(status);
+  labels += '"';
+  conn_.worker().stats().requests.get(labels).inc();
+}
+
+void Exchange::countLocalResponse(int status) { count(status); }
+
+void Exchange::begin(http::MessageHead&& head) {
+  reset();
+  start_ns_ = uv_hrtime();
+  phase_ = Phase::Deciding;
+  snapshot_ = conn_.worker().snapshot();
+  request_ = std::move(head);
+  head_request_ = request_.method == "HEAD";
+  wants_upgrade_ = request_.upgrade;
+  if (request_.chunked) {
+    request_framing_ = http::Framing::Chunked;
+  } else if (request_.content_length) {
+    request_framing_ = http::Framing::ContentLength;
+  }
+  if (const std::string* expect = request_.headers.get("expect")) {
+    if (!http::iequals(*expect, "100-continue")) {
+      respondLocal(http::problemResponse(417, "only 'Expect: 100-continue' is understood"));
+      return;
+    }
+    expect_continue_ = !request_.isHttp10() && request_.hasBody();
+  }
+  std::string error;
+  auto target = parseTarget(request_.target, &error);
+  if (!target) {
+    respondLocal(http::problemResponse(400, error));
+    return;
+  }
+  target_ = std::move(*target);
+  std::string host;
+  if (!target_.authority.empty()) {
+    host = normalizeHost(target_.authority);
+  } else if (const std::string* value = request_.headers.get("host")) {
+    host = normalizeHost(*value);
+  }
+  route_ = matchRoute(*snapshot_->config, request_.method, host, target_.path);
+  if (!route_) {
+    respondLocal(http::problemResponse(404, "no route matches this request"));
+    return;
+  }
+  forward();
+}
+
+void Exchange::forward() {
+  cluster_ = snapshot_->clusters[route_->upstream_index].get();
+  connectUpstream(false);
+}
+
+void Exchange::connectUpstream(bool fresh) {
+  ++attempts_;
+  phase_ = Phase::Connecting;
+  const upstream::Cluster::Acquired acquired = cluster_->acquire(this, fresh);
+  if (!acquired.connection) {
+    if (attempts_ < static_cast<int>(cluster_->endpointCount())) {
+      connectUpstream(fresh);
+      return;
+    }
+    respondLocal(http::problemResponse(502, "the upstream is unreachable"));
+    return;
+  }
+  upstream_ = acquired.connection;
+  upstream_reused_ = acquired.ready;
+  if (acquired.ready) sendRequestHead();
+}
+
+void Exchange::onUpstreamReady() { sendRequestHead(); }
+
+std::string Exchange::forwardedFor() const {
+  std::string out;
+  if (auto existing = request_.headers.getJoined("x-forwarded-for")) out = std::move(*existing);
+  if (const sockaddr* peer = conn_.transport().peerAddress()) {
+    if (auto ip = IpAddress::fromSockaddr(peer)) {
+      if (!out.empty()) out += ", ";
+      out += ip->unmapped().toString();
+    }
+  }
+  return out;
+}
+
+void Exchange::sendRequestHead() {
+  phase_ = Phase::Upstream;
+  const std::string target = target_.originForm();
+  const std::string forwarded_for = forwardedFor();
+  http::UpstreamRequestContext context;
+  context.target = target;
+  context.forwarded_for = forwarded_for;
+  context.scheme = conn_.transport().scheme();
+  context.tunnel = wants_upgrade_;
+  context.body = request_framing_;
+  const std::string head = http::buildUpstreamRequestHead(request_, context);
+  upstream_->expectResponse(head_request_, cluster_->responseTimeoutMs());
+  std::string_view parts[3] = {head, body_buffer_, {}};
+  size_t count = 2;
+  if (request_complete_ && request_framing_ == http::Framing::Chunked) parts[count++] = http::kLastChunk;
+  upstream_->writev(parts, count);
+  std::string().swap(body_buffer_);
+  request_head_sent_ = true;
+  upstream_sent_ns_ = uv_hrtime();
+  if (request_complete_) {
+    upstream_->requestComplete();
+  } else if (expect_continue_ && !continue_sent_) {
+    continue_sent_ = true;
+    conn_.write(http::continueResponse());
+  }
+  if (client_paused_ && upstream_->pendingBytes() < kHighWater) {
+    client_paused_ = false;
+    conn_.resumeReading();
+  }
+}
+
+void Exchange::onRequestBody(const char* data, size_t len) {
+  if (phase_ == Phase::Done || phase_ == Phase::Idle || len == 0) return;
+  const bool chunked = request_framing_ == http::Framing::Chunked;
+  if (request_head_sent_ && upstream_) {
+    if (chunked) {
+      const std::string header = http::chunkHeader(len);
+      std::string_view parts[3] = {header, {data, len}, http::kChunkEnd};
+      upstream_->writev(parts, 3);
+    } else {
+      upstream_->write({data, len});
+    }
+    if (upstream_->pendingBytes() > kHighWater && !client_paused_) {
+      client_paused_ = true;
+      conn_.pauseReading();
+    }
+    return;
+  }
+  if (chunked) body_buffer_ += http::chunkHeader(len);
+  body_buffer_.append(data, len);
+  if (chunked) body_buffer_ += http::kChunkEnd;
+  if (body_buffer_.size() > kHighWater && !client_paused_) {
+    client_paused_ = true;
+    conn_.pauseReading();
+  }
+}
+
+void Exchange::onRequestComplete() {
+  request_complete_ = true;
+  if (phase_ == Phase::Done || phase_ == Phase::Idle) return;
+  if (request_head_sent_ && upstream_) {
+    if (request_framing_ == http::Framing::Chunked) upstream_->write(http::kLastChunk);
+    upstream_->requestComplete();
+  }
+}
+
+void Exchange::onUpstreamDrained() {
+  if (client_paused_) {
+    client_paused_ = false;
+    conn_.resumeReading();
+  }
+}
+
+void Exchange::onClientDrained() {
+  if (upstream_paused_ && upstream_) {
+    upstream_paused_ = false;
+    upstream_->resumeReading();
+  }
+}
+
+bool Exchange::clientKeepAlive() const {
+  return request_.keep_alive && !conn_.worker().draining() && !conn_.clientHalfClosed() &&
+         (request_complete_ || !request_.hasBody());
+}
+
+int Exchange::onUpstreamHead(http::MessageHead& head) {
+  if (head.status == 101 && !wants_upgrade_) return 502;
+  status_ = head.status;
+  response_started_ = true;
+  const uint64_t now = uv_hrtime();
+  if (upstream_sent_ns_ != 0) {
+    conn_.worker().stats().upstream_latency.get("upstream=\"" + stats::labelValue(cluster_->name()) + "\"")
+        .observeMicros((now - upstream_sent_ns_) / 1000);
+  }
+  http::ClientResponseContext context;
+  context.client_http10 = request_.isHttp10();
+  if (head.status == 101) {
+    context.tunnel = true;
+    context.keep_alive = true;
+    context.framing = http::Framing::None;
+    conn_.write(http::buildClientResponseHead(head, context));
+    phase_ = Phase::Tunnel;
+    upstream_->startTunnel();
+    conn_.startTunnel();
+    return 0;
+  }
+  response_framing_ = http::responseFraming(head, head_request_, context.client_http10);
+  keep_alive_ = clientKeepAlive() && !wants_upgrade_ &&
+                response_framing_ != http::Framing::CloseDelimited;
+  context.keep_alive = keep_alive_;
+  context.framing = response_framing_;
+  conn_.write(http::buildClientResponseHead(head, context));
+  return 0;
+}
+
+void Exchange::onUpstreamBody(const char* data, size_t len) {
+  if (len == 0) return;
+  if (response_framing_ == http::Framing::Chunked) {
+    const std::string header = http::chunkHeader(len);
+    std::string_view parts[3] = {header, {data, len}, http::kChunkEnd};
+    conn_.writev(parts, 3);
+  } else {
+    conn_.write({data, len});
+  }
+  if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
+    upstream_paused_ = true;
+    upstream_->pauseReading();
+  }
+}
+
+void Exchange::onUpstreamComplete() {
+  if (response_framing_ == http::Framing::Chunked) conn_.write(http::kLastChunk);
+  upstream::UpstreamConnection* upstream = upstream_;
+  upstream_ = nullptr;
+  upstream->release();
+  finish(keep_alive_);
+}
+
+void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_started) {
+  upstream_ = nullptr;
+  conn_.worker()
+      .stats()
+      .upstream_errors
+      .get("upstream=\"" + stats::labelValue(cluster_->name()) + "\",kind=\"" +
+           upstream::toString(error) + "\"")
+      .inc();
+  if (response_started_) {
+    // The head went out: the only honest signal left is to cut the connection.
+    SLUICE_LOG_WARN("upstream {} failed in the middle of a response: {}", cluster_->name(),
+                    upstream::toString(error));
+    phase_ = Phase::Done;
+    count(status_);
+    conn_.abortConnection();
+    return;
+  }
+  const bool nothing_sent =
+      error == upstream::UpstreamError::ConnectFailed ||
+      error == upstream::UpstreamError::ConnectTimeout;
+  const bool stale_pooled = error == upstream::UpstreamError::Reset && upstream_reused_ &&
+                            !response_started && !request_.hasBody();
+  if ((nothing_sent || stale_pooled) &&
+      attempts_ < static_cast<int>(cluster_->endpointCount()) + (stale_pooled ? 1 : 0)) {
+    request_head_sent_ = false;
+    connectUpstream(stale_pooled);
+    return;
+  }
+  SLUICE_LOG_WARN("upstream {}: {} ({} {})", cluster_->name(), upstream::toString(error),
+                  request_.method, logging::sanitize(target_.path));
+  if (error == upstream::UpstreamError::ResponseTimeout) {
+    respondLocal(http::problemResponse(504, "the upstream did not answer in time"));
+  } else {
+    respondLocal(http::problemResponse(502, "the upstream failed"));
+  }
+}
+
+void Exchange::respondLocal(const http::LocalResponse& response) {
+  if (upstream_) {
+    upstream_->abort();
+    upstream_ = nullptr;
+  }
+  status_ = response.status;
+  response_started_ = true;
+  const bool keep_alive = clientKeepAlive() && !wants_upgrade_;
+  conn_.write(http::renderLocalResponse(response, keep_alive, head_request_, request_.isHttp10()));
+  finish(keep_alive);
+}
+
+void Exchange::finish(bool keep_alive) {
+  phase_ = Phase::Done;
+  count(status_);
+  if (client_paused_) {
+    client_paused_ = false;
+    conn_.resumeReading();
+  }
+  conn_.responseFinished(keep_alive);  // may reset this exchange: nothing after it
+}
+
+void Exchange::onClientTunnelData(const char* data, size_t len) {
+  if (!upstream_) return;
+  upstream_->write({data, len});
+  if (upstream_->pendingBytes() > kHighWater && !client_paused_) {
+    client_paused_ = true;
+    conn_.pauseReading();
+  }
+}
+
+void Exchange::onUpstreamTunnelData(const char* data, size_t len) {
+  conn_.write({data, len});
+  if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
+    upstream_paused_ = true;
+    upstream_->pauseReading();
+  }
+}
+
+void Exchange::onClientTunnelEnd() { endTunnelSide(true); }
+
+void Exchange::onUpstreamTunnelEnd() { endTunnelSide(false); }
+
+void Exchange::endTunnelSide(bool client_side) {
+  if (client_side) {
+    tunnel_client_ended_ = true;
+    if (upstream_) upstream_->shutdownWrite();
+  } else {
+    tunnel_upstream_ended_ = true;
+    conn_.transport().shutdownWrite();
+  }
+  if (tunnel_client_ended_ && tunnel_upstream_ended_) {
+    phase_ = Phase::Done;
+    count(status_);
+    conn_.endTunnel();
+  }
+}
+
+}  // namespace sluice::proxy

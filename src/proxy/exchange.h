@@ -1,0 +1,97 @@
+#pragma once
+
+// One request and its response on a client connection: route, (decide,) forward upstream,
+// relay the response, or answer locally. It lives inside its DownstreamConnection and is
+// reset between requests, so no callback can outlive it: reset()/abort() detach the upstream
+// connection and every pending operation.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "http/forwarding.h"
+#include "http/message.h"
+#include "http/responses.h"
+#include "proxy/router.h"
+#include "proxy/worker_context.h"
+#include "upstream/upstream_connection.h"
+
+namespace sluice::proxy {
+
+class DownstreamConnection;
+
+class Exchange final : public upstream::UpstreamCallbacks {
+ public:
+  explicit Exchange(DownstreamConnection& connection);
+  ~Exchange() override;
+
+  // Connection use, in this order: begin, body pieces, complete; drained whenever the client
+  // took every byte we wrote.
+  void begin(http::MessageHead&& head);
+  void onRequestBody(const char* data, size_t len);
+  void onRequestComplete();
+  void onClientDrained();
+  void onClientTunnelData(const char* data, size_t len);
+  void onClientTunnelEnd();
+  // The client left or the connection closes: release everything, answer nothing.
+  void abort();
+  // Back to empty between two requests (frees per-request memory).
+  void reset();
+  bool responseStarted() const { return response_started_; }
+  // A response the connection wrote itself (malformed request, timeout) is counted here.
+  void countLocalResponse(int status);
+
+ private:
+  enum class Phase { Idle, Deciding, Connecting, Upstream, Tunnel, Done };
+
+  // upstream::UpstreamCallbacks
+  void onUpstreamReady() override;
+  int onUpstreamHead(http::MessageHead& head) override;
+  void onUpstreamBody(const char* data, size_t len) override;
+  void onUpstreamComplete() override;
+  void onUpstreamTunnelData(const char* data, size_t len) override;
+  void onUpstreamTunnelEnd() override;
+  void onUpstreamError(upstream::UpstreamError error, bool response_started) override;
+  void onUpstreamDrained() override;
+
+  void forward();
+  void connectUpstream(bool fresh);
+  void sendRequestHead();
+  void respondLocal(const http::LocalResponse& response);
+  void finish(bool keep_alive);
+  bool clientKeepAlive() const;
+  std::string forwardedFor() const;
+  void count(int status);
+  void endTunnelSide(bool client_side);
+
+  DownstreamConnection& conn_;
+  Phase phase_ = Phase::Idle;
+  std::shared_ptr<Snapshot> snapshot_;
+  const config::RouteConfig* route_ = nullptr;
+  upstream::Cluster* cluster_ = nullptr;
+  upstream::UpstreamConnection* upstream_ = nullptr;
+  http::MessageHead request_;
+  Target target_;
+  std::string body_buffer_;  // framed request body the upstream could not take yet
+  http::Framing request_framing_ = http::Framing::None;
+  http::Framing response_framing_ = http::Framing::None;
+  uint64_t start_ns_ = 0;
+  uint64_t upstream_sent_ns_ = 0;
+  int status_ = 0;
+  int attempts_ = 0;
+  bool head_request_ = false;
+  bool wants_upgrade_ = false;
+  bool expect_continue_ = false;
+  bool continue_sent_ = false;
+  bool request_complete_ = false;
+  bool request_head_sent_ = false;
+  bool upstream_reused_ = false;
+  bool response_started_ = false;
+  bool keep_alive_ = false;
+  bool client_paused_ = false;
+  bool upstream_paused_ = false;
+  bool tunnel_client_ended_ = false;
+  bool tunnel_upstream_ended_ = false;
+};
+
+}  // namespace sluice::proxy

@@ -1,0 +1,63 @@
+#pragma once
+
+// What the connections of one worker share: its loop, the configuration snapshot that new
+// requests start on, that snapshot's upstream clusters, and the worker's counters. Everything
+// here is touched by the worker's own thread only (counters are read by the admin thread, so
+// they are atomics).
+
+#include <uv.h>
+
+#include <memory>
+#include <vector>
+
+#include "config/config.h"
+
+namespace sluice::stats {
+struct WorkerStats;
+}
+
+namespace sluice::upstream {
+class Cluster;
+}
+
+namespace sluice::proxy {
+
+class DownstreamConnection;
+
+// One configuration generation as a worker runs it. Requests keep the snapshot they started
+// on, so a reload never changes a request in flight.
+struct Snapshot {
+  config::ConfigPtr config;
+  std::vector<std::shared_ptr<upstream::Cluster>> clusters;  // by upstream index
+};
+
+class WorkerContext {
+ public:
+  explicit WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats) : loop_(loop), stats_(stats) {}
+
+  uv_loop_t* loop() const { return loop_; }
+  stats::WorkerStats& stats() const { return *stats_; }
+
+  const std::shared_ptr<Snapshot>& snapshot() const { return snapshot_; }
+  void setSnapshot(std::shared_ptr<Snapshot> snapshot) { snapshot_ = std::move(snapshot); }
+
+  bool draining() const { return draining_; }
+  void setDraining() { draining_ = true; }
+
+  // Connections register themselves so that a drain can reach every one of them.
+  void add(DownstreamConnection* connection);
+  void remove(DownstreamConnection* connection);
+  size_t connectionCount() const { return count_; }
+  // A copy of the list, so that the caller may close connections while walking it.
+  std::vector<DownstreamConnection*> connections() const;
+
+ private:
+  uv_loop_t* loop_;
+  stats::WorkerStats* stats_;
+  std::shared_ptr<Snapshot> snapshot_;
+  bool draining_ = false;
+  DownstreamConnection* head_ = nullptr;
+  size_t count_ = 0;
+};
+
+}  // namespace sluice::proxy

@@ -1,0 +1,100 @@
+#include "upstream/cluster.h"
+
+#include <algorithm>
+
+#include "core/logging.h"
+#include "upstream/upstream_connection.h"
+
+namespace sluice::upstream {
+
+Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config)
+    : loop_(loop),
+      name_(config.name),
+      connect_timeout_ms_(static_cast<uint64_t>(config.connect_timeout.count())),
+      response_timeout_ms_(static_cast<uint64_t>(config.response_timeout.count())),
+      idle_timeout_ms_(static_cast<uint64_t>(config.idle_timeout.count())),
+      fail_timeout_ms_(static_cast<uint64_t>(config.fail_timeout.count())),
+      max_idle_(config.max_idle_connections) {
+  endpoints_.resize(config.endpoints.size());
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    endpoints_[i].name = config.endpoints[i].text;
+    if (i < config.resolved.size()) endpoints_[i].address = config.resolved[i];
+  }
+}
+
+Cluster::~Cluster() { retire(); }
+
+size_t Cluster::pickEndpoint() {
+  const uint64_t now = uv_now(loop_);
+  const size_t n = endpoints_.size();
+  for (size_t tried = 0; tried < n; ++tried) {
+    const size_t index = next_++ % n;
+    if (endpoints_[index].down_until <= now) return index;
+  }
+  // Every endpoint failed recently: try the one that comes back first rather than none.
+  auto soonest = std::min_element(endpoints_.begin(), endpoints_.end(),
+                                  [](const Endpoint& a, const Endpoint& b) {
+                                    return a.down_until < b.down_until;
+                                  });
+  return static_cast<size_t>(soonest - endpoints_.begin());
+}
+
+Cluster::Acquired Cluster::acquire(UpstreamCallbacks* owner, bool fresh) {
+  Acquired out;
+  if (endpoints_.empty()) return out;
+  const size_t index = pickEndpoint();
+  Endpoint& endpoint = endpoints_[index];
+  if (!fresh && !endpoint.idle.empty()) {
+    UpstreamConnection* connection = endpoint.idle.back();
+    endpoint.idle.pop_back();
+    connection->attach(owner);
+    out.connection = connection;
+    out.ready = true;
+    return out;
+  }
+  auto* connection = new UpstreamConnection(shared_from_this(), index, loop_);
+  connection->attach(owner);
+  const int rc = connection->connect(reinterpret_cast<const sockaddr*>(&endpoint.address),
+                                     connect_timeout_ms_);
+  if (rc != 0) {
+    SLUICE_LOG_WARN("upstream {}: cannot connect to {}: {}", name_, endpoint.name,
+                    uv_strerror(rc));
+    reportFailure(index);
+    connection->abort();
+    return out;
+  }
+  out.connection = connection;
+  return out;
+}
+
+void Cluster::reportFailure(size_t endpoint) {
+  if (endpoint >= endpoints_.size() || fail_timeout_ms_ == 0) return;
+  endpoints_[endpoint].down_until = uv_now(loop_) + fail_timeout_ms_;
+}
+
+void Cluster::returnIdle(UpstreamConnection* connection) {
+  Endpoint& endpoint = endpoints_[connection->endpoint()];
+  if (retired_ || endpoint.idle.size() >= max_idle_) {
+    connection->abort();
+    return;
+  }
+  endpoint.idle.push_back(connection);
+  connection->makeIdle(idle_timeout_ms_);
+}
+
+void Cluster::removeIdle(UpstreamConnection* connection) {
+  auto& idle = endpoints_[connection->endpoint()].idle;
+  std::erase(idle, connection);
+}
+
+void Cluster::retire() {
+  retired_ = true;
+  for (auto& endpoint : endpoints_) {
+    // abort() calls removeIdle(), which edits the list: take it first.
+    std::vector<UpstreamConnection*> idle;
+    idle.swap(endpoint.idle);
+    for (UpstreamConnection* connection : idle) connection->abort();
+  }
+}
+
+}  // namespace sluice::upstream

@@ -1,0 +1,72 @@
+#pragma once
+
+// An upstream cluster as one worker sees it: its endpoints, round-robin selection that skips
+// an endpoint for fail_timeout after it failed, and a keep-alive pool per endpoint. Single
+// threaded (one per worker loop); shared_ptr only so that connections in flight keep a
+// cluster alive after a reload retired it.
+
+#include <uv.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+
+namespace sluice::upstream {
+
+class UpstreamCallbacks;
+class UpstreamConnection;
+
+class Cluster : public std::enable_shared_from_this<Cluster> {
+ public:
+  Cluster(uv_loop_t* loop, const config::UpstreamConfig& config);
+  ~Cluster();
+
+  const std::string& name() const { return name_; }
+  size_t endpointCount() const { return endpoints_.size(); }
+  const std::string& endpointName(size_t index) const { return endpoints_[index].name; }
+
+  struct Acquired {
+    UpstreamConnection* connection = nullptr;  // null: could not even start connecting
+    bool ready = false;  // pooled: usable now; else wait for onUpstreamReady / onUpstreamError
+  };
+  // Picks the next endpoint and hands out a pooled connection to it, or starts a new one
+  // (always a new one when `fresh`). Never calls `owner` inline.
+  Acquired acquire(UpstreamCallbacks* owner, bool fresh);
+
+  // The endpoint refused or timed out: skip it for fail_timeout.
+  void reportFailure(size_t endpoint);
+
+  // Closes every idle connection; released connections close instead of pooling from now.
+  void retire();
+  bool retired() const { return retired_; }
+
+  // UpstreamConnection use.
+  void returnIdle(UpstreamConnection* connection);
+  void removeIdle(UpstreamConnection* connection);
+
+  uint64_t responseTimeoutMs() const { return response_timeout_ms_; }
+
+ private:
+  struct Endpoint {
+    std::string name;  // as configured: "127.0.0.1:9000"
+    sockaddr_storage address{};
+    uint64_t down_until = 0;  // loop time (ms)
+    std::vector<UpstreamConnection*> idle;  // most recently used last
+  };
+  size_t pickEndpoint();
+
+  uv_loop_t* loop_;
+  std::string name_;
+  std::vector<Endpoint> endpoints_;
+  size_t next_ = 0;
+  uint64_t connect_timeout_ms_;
+  uint64_t response_timeout_ms_;
+  uint64_t idle_timeout_ms_;
+  uint64_t fail_timeout_ms_;
+  size_t max_idle_;
+  bool retired_ = false;
+};
+
+}  // namespace sluice::upstream
