@@ -191,6 +191,14 @@ bool Server::ready(std::string* why) const {
     *why = "no configuration";
     return false;
   }
+  if (config_->hasValkey()) {
+    for (const auto& w : workers_) {
+      if (w->stats().valkey_connected.value() != 1) {
+        *why = "valkey is not answering (worker " + std::to_string(w->index()) + ")";
+        return false;
+      }
+    }
+  }
   return true;
 }
 

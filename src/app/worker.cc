@@ -1,11 +1,15 @@
 #include "app/worker.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/logging.h"
 #include "proxy/downstream_connection.h"
+#include "ratelimit/deny_cache.h"
+#include "ratelimit/scripts.h"
 #include "upstream/cluster.h"
+#include "valkey/client.h"
 
 namespace sluice::app {
 
@@ -20,6 +24,26 @@ std::string clusterSignature(const config::UpstreamConfig& u) {
        "|" + std::to_string(u.idle_timeout.count()) + "|" + std::to_string(u.fail_timeout.count()) +
        "|" + std::to_string(u.max_idle_connections) + "|" + (u.tls ? "tls" : "plain");
   return s;
+}
+
+bool sameValkey(const config::ValkeyConfig& a, const config::ValkeyConfig& b) {
+  return a.address.has_value() == b.address.has_value() &&
+         (!a.address || a.address->text == b.address->text) &&
+         a.password_env == b.password_env && a.timeout == b.timeout &&
+         a.connect_timeout == b.connect_timeout;
+}
+
+valkey::ClientOptions clientOptions(const config::ValkeyConfig& c) {
+  valkey::ClientOptions options;
+  options.address = *c.address;
+  if (!c.password_env.empty()) {
+    if (const char* password = std::getenv(c.password_env.c_str())) options.password = password;
+  }
+  options.timeout_ms = static_cast<uint64_t>(c.timeout.count());
+  options.connect_timeout_ms = static_cast<uint64_t>(c.connect_timeout.count());
+  options.script = ratelimit::decideScript();
+  options.script_sha = ratelimit::decideScriptSha();
+  return options;
 }
 
 }  // namespace
@@ -114,6 +138,17 @@ void Worker::applyConfig(config::ConfigPtr config) {
       if (!kept) cluster->retire();
     }
   }
+  if (config->hasValkey() && config->valkey.address) {
+    if (old && old->valkey && sameValkey(old->config->valkey, config->valkey)) {
+      snapshot->valkey = old->valkey;
+    } else {
+      snapshot->valkey = std::make_shared<valkey::Client>(&loop_, clientOptions(config->valkey),
+                                                          stats_);
+      snapshot->valkey->start();
+    }
+  }
+  if (old && old->valkey && old->valkey != snapshot->valkey) old->valkey->stop();
+  snapshot->deny_cache = std::make_shared<ratelimit::DenyCache>();
   snapshot->config = std::move(config);
   context_->setSnapshot(std::move(snapshot));
 }
@@ -170,6 +205,7 @@ void Worker::checkDrained() {
   drain_poll_.reset();
   if (const auto& snapshot = context_->snapshot()) {
     for (const auto& cluster : snapshot->clusters) cluster->retire();
+    if (snapshot->valkey) snapshot->valkey->stop();
   }
   context_->setSnapshot(nullptr);
   uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);

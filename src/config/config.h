@@ -131,6 +131,9 @@ struct LimitConfig {
   int64_t limit = 0;
   Duration window{0};
   int64_t burst = 0;  // token_bucket capacity; defaults to limit
+  // Whether `burst` was written. A plan that overrides only `limit` moves an implicit burst
+  // along with it, and keeps an explicit one.
+  bool burst_explicit = false;
   int64_t cost = 1;
   bool count_denied = false;  // default true for sliding_log, false otherwise
   OnError on_error = OnError::Allow;

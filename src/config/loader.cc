@@ -368,6 +368,7 @@ class Loader {
     if (!r.has("window")) r.missing("window");
     const auto burst = r.integer("burst", 1, kMaxCount);
     l.burst = burst.value_or(l.limit);
+    l.burst_explicit = burst.has_value();
     const auto cost = r.integer("cost", 1, kMaxCount);
     if (cost) l.cost = *cost;
     l.count_denied = l.algorithm == Algorithm::SlidingLog;

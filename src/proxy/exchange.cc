@@ -4,7 +4,11 @@
 
 #include "core/ip_address.h"
 #include "core/logging.h"
+#include "identity/request_facts.h"
 #include "proxy/downstream_connection.h"
+#include "ratelimit/applied_limits.h"
+#include "ratelimit/deny_cache.h"
+#include "ratelimit/headers.h"
 #include "stats/stats.h"
 #include "upstream/cluster.h"
 
@@ -26,6 +30,14 @@ void Exchange::reset() {
     upstream_->abort();
     upstream_ = nullptr;
   }
+  if (call_) {
+    snapshot_->valkey->cancel(call_);
+    call_ = nullptr;
+  }
+  applied_.clear();
+  client_ = identity::ClientAddress{};
+  std::string().swap(rate_headers_);
+  decide_sent_ms_ = 0;
   phase_ = Phase::Idle;
   snapshot_.reset();
   route_ = nullptr;
@@ -46,6 +58,10 @@ void Exchange::abort() {
   if (upstream_) {
     upstream_->abort();
     upstream_ = nullptr;
+  }
+  if (call_) {
+    snapshot_->valkey->cancel(call_);
+    call_ = nullptr;
   }
   if (phase_ != Phase::Idle && phase_ != Phase::Done) {
     // Like nginx's 499: the client went away before its response was complete.
@@ -104,7 +120,104 @@ void Exchange::begin(http::MessageHead&& head) {
     respondLocal(http::problemResponse(404, "no route matches this request"));
     return;
   }
-  forward();
+  if (const sockaddr* peer = conn_.transport().peerAddress()) {
+    if (auto ip = IpAddress::fromSockaddr(peer)) {
+      client_ = identity::resolveClientAddress(*ip, request_.headers,
+                                               snapshot_->config->identity.trusted_proxies);
+    }
+  }
+  if (route_->limit_indices.empty()) {
+    forward();
+  } else {
+    decide();
+  }
+}
+
+void Exchange::decide() {
+  const config::Config& config = *snapshot_->config;
+  identity::RequestFacts facts;
+  facts.head = &request_;
+  facts.route = route_->name;
+  facts.query = target_.query;
+  facts.client_key = identity::clientKeyText(client_.address, config.identity.ipv6_prefix);
+  if (auto key = request_.headers.getJoined(config.identity.api_key_header)) {
+    facts.api_key = std::move(*key);
+  }
+  facts.session = identity::cookieValue(request_.headers, config.identity.session_cookie);
+  applied_ = ratelimit::appliedLimits(config, *route_, facts);
+  if (applied_.empty()) {
+    forward();
+    return;
+  }
+  const uint64_t now = uv_now(conn_.worker().loop());
+  ratelimit::DenyCache& cache = *snapshot_->deny_cache;
+  for (size_t i = 0; i < applied_.size(); ++i) {
+    const config::LimitConfig& limit = *applied_[i].config;
+    if (limit.shadow || limit.count_denied) continue;
+    if (const uint64_t left = cache.remaining(applied_[i].key, now)) {
+      applyDecision(ratelimit::decisionFromCache(applied_, i, static_cast<int64_t>(left)));
+      return;
+    }
+  }
+  std::vector<std::string> keys, args;
+  ratelimit::scriptArguments(applied_, conn_.worker().nextRequestId(), &keys, &args);
+  decide_sent_ms_ = now;
+  valkey::Client* client = snapshot_->valkey.get();
+  call_ = client ? client->evalScript(keys, args, this) : nullptr;
+  if (!call_) applyDecision(ratelimit::decisionOnError(applied_));
+}
+
+void Exchange::onValkeyReply(valkey::Reply& reply) {
+  call_ = nullptr;
+  std::optional<ratelimit::Decision> decision = ratelimit::decisionFromReply(applied_, reply);
+  if (!decision) {
+    SLUICE_LOG_WARN("valkey: unexpected decision reply: {}",
+                    logging::sanitize(reply.isError() ? reply.text : "wrong shape"));
+    applyDecision(ratelimit::decisionOnError(applied_));
+    return;
+  }
+  // Remember refusals from the time the question was asked: never longer than Valkey's own.
+  ratelimit::DenyCache& cache = *snapshot_->deny_cache;
+  for (const auto& r : decision->limits) {
+    if (r.outcome != ratelimit::Outcome::Denied || r.config->count_denied) continue;
+    for (const auto& a : applied_) {
+      if (a.config == r.config) {
+        cache.remember(a.key, decide_sent_ms_ + static_cast<uint64_t>(r.retry_ms),
+                       uv_now(conn_.worker().loop()));
+      }
+    }
+  }
+  applyDecision(*decision);
+}
+
+void Exchange::onValkeyFailure(valkey::Failure failure) {
+  call_ = nullptr;
+  SLUICE_LOG_DEBUG("valkey: decision failed ({}), on_error decides", valkey::toString(failure));
+  applyDecision(ratelimit::decisionOnError(applied_));
+}
+
+void Exchange::applyDecision(const ratelimit::Decision& decision) {
+  auto& stats = conn_.worker().stats();
+  for (const auto& r : decision.limits) {
+    if (!r.decided) continue;
+    stats.decisions
+        .get("limit=\"" + stats::labelValue(r.config->name) + "\",outcome=\"" +
+             ratelimit::toString(r.outcome) + "\"")
+        .inc();
+  }
+  const config::RateLimitHeaders mode = snapshot_->config->server.rate_limit_headers;
+  switch (decision.verdict) {
+    case ratelimit::Decision::Verdict::Allow:
+      rate_headers_ = ratelimit::rateLimitHeaders(mode, decision);
+      forward();
+      return;
+    case ratelimit::Decision::Verdict::Deny:
+      respondLocal(ratelimit::quotaExceededResponse(mode, decision));
+      return;
+    case ratelimit::Decision::Verdict::Unavailable:
+      respondLocal(ratelimit::limiterUnavailableResponse(decision));
+      return;
+  }
 }
 
 void Exchange::forward() {
@@ -131,25 +244,13 @@ void Exchange::connectUpstream(bool fresh) {
 
 void Exchange::onUpstreamReady() { sendRequestHead(); }
 
-std::string Exchange::forwardedFor() const {
-  std::string out;
-  if (auto existing = request_.headers.getJoined("x-forwarded-for")) out = std::move(*existing);
-  if (const sockaddr* peer = conn_.transport().peerAddress()) {
-    if (auto ip = IpAddress::fromSockaddr(peer)) {
-      if (!out.empty()) out += ", ";
-      out += ip->unmapped().toString();
-    }
-  }
-  return out;
-}
-
 void Exchange::sendRequestHead() {
   phase_ = Phase::Upstream;
   const std::string target = target_.originForm();
-  const std::string forwarded_for = forwardedFor();
   http::UpstreamRequestContext context;
   context.target = target;
-  context.forwarded_for = forwarded_for;
+  context.forwarded_for = client_.forwarded_for;
+  context.trusted_peer = client_.peer_trusted;
   context.scheme = conn_.transport().scheme();
   context.tunnel = wants_upgrade_;
   context.body = request_framing_;
@@ -254,6 +355,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
                 response_framing_ != http::Framing::CloseDelimited;
   context.keep_alive = keep_alive_;
   context.framing = response_framing_;
+  context.extra_headers = rate_headers_;
   conn_.write(http::buildClientResponseHead(head, context));
   return 0;
 }

@@ -10,6 +10,9 @@
 #include <string>
 
 #include "http/forwarding.h"
+#include "identity/client_address.h"
+#include "ratelimit/decision.h"
+#include "valkey/client.h"
 #include "http/message.h"
 #include "http/responses.h"
 #include "proxy/router.h"
@@ -20,7 +23,7 @@ namespace sluice::proxy {
 
 class DownstreamConnection;
 
-class Exchange final : public upstream::UpstreamCallbacks {
+class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTarget {
  public:
   explicit Exchange(DownstreamConnection& connection);
   ~Exchange() override;
@@ -54,13 +57,18 @@ class Exchange final : public upstream::UpstreamCallbacks {
   void onUpstreamError(upstream::UpstreamError error, bool response_started) override;
   void onUpstreamDrained() override;
 
+  // valkey::CallTarget
+  void onValkeyReply(valkey::Reply& reply) override;
+  void onValkeyFailure(valkey::Failure failure) override;
+
+  void decide();
+  void applyDecision(const ratelimit::Decision& decision);
   void forward();
   void connectUpstream(bool fresh);
   void sendRequestHead();
   void respondLocal(const http::LocalResponse& response);
   void finish(bool keep_alive);
   bool clientKeepAlive() const;
-  std::string forwardedFor() const;
   void count(int status);
   void endTunnelSide(bool client_side);
 
@@ -73,6 +81,11 @@ class Exchange final : public upstream::UpstreamCallbacks {
   http::MessageHead request_;
   Target target_;
   std::string body_buffer_;  // framed request body the upstream could not take yet
+  identity::ClientAddress client_;
+  std::vector<ratelimit::AppliedLimit> applied_;
+  valkey::Call* call_ = nullptr;  // pending decision; cancelled on reset/abort
+  uint64_t decide_sent_ms_ = 0;
+  std::string rate_headers_;  // RateLimit fields for the upstream's response
   http::Framing request_framing_ = http::Framing::None;
   http::Framing response_framing_ = http::Framing::None;
   uint64_t start_ns_ = 0;

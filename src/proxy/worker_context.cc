@@ -1,8 +1,23 @@
 #include "proxy/worker_context.h"
 
+#include <cstdio>
+#include <random>
+
 #include "proxy/downstream_connection.h"
 
 namespace sluice::proxy {
+
+WorkerContext::WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats)
+    : loop_(loop), stats_(stats) {
+  std::random_device random;
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%08x%08x", random(), random());
+  request_id_prefix_ = buf;
+}
+
+std::string WorkerContext::nextRequestId() {
+  return request_id_prefix_ + "-" + std::to_string(++request_counter_);
+}
 
 void WorkerContext::add(DownstreamConnection* connection) {
   connection->list_prev_ = nullptr;

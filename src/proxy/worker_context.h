@@ -8,6 +8,7 @@
 #include <uv.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "config/config.h"
@@ -20,6 +21,14 @@ namespace sluice::upstream {
 class Cluster;
 }
 
+namespace sluice::valkey {
+class Client;
+}
+
+namespace sluice::ratelimit {
+class DenyCache;
+}
+
 namespace sluice::proxy {
 
 class DownstreamConnection;
@@ -29,17 +38,22 @@ class DownstreamConnection;
 struct Snapshot {
   config::ConfigPtr config;
   std::vector<std::shared_ptr<upstream::Cluster>> clusters;  // by upstream index
+  std::shared_ptr<valkey::Client> valkey;                    // null without [valkey]
+  std::shared_ptr<ratelimit::DenyCache> deny_cache;          // per configuration generation
 };
 
 class WorkerContext {
  public:
-  explicit WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats) : loop_(loop), stats_(stats) {}
+  WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats);
 
   uv_loop_t* loop() const { return loop_; }
   stats::WorkerStats& stats() const { return *stats_; }
 
   const std::shared_ptr<Snapshot>& snapshot() const { return snapshot_; }
   void setSnapshot(std::shared_ptr<Snapshot> snapshot) { snapshot_ = std::move(snapshot); }
+
+  // Unique across workers and restarts: a random prefix and a counter.
+  std::string nextRequestId();
 
   bool draining() const { return draining_; }
   void setDraining() { draining_ = true; }
@@ -56,6 +70,8 @@ class WorkerContext {
   stats::WorkerStats* stats_;
   std::shared_ptr<Snapshot> snapshot_;
   bool draining_ = false;
+  std::string request_id_prefix_;
+  uint64_t request_counter_ = 0;
   DownstreamConnection* head_ = nullptr;
   size_t count_ = 0;
 };

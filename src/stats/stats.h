@@ -113,6 +113,7 @@ struct WorkerStats {
   Histogram valkey_latency;
   Family<Counter> valkey_errors;     // kind: error, timeout, disconnected
   Counter valkey_reconnects;
+  Gauge valkey_connected;  // 1 while this worker's connection is ready
   Counter valkey_calls;
   Counter access_log_dropped;
 };

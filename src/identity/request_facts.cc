@@ -1,0 +1,110 @@
+#include "identity/request_facts.h"
+
+namespace sluice::identity {
+
+namespace {
+
+int hexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Calls fn(name, value) for each `name=value` of a list separated by `separator`; stops when
+// fn returns true.
+template <typename Fn>
+bool forEachPair(std::string_view text, char separator, Fn&& fn) {
+  while (!text.empty()) {
+    const auto end = text.find(separator);
+    std::string_view pair = text.substr(0, end);
+    const auto eq = pair.find('=');
+    if (fn(pair.substr(0, eq), eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1))) {
+      return true;
+    }
+    if (end == std::string_view::npos) break;
+    text.remove_prefix(end + 1);
+  }
+  return false;
+}
+
+std::optional<std::string> nonEmpty(std::optional<std::string> value) {
+  if (value && value->empty()) return std::nullopt;
+  return value;
+}
+
+}  // namespace
+
+std::string formDecode(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '+') {
+      out.push_back(' ');
+    } else if (c == '%' && i + 2 < text.size() && hexValue(text[i + 1]) >= 0 &&
+               hexValue(text[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hexValue(text[i + 1]) * 16 + hexValue(text[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::optional<std::string> cookieValue(const http::HeaderMap& headers, std::string_view name) {
+  std::optional<std::string> found;
+  for (const auto& field : headers) {
+    if (!http::iequals(field.name, "cookie")) continue;
+    forEachPair(field.value, ';', [&](std::string_view n, std::string_view v) {
+      if (http::trim(n) != name) return false;
+      v = http::trim(v);
+      if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+      found = std::string(v);
+      return true;
+    });
+    if (found) break;
+  }
+  return found;
+}
+
+std::optional<std::string> queryValue(std::string_view query, std::string_view name) {
+  std::optional<std::string> found;
+  forEachPair(query, '&', [&](std::string_view n, std::string_view v) {
+    if (formDecode(n) != name) return false;
+    found = formDecode(v);
+    return true;
+  });
+  return found;
+}
+
+std::optional<std::string> keyPartValue(const config::KeyPart& part, const RequestFacts& facts) {
+  using Kind = config::KeyPartKind;
+  switch (part.kind) {
+    case Kind::Ip:
+      return facts.client_key;
+    case Kind::ApiKey:
+      return nonEmpty(facts.api_key);
+    case Kind::Session:
+      return nonEmpty(facts.session);
+    case Kind::Tenant:
+      return nonEmpty(facts.tenant);
+    case Kind::Route:
+      return std::string(facts.route);
+    case Kind::Method:
+      return facts.head->method;
+    case Kind::Header:
+      return nonEmpty(facts.head->headers.getJoined(part.name));
+    case Kind::Cookie:
+      return nonEmpty(cookieValue(facts.head->headers, part.name));
+    case Kind::Query:
+      return nonEmpty(queryValue(facts.query, part.name));
+    case Kind::Form:
+    case Kind::Json:
+      return std::nullopt;  // read from the body: identity/body_fields.h
+  }
+  return std::nullopt;
+}
+
+}  // namespace sluice::identity

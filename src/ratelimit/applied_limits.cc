@@ -1,0 +1,47 @@
+#include "ratelimit/applied_limits.h"
+
+#include "ratelimit/keys.h"
+
+namespace sluice::ratelimit {
+
+std::vector<AppliedLimit> appliedLimits(const config::Config& config,
+                                        const config::RouteConfig& route,
+                                        const identity::RequestFacts& facts) {
+  std::vector<AppliedLimit> out;
+  out.reserve(route.limit_indices.size());
+  for (size_t index : route.limit_indices) {
+    const config::LimitConfig& limit = config.limits[index];
+    std::string key = config.valkey.key_prefix;
+    key += ':';
+    key += limit.name;
+    bool applies = true;
+    for (const config::KeyPart& part : limit.by) {
+      auto value = identity::keyPartValue(part, facts);
+      if (!value) {
+        applies = false;
+        break;
+      }
+      key += ':';
+      key += encodeKeyPart(*value, part.kind == config::KeyPartKind::Ip);
+    }
+    if (!applies) continue;
+    AppliedLimit applied;
+    applied.config = &limit;
+    applied.key = std::move(key);
+    applied.limit = limit.limit;
+    applied.burst = limit.burst;
+    applied.cost = limit.cost;
+    if (facts.plan) {
+      auto it = facts.plan->limits.find(limit.name);
+      if (it != facts.plan->limits.end()) {
+        applied.limit = it->second.limit;
+        applied.burst = it->second.burst.value_or(limit.burst_explicit ? limit.burst
+                                                                       : it->second.limit);
+      }
+    }
+    out.push_back(std::move(applied));
+  }
+  return out;
+}
+
+}  // namespace sluice::ratelimit

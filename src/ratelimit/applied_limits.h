@@ -1,0 +1,20 @@
+#pragma once
+
+// Which limits of a route apply to a request, under which keys and with which quota.
+
+#include <vector>
+
+#include "config/config.h"
+#include "identity/request_facts.h"
+#include "ratelimit/decision.h"
+
+namespace sluice::ratelimit {
+
+// Keys of every limit of `route` whose key parts the request has; a limit with an absent part
+// (no API key, say) does not apply. The tenant's plan overrides limit and burst; an implicit
+// burst follows an overridden limit, an explicit one stays.
+std::vector<AppliedLimit> appliedLimits(const config::Config& config,
+                                        const config::RouteConfig& route,
+                                        const identity::RequestFacts& facts);
+
+}  // namespace sluice::ratelimit

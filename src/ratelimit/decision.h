@@ -1,0 +1,71 @@
+#pragma once
+
+// A rate-limit decision: the limits that applied to one request, what Valkey (or the on_error
+// policy) said of each, and the verdict. Pure code, unit-tested without a server.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config/config.h"
+#include "valkey/reply.h"
+
+namespace sluice::ratelimit {
+
+enum class Outcome { Allowed, Denied, ErrorAllowed, ErrorDenied, ShadowDenied };
+const char* toString(Outcome outcome);
+
+// One limit as it applies to one request (plan overrides already applied).
+struct AppliedLimit {
+  const config::LimitConfig* config = nullptr;
+  std::string key;  // base key: "<prefix>:<name>:<parts>"
+  int64_t limit = 0;
+  int64_t burst = 0;
+  int64_t cost = 1;
+};
+
+struct LimitResult {
+  const config::LimitConfig* config = nullptr;
+  int64_t limit = 0;  // effective quota
+  Outcome outcome = Outcome::Allowed;
+  int64_t remaining = 0;
+  int64_t reset_ms = 0;  // until the quota is whole again
+  int64_t retry_ms = 0;  // refused: until this request could pass
+  // False when the request was refused (from the deny cache) before this limit was asked.
+  bool decided = true;
+  // Valkey answered for this limit (so the RateLimit headers can describe it).
+  bool known() const {
+    return decided && outcome != Outcome::ErrorAllowed && outcome != Outcome::ErrorDenied;
+  }
+};
+
+struct Decision {
+  enum class Verdict { Allow, Deny, Unavailable };  // forward, 429, 503
+  Verdict verdict = Verdict::Allow;
+  std::vector<LimitResult> limits;
+  int64_t retry_after_s = 0;  // Deny / Unavailable: whole seconds, at least 1
+};
+
+// The KEYS and ARGV of lua/decide.lua for these limits.
+void scriptArguments(const std::vector<AppliedLimit>& limits, std::string_view request_id,
+                     std::vector<std::string>* keys, std::vector<std::string>* args);
+
+// Reads decide.lua's reply; nullopt when it has not the expected shape.
+std::optional<Decision> decisionFromReply(const std::vector<AppliedLimit>& limits,
+                                          const valkey::Reply& reply);
+
+// Valkey unreachable, late or failing: each limit decides by its on_error. A shadow limit
+// never refuses, whatever its on_error.
+Decision decisionOnError(const std::vector<AppliedLimit>& limits);
+
+// Refused from the deny cache: `denied` (an index into limits) stays refused for `retry_ms`;
+// the other limits were not asked.
+Decision decisionFromCache(const std::vector<AppliedLimit>& limits, size_t denied,
+                           int64_t retry_ms);
+
+// Seconds for Retry-After from milliseconds: rounded up, at least 1.
+int64_t retryAfterSeconds(int64_t retry_ms);
+
+}  // namespace sluice::ratelimit

@@ -1,0 +1,30 @@
+#pragma once
+
+// Per-worker memory of refusals: after Valkey refused a key until T, more requests for that key
+// before T are refused here without a round trip. Exact, because until T no other request can
+// make the refusal wrong: windows only fill, logs only age out on schedule, buckets only drain.
+// Limits that count denied requests are never cached (their refusals must reach Valkey), nor
+// shadow limits. Bounded in size.
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+namespace sluice::ratelimit {
+
+class DenyCache {
+ public:
+  explicit DenyCache(size_t max_entries = 65536) : max_entries_(max_entries) {}
+
+  // Refused until `until_ms` (loop time).
+  void remember(const std::string& key, uint64_t until_ms, uint64_t now_ms);
+  // Milliseconds the key stays refused, or 0.
+  uint64_t remaining(const std::string& key, uint64_t now_ms);
+  size_t size() const { return entries_.size(); }
+
+ private:
+  size_t max_entries_;
+  std::unordered_map<std::string, uint64_t> entries_;
+};
+
+}  // namespace sluice::ratelimit

@@ -1,0 +1,112 @@
+#include "ratelimit/headers.h"
+
+#include <algorithm>
+
+namespace sluice::ratelimit {
+
+namespace {
+
+int64_t ceilSeconds(int64_t ms) { return (std::max<int64_t>(0, ms) + 999) / 1000; }
+
+int64_t windowSeconds(const config::LimitConfig& limit) {
+  return std::max<int64_t>(1, ceilSeconds(limit.window.count()));
+}
+
+// What the client should read as `t`: for a refused limit, when this request could pass
+// (so Retry-After is never earlier); otherwise when the quota is whole again.
+int64_t resetSeconds(const LimitResult& r) {
+  return ceilSeconds(r.outcome == Outcome::Denied ? r.retry_ms : r.reset_ms);
+}
+
+bool shown(const LimitResult& r) { return r.known() && !r.config->shadow; }
+
+// The limit that legacy single-valued headers describe: a refusing one with the longest
+// wait, else the one with the least left.
+const LimitResult* tightest(const Decision& decision) {
+  const LimitResult* best = nullptr;
+  for (const auto& r : decision.limits) {
+    if (!shown(r)) continue;
+    if (!best) {
+      best = &r;
+      continue;
+    }
+    const bool r_denied = r.outcome == Outcome::Denied;
+    const bool best_denied = best->outcome == Outcome::Denied;
+    if (r_denied != best_denied) {
+      if (r_denied) best = &r;
+      continue;
+    }
+    if (r_denied ? r.retry_ms > best->retry_ms
+                 : (r.remaining < best->remaining ||
+                    (r.remaining == best->remaining && r.reset_ms > best->reset_ms))) {
+      best = &r;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& decision) {
+  using Mode = config::RateLimitHeaders;
+  std::string out;
+  if (mode == Mode::None) return out;
+  if (mode == Mode::Ietf || mode == Mode::Both) {
+    std::string policy, state;
+    for (const auto& r : decision.limits) {
+      if (!shown(r)) continue;
+      if (!policy.empty()) {
+        policy += ", ";
+        state += ", ";
+      }
+      const std::string name = "\"" + r.config->name + "\"";
+      policy += name + ";q=" + std::to_string(r.limit) + ";w=" +
+                std::to_string(windowSeconds(*r.config));
+      const int64_t remaining = r.outcome == Outcome::Denied ? 0 : r.remaining;
+      state += name + ";r=" + std::to_string(remaining) + ";t=" + std::to_string(resetSeconds(r));
+    }
+    if (!policy.empty()) {
+      out += "RateLimit-Policy: " + policy + "\r\n";
+      out += "RateLimit: " + state + "\r\n";
+    }
+  }
+  if (mode == Mode::Legacy || mode == Mode::Both) {
+    if (const LimitResult* r = tightest(decision)) {
+      out += "X-RateLimit-Limit: " + std::to_string(r->limit) + "\r\n";
+      out += "X-RateLimit-Remaining: " +
+             std::to_string(r->outcome == Outcome::Denied ? 0 : r->remaining) + "\r\n";
+      out += "X-RateLimit-Reset: " + std::to_string(resetSeconds(*r)) + "\r\n";
+    }
+  }
+  return out;
+}
+
+http::LocalResponse quotaExceededResponse(config::RateLimitHeaders mode, const Decision& decision) {
+  http::LocalResponse response;
+  response.status = 429;
+  std::string violated;
+  for (const auto& r : decision.limits) {
+    if (r.outcome != Outcome::Denied) continue;
+    if (!violated.empty()) violated += ",";
+    violated += http::jsonString(r.config->name);
+  }
+  response.body =
+      "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\","
+      "\"title\":\"Too Many Requests\",\"status\":429,"
+      "\"detail\":\"A rate limit refused this request; retry after " +
+      std::to_string(decision.retry_after_s) + " seconds.\",\"violated-policies\":[" + violated +
+      "]}\n";
+  response.extra_headers = "Retry-After: " + std::to_string(decision.retry_after_s) + "\r\n" +
+                           rateLimitHeaders(mode, decision);
+  return response;
+}
+
+http::LocalResponse limiterUnavailableResponse(const Decision& decision) {
+  http::LocalResponse response =
+      http::problemResponse(503, "the rate limiter could not decide in time and this limit fails closed");
+  response.extra_headers =
+      "Retry-After: " + std::to_string(std::max<int64_t>(1, decision.retry_after_s)) + "\r\n";
+  return response;
+}
+
+}  // namespace sluice::ratelimit

@@ -1,0 +1,22 @@
+#pragma once
+
+// Valkey keys of limits: "<key_prefix>:<limit name>:<part>[:<part>...]". A part value that is
+// short and made of safe bytes stays readable; anything else (long, binary, separators) is
+// replaced by "~" and a SHA-256 digest, so no client can bloat a key or forge another key's
+// parts: '~' and ':' never appear in a readable value, so the two forms cannot collide.
+
+#include <string>
+#include <string_view>
+
+namespace sluice::ratelimit {
+
+// Longest value kept readable in a key.
+inline constexpr size_t kMaxReadablePart = 64;
+
+// Encodes one part value. `allow_colon` is for IP addresses (IPv6), whose text is canonical.
+std::string encodeKeyPart(std::string_view value, bool allow_colon = false);
+
+// "~" + the first 32 hex digits (128 bits) of SHA-256(value).
+std::string hashedPart(std::string_view value);
+
+}  // namespace sluice::ratelimit

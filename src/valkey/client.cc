@@ -1,0 +1,344 @@
+#include "valkey/client.h"
+
+#include <hiredis/adapters/libuv.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+#include <algorithm>
+#include <cstring>
+#include <random>
+
+#include "core/logging.h"
+#include "stats/stats.h"
+
+namespace sluice::valkey {
+
+namespace {
+
+constexpr uint64_t kBackoffFirstMs = 100;
+constexpr uint64_t kBackoffMaxMs = 5000;
+
+// A call older than this that got no reply means Valkey stopped answering: drop the
+// connection and reconnect, rather than let every later decision run into its deadline.
+uint64_t stallAfterMs(uint64_t timeout_ms) { return std::max<uint64_t>(250, 10 * timeout_ms); }
+
+}  // namespace
+
+struct Call {
+  Client* client = nullptr;
+  CallTarget* target = nullptr;
+  uint64_t deadline_ms = 0;
+  uint64_t sent_ms = 0;
+  uint64_t sent_ns = 0;
+  std::vector<std::string> argv;  // kept for the retry after NOSCRIPT
+  bool is_script = false;
+  bool done = false;  // the target was told, or cancelled
+  bool retried = false;
+};
+
+const char* toString(Failure failure) {
+  switch (failure) {
+    case Failure::NotConnected: return "not_connected";
+    case Failure::Timeout: return "timeout";
+    case Failure::Disconnected: return "disconnected";
+  }
+  return "unknown";
+}
+
+Client::Client(uv_loop_t* loop, ClientOptions options, stats::WorkerStats& stats)
+    : loop_(loop),
+      options_(std::move(options)),
+      stats_(stats),
+      deadline_timer_(loop, onDeadline, this),
+      reconnect_timer_(loop, onReconnectTimer, this) {}
+
+Client::~Client() { stop(); }
+
+void Client::start() {
+  if (state_ == State::Idle) connect();
+}
+
+void Client::stop() {
+  state_ = State::Stopped;
+  stats_.valkey_connected.add(-stats_.valkey_connected.value());
+  deadline_timer_.stop();
+  reconnect_timer_.stop();
+  if (redisAsyncContext* context = context_) {
+    context_ = nullptr;
+    redisAsyncFree(context);  // every pending callback runs now, with a NULL reply
+  }
+}
+
+void Client::connect() {
+  state_ = State::Connecting;
+  redisAsyncContext* context =
+      options_.address.isUnix()
+          ? redisAsyncConnectUnix(options_.address.unix_path.c_str())
+          : redisAsyncConnect(options_.address.host.c_str(), options_.address.port);
+  if (!context || context->err) {
+    SLUICE_LOG_WARN("valkey {}: cannot connect: {}", options_.address.text,
+                    context ? context->errstr : "out of memory");
+    if (context) redisAsyncFree(context);
+    state_ = State::Backoff;
+    scheduleReconnect();
+    return;
+  }
+  context->data = this;
+  redisLibuvAttach(context, loop_);
+  redisAsyncSetConnectCallback(context, onConnect);
+  redisAsyncSetDisconnectCallback(context, onDisconnect);
+  context_ = context;
+  reconnect_timer_.start(options_.connect_timeout_ms);  // the whole handshake has this long
+}
+
+void Client::onConnect(const redisAsyncContext* context, int status) {
+  auto* self = static_cast<Client*>(context->data);
+  if (self->context_ != context) return;
+  if (status != REDIS_OK) {
+    // hiredis frees the context after this callback.
+    SLUICE_LOG_WARN("valkey {}: cannot connect: {}", self->options_.address.text,
+                    context->errstr ? context->errstr : "error");
+    self->context_ = nullptr;
+    self->state_ = State::Backoff;
+    self->scheduleReconnect();
+    return;
+  }
+  self->state_ = State::Handshake;
+  redisAsyncContext* ctx = self->context_;
+  self->handshake_pending_ = 0;
+  if (!self->options_.password.empty()) {
+    const char* argv[] = {"AUTH", self->options_.password.c_str()};
+    const size_t lens[] = {4, self->options_.password.size()};
+    if (redisAsyncCommandArgv(ctx, onInternalReply, self, 2, argv, lens) == REDIS_OK) {
+      ++self->handshake_pending_;
+    }
+  }
+  const char* argv[] = {"SCRIPT", "LOAD", self->options_.script.c_str()};
+  const size_t lens[] = {6, 4, self->options_.script.size()};
+  if (redisAsyncCommandArgv(ctx, onInternalReply, self, 3, argv, lens) == REDIS_OK) {
+    ++self->handshake_pending_;
+  }
+}
+
+void Client::onInternalReply(redisAsyncContext*, void* reply, void* privdata) {
+  auto* self = static_cast<Client*>(privdata);
+  if (!reply || self->handshake_pending_ <= 0) return;
+  auto* r = static_cast<redisReply*>(reply);
+  if (r->type == REDIS_REPLY_ERROR) {
+    self->onHandshakeReply(false, std::string(r->str, r->len));
+    return;
+  }
+  self->onHandshakeReply(true, {});
+}
+
+void Client::onHandshakeReply(bool ok, const std::string& error) {
+  if (!ok) {
+    handshake_pending_ = 0;
+    // The password never appears here: only the server's answer does.
+    drop(("handshake refused: " + logging::sanitize(error)).c_str());
+    return;
+  }
+  if (--handshake_pending_ > 0) return;
+  state_ = State::Ready;
+  reconnect_timer_.stop();
+  backoff_ms_ = 0;
+  stats_.valkey_connected.add(1 - stats_.valkey_connected.value());
+  if (ever_ready_) stats_.valkey_reconnects.inc();
+  ever_ready_ = true;
+  SLUICE_LOG_INFO("valkey {}: connected", options_.address.text);
+}
+
+void Client::onDisconnect(const redisAsyncContext* context, int) {
+  auto* self = static_cast<Client*>(context->data);
+  if (self->context_ != context) return;  // dropped by us, already handled
+  SLUICE_LOG_WARN("valkey {}: connection lost: {}", self->options_.address.text,
+                  context->errstr ? context->errstr : "closed");
+  self->context_ = nullptr;
+  self->stats_.valkey_connected.add(-self->stats_.valkey_connected.value());
+  self->state_ = State::Backoff;
+  self->scheduleReconnect();
+}
+
+void Client::drop(const char* why) {
+  SLUICE_LOG_WARN("valkey {}: dropping the connection: {}", options_.address.text, why);
+  stats_.valkey_connected.add(-stats_.valkey_connected.value());
+  state_ = State::Backoff;  // first, so that callers woken below fail fast
+  handshake_pending_ = 0;
+  if (redisAsyncContext* context = context_) {
+    context_ = nullptr;
+    redisAsyncFree(context);
+  }
+  scheduleReconnect();
+}
+
+void Client::scheduleReconnect() {
+  if (state_ == State::Stopped) return;
+  backoff_ms_ = backoff_ms_ == 0 ? kBackoffFirstMs : std::min(backoff_ms_ * 2, kBackoffMaxMs);
+  static thread_local std::minstd_rand random(std::random_device{}());
+  const uint64_t jitter = random() % (backoff_ms_ / 5 + 1);
+  reconnect_timer_.start(backoff_ms_ - backoff_ms_ / 10 + jitter);
+}
+
+void Client::onReconnectTimer(void* context) {
+  auto* self = static_cast<Client*>(context);
+  switch (self->state_) {
+    case State::Connecting:
+    case State::Handshake:
+      self->drop("no answer within connect_timeout");
+      break;
+    case State::Backoff:
+      self->connect();
+      break;
+    default:
+      break;
+  }
+}
+
+Call* Client::evalScript(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& args, CallTarget* target) {
+  std::vector<std::string> argv;
+  argv.reserve(3 + keys.size() + args.size());
+  argv.emplace_back("EVALSHA");
+  argv.push_back(options_.script_sha);
+  argv.push_back(std::to_string(keys.size()));
+  argv.insert(argv.end(), keys.begin(), keys.end());
+  argv.insert(argv.end(), args.begin(), args.end());
+  Call* call = command(std::move(argv), target);
+  if (call) call->is_script = true;
+  return call;
+}
+
+Call* Client::command(std::vector<std::string> argv, CallTarget* target) {
+  if (state_ != State::Ready) {
+    stats_.valkey_errors.get("kind=\"not_connected\"").inc();
+    return nullptr;
+  }
+  auto* call = new Call;
+  call->client = this;
+  call->target = target;
+  call->argv = std::move(argv);
+  call->sent_ms = uv_now(loop_);
+  call->deadline_ms = call->sent_ms + options_.timeout_ms;
+  call->sent_ns = uv_hrtime();
+  if (!send(call)) {
+    delete call;
+    stats_.valkey_errors.get("kind=\"not_connected\"").inc();
+    return nullptr;
+  }
+  stats_.valkey_calls.inc();
+  return call;
+}
+
+bool Client::send(Call* call) {
+  if (!context_) return false;
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  argv.reserve(call->argv.size());
+  lens.reserve(call->argv.size());
+  for (const auto& a : call->argv) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  if (redisAsyncCommandArgv(context_, onReply, call, static_cast<int>(argv.size()), argv.data(),
+                            lens.data()) != REDIS_OK) {
+    return false;
+  }
+  inflight_.push_back(call);
+  if (!deadline_timer_.active() && !in_deadline_) armDeadline();
+  return true;
+}
+
+void Client::cancel(Call* call) {
+  if (!call) return;
+  call->target = nullptr;
+  call->done = true;
+}
+
+void Client::finish(Call* call, Reply* reply, Failure failure) {
+  if (call->done) return;
+  call->done = true;
+  CallTarget* target = call->target;
+  call->target = nullptr;
+  if (reply) {
+    stats_.valkey_latency.observeMicros((uv_hrtime() - call->sent_ns) / 1000);
+    if (reply->isError()) stats_.valkey_errors.get("kind=\"error\"").inc();
+  } else {
+    stats_.valkey_errors.get(std::string("kind=\"") + toString(failure) + "\"").inc();
+  }
+  if (!target) return;
+  if (reply) {
+    target->onValkeyReply(*reply);
+  } else {
+    target->onValkeyFailure(failure);
+  }
+}
+
+void Client::onReply(redisAsyncContext*, void* raw, void* privdata) {
+  auto* call = static_cast<Call*>(privdata);
+  Client* self = call->client;
+  auto& inflight = self->inflight_;
+  if (!inflight.empty() && inflight.front() == call) {
+    inflight.pop_front();
+  } else {
+    inflight.erase(std::remove(inflight.begin(), inflight.end(), call), inflight.end());
+  }
+  auto* reply = static_cast<redisReply*>(raw);
+  if (!reply) {
+    self->finish(call, nullptr, Failure::Disconnected);
+    delete call;
+    return;
+  }
+  if (reply->type == REDIS_REPLY_ERROR && call->is_script && !call->retried &&
+      std::strncmp(reply->str, "NOSCRIPT", 8) == 0 && self->state_ == State::Ready) {
+    // The server lost the script (restart, SCRIPT FLUSH): load it and retry at once. Both go
+    // out on this connection in order, so the retry finds the script.
+    call->retried = true;
+    const char* argv[] = {"SCRIPT", "LOAD", self->options_.script.c_str()};
+    const size_t lens[] = {6, 4, self->options_.script.size()};
+    redisAsyncCommandArgv(self->context_, onInternalReply, self, 3, argv, lens);
+    if (self->send(call)) return;
+    self->finish(call, nullptr, Failure::Disconnected);
+    delete call;
+    return;
+  }
+  if (!call->done) {
+    Reply copy = Reply::copy(reply);
+    self->finish(call, &copy, Failure::Disconnected);
+  }
+  delete call;
+}
+
+void Client::onDeadline(void* context) { static_cast<Client*>(context)->armDeadline(); }
+
+void Client::armDeadline() {
+  in_deadline_ = true;
+  armDeadlineInner();
+  in_deadline_ = false;
+}
+
+void Client::armDeadlineInner() {
+  const uint64_t now = uv_now(loop_);
+  std::vector<Call*> expired;
+  uint64_t next = UINT64_MAX;
+  for (Call* call : inflight_) {
+    if (call->done) continue;
+    if (call->deadline_ms <= now) {
+      expired.push_back(call);
+    } else {
+      next = std::min(next, call->deadline_ms);
+    }
+  }
+  // Targets may send new calls from their callbacks: inflight_ is not walked meanwhile.
+  for (Call* call : expired) finish(call, nullptr, Failure::Timeout);
+  if (!inflight_.empty() && state_ == State::Ready) {
+    const uint64_t stall_at = inflight_.front()->sent_ms + stallAfterMs(options_.timeout_ms);
+    if (stall_at <= now) {
+      drop("no reply within the stall limit");
+      return;
+    }
+    next = std::min(next, stall_at);
+  }
+  if (next != UINT64_MAX) deadline_timer_.start(next - now);
+}
+
+}  // namespace sluice::valkey

@@ -1,0 +1,114 @@
+#pragma once
+
+// One Valkey connection per worker: hiredis async on the worker's libuv loop. Commands of
+// concurrent requests pipeline on it. hiredis 0.14 has no command timeout, so deadlines are
+// ours: every call has one on the loop's timer, a Valkey that stops answering is dropped and
+// reconnected with backoff, and while it is not ready calls fail at once instead of waiting.
+//
+// Ownership across hiredis callbacks: hiredis gets a heap Call as privdata, never a request.
+// hiredis calls every callback exactly once (with a NULL reply when the context is freed), so
+// the trampoline always deletes the Call. A caller that goes away cancels its call (the target
+// becomes null); a call whose deadline passed is finished with Timeout and its late reply is
+// dropped.
+
+#include <uv.h>
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "config/address.h"
+#include "core/timer.h"
+#include "valkey/reply.h"
+
+struct redisAsyncContext;
+
+namespace sluice::stats {
+struct WorkerStats;
+}
+
+namespace sluice::valkey {
+
+enum class Failure { NotConnected, Timeout, Disconnected };
+const char* toString(Failure failure);
+
+class CallTarget {
+ public:
+  virtual ~CallTarget() = default;
+  // Exactly one of these runs for an accepted call, from the loop (never inline from the
+  // call that sent it), unless the call was cancelled first. Error replies come as replies.
+  virtual void onValkeyReply(Reply& reply) = 0;
+  virtual void onValkeyFailure(Failure failure) = 0;
+};
+
+struct Call;
+
+struct ClientOptions {
+  config::SocketAddress address;
+  std::string password;  // empty: no AUTH
+  uint64_t timeout_ms = 25;
+  uint64_t connect_timeout_ms = 1000;
+  std::string script;       // loaded with SCRIPT LOAD on every (re)connection
+  std::string script_sha;
+};
+
+class Client {
+ public:
+  Client(uv_loop_t* loop, ClientOptions options, stats::WorkerStats& stats);
+  ~Client();  // stop()
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  void start();
+  // Disconnects; calls still pending fail with Disconnected. No reconnection afterwards.
+  void stop();
+  bool ready() const { return state_ == State::Ready; }
+
+  // EVALSHA of the script; NOSCRIPT (a restarted or flushed server) loads it again and retries
+  // at once, within the same deadline. Returns null when not connected: decide now.
+  Call* evalScript(const std::vector<std::string>& keys, const std::vector<std::string>& args,
+                   CallTarget* target);
+  // Any other command. Returns null when not connected.
+  Call* command(std::vector<std::string> argv, CallTarget* target);
+  // The target will not be called for this call. The handle is invalid afterwards.
+  void cancel(Call* call);
+
+  const ClientOptions& options() const { return options_; }
+
+ private:
+  enum class State { Idle, Connecting, Handshake, Ready, Backoff, Stopped };
+  friend struct Call;
+
+  void connect();
+  void drop(const char* why);
+  void scheduleReconnect();
+  bool send(Call* call);
+  void onHandshakeReply(bool ok, const std::string& error);
+  void finish(Call* call, Reply* reply, Failure failure);
+  // Finishes the calls whose deadline passed, drops a stalled connection, re-arms the timer.
+  void armDeadline();
+  void armDeadlineInner();
+
+  static void onConnect(const redisAsyncContext* context, int status);
+  static void onDisconnect(const redisAsyncContext* context, int status);
+  static void onReply(redisAsyncContext* context, void* reply, void* privdata);
+  static void onInternalReply(redisAsyncContext* context, void* reply, void* privdata);
+  static void onDeadline(void* self);
+  static void onReconnectTimer(void* self);
+
+  uv_loop_t* loop_;
+  ClientOptions options_;
+  stats::WorkerStats& stats_;
+  redisAsyncContext* context_ = nullptr;
+  State state_ = State::Idle;
+  Timer deadline_timer_;
+  Timer reconnect_timer_;
+  std::deque<Call*> inflight_;  // sent, in order; replies come in this order
+  uint64_t backoff_ms_ = 0;
+  int handshake_pending_ = 0;
+  bool ever_ready_ = false;
+  bool in_deadline_ = false;
+};
+
+}  // namespace sluice::valkey
