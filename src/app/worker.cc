@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "core/logging.h"
+#include "identity/tenant_cache.h"
 #include "proxy/downstream_connection.h"
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/scripts.h"
@@ -149,6 +150,7 @@ void Worker::applyConfig(config::ConfigPtr config) {
   }
   if (old && old->valkey && old->valkey != snapshot->valkey) old->valkey->stop();
   snapshot->deny_cache = std::make_shared<ratelimit::DenyCache>();
+  snapshot->tenant_cache = std::make_shared<identity::TenantCache>();
   snapshot->config = std::move(config);
   context_->setSnapshot(std::move(snapshot));
 }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "config/address.h"
@@ -75,6 +76,9 @@ struct IdentityConfig {
   bool reject_unknown_api_keys = false;
   bool valkey_tenants = true;             // resolve API keys not in the TOML from Valkey
   Duration tenant_cache_ttl{Duration(10000)};
+  // Tenants of API keys that are not in the TOML: hash "<tenant_key_prefix>:<api key>" with
+  // fields tenant and plan.
+  std::string tenant_key_prefix = "sluice:apikey";
 };
 
 struct UpstreamTlsConfig {
@@ -185,6 +189,7 @@ struct Config {
   std::vector<RouteConfig> routes;
   std::vector<PlanConfig> plans;
   std::vector<TenantConfig> tenants;
+  std::unordered_map<std::string, size_t> tenant_by_api_key;  // index into tenants
 
   bool hasValkey() const { return valkey.address.has_value() || !valkey.nodes.empty(); }
   const UpstreamConfig* findUpstream(const std::string& name) const;

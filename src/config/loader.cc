@@ -293,6 +293,12 @@ class Loader {
     if (auto v = r.boolean("valkey_tenants")) id.valkey_tenants = *v;
     // Zero is meaningful here: do not cache tenants looked up in Valkey.
     if (auto v = r.duration("tenant_cache_ttl", true)) id.tenant_cache_ttl = *v;
+    if (auto v = r.string("tenant_key_prefix")) {
+      if (v->empty() || hasSpaceOrControl(*v)) {
+        r.error("tenant_key_prefix", "must be non-empty, without spaces or control characters");
+      }
+      id.tenant_key_prefix = *v;
+    }
   }
 
   void loadUpstream(TableReader& r) {
@@ -640,6 +646,7 @@ class Loader {
           continue;
         }
         tenant.api_keys.push_back(item.value);
+        config_.tenant_by_api_key.emplace(item.value, config_.tenants.size() - 1);
       }
     }
   }

@@ -1,5 +1,7 @@
 #include "identity/request_facts.h"
 
+#include "identity/body_fields.h"
+
 namespace sluice::identity {
 
 namespace {
@@ -102,7 +104,7 @@ std::optional<std::string> keyPartValue(const config::KeyPart& part, const Reque
       return nonEmpty(queryValue(facts.query, part.name));
     case Kind::Form:
     case Kind::Json:
-      return std::nullopt;  // read from the body: identity/body_fields.h
+      return bodyField(part, facts.content_type, facts.body);
   }
   return std::nullopt;
 }

@@ -20,8 +20,8 @@ struct RequestFacts {
   std::optional<std::string> session;
   std::optional<std::string> tenant;
   const config::PlanConfig* plan = nullptr;
-  std::string_view body;          // buffered body (form:/json: parts), may be partial
-  bool body_complete = false;     // the whole body is in `body`
+  std::string_view content_type;  // of the body
+  std::string_view body;          // buffered body, for form: and json: parts
 };
 
 // The value of a key part, or nullopt when the request has none (then the limit does not apply

@@ -9,6 +9,8 @@
 #include "ratelimit/applied_limits.h"
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/headers.h"
+#include "ratelimit/keys.h"
+#include "identity/tenant_cache.h"
 #include "stats/stats.h"
 #include "upstream/cluster.h"
 
@@ -36,6 +38,9 @@ void Exchange::reset() {
   }
   applied_.clear();
   client_ = identity::ClientAddress{};
+  facts_ = identity::RequestFacts{};
+  std::string().swap(inspect_body_);
+  needs_body_ = waiting_body_ = tenant_pending_ = false;
   std::string().swap(rate_headers_);
   decide_sent_ms_ = 0;
   phase_ = Phase::Idle;
@@ -126,25 +131,115 @@ void Exchange::begin(http::MessageHead&& head) {
                                                snapshot_->config->identity.trusted_proxies);
     }
   }
-  if (route_->limit_indices.empty()) {
+  if (route_->limit_indices.empty() && !snapshot_->config->identity.reject_unknown_api_keys) {
     forward();
   } else {
-    decide();
+    startLimits();
   }
+}
+
+namespace {
+
+bool readsBody(const config::Config& config, const config::RouteConfig& route) {
+  for (size_t index : route.limit_indices) {
+    for (const auto& part : config.limits[index].by) {
+      if (part.kind == config::KeyPartKind::Form || part.kind == config::KeyPartKind::Json) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+// Deciding takes up to three steps, each of which may wait: the tenant of the API key (a
+// lookup in Valkey on a cache miss), the body (for form: and json: key parts), the decision.
+void Exchange::startLimits() {
+  const config::Config& config = *snapshot_->config;
+  facts_.head = &request_;
+  facts_.route = route_->name;
+  facts_.query = target_.query;
+  facts_.client_key = identity::clientKeyText(client_.address, config.identity.ipv6_prefix);
+  if (auto key = request_.headers.getJoined(config.identity.api_key_header)) {
+    if (!key->empty()) facts_.api_key = std::move(*key);
+  }
+  facts_.session = identity::cookieValue(request_.headers, config.identity.session_cookie);
+  if (const std::string* type = request_.headers.get("content-type")) facts_.content_type = *type;
+  needs_body_ = readsBody(config, *route_);
+  if (needs_body_) {
+    if (request_.content_length && *request_.content_length > route_->max_buffered_body_bytes) {
+      respondLocal(http::problemResponse(413, "this route reads the body to decide; it is larger "
+                                              "than max_buffered_body_bytes"));
+      return;
+    }
+    // The body is needed before deciding: a client waiting for 100 Continue gets it now.
+    if (expect_continue_ && !continue_sent_) {
+      continue_sent_ = true;
+      conn_.write(http::continueResponse());
+    }
+  }
+  resolveTenant();
+  if (phase_ == Phase::Deciding && !tenant_pending_) continueLimits();
+}
+
+void Exchange::resolveTenant() {
+  if (!facts_.api_key) return;
+  const config::Config& config = *snapshot_->config;
+  auto owned = config.tenant_by_api_key.find(*facts_.api_key);
+  if (owned != config.tenant_by_api_key.end()) {
+    const config::TenantConfig& tenant = config.tenants[owned->second];
+    facts_.tenant = tenant.name;
+    facts_.plan = tenant.plan.empty() ? nullptr : config.findPlan(tenant.plan);
+    return;
+  }
+  valkey::Client* client = snapshot_->valkey.get();
+  if (config.identity.valkey_tenants && client) {
+    const uint64_t now = uv_now(conn_.worker().loop());
+    if (auto record = snapshot_->tenant_cache->find(*facts_.api_key, now)) {
+      onTenantRecord(record->known, record->tenant, record->plan);
+      return;
+    }
+    call_ = client->command({"HMGET",
+                             config.identity.tenant_key_prefix + ":" +
+                                 ratelimit::encodeKeyPart(*facts_.api_key),
+                             "tenant", "plan"},
+                            this);
+    if (call_) {
+      tenant_pending_ = true;
+      return;
+    }
+    if (config.identity.reject_unknown_api_keys) {
+      respondLocal(http::problemResponse(503, "the owner of this API key cannot be looked up now"));
+      return;
+    }
+  }
+  onTenantRecord(false, {}, {});
+}
+
+void Exchange::onTenantRecord(bool known, const std::string& tenant, const std::string& plan) {
+  if (!known) {
+    if (snapshot_->config->identity.reject_unknown_api_keys) {
+      respondLocal(http::problemResponse(401, "no tenant owns this API key"));
+    }
+    return;
+  }
+  facts_.tenant = tenant;
+  facts_.plan = plan.empty() ? nullptr : snapshot_->config->findPlan(plan);
+}
+
+void Exchange::continueLimits() {
+  if (needs_body_ && !request_complete_) {
+    waiting_body_ = true;
+    return;
+  }
+  facts_.body = inspect_body_;
+  decide();
 }
 
 void Exchange::decide() {
   const config::Config& config = *snapshot_->config;
-  identity::RequestFacts facts;
-  facts.head = &request_;
-  facts.route = route_->name;
-  facts.query = target_.query;
-  facts.client_key = identity::clientKeyText(client_.address, config.identity.ipv6_prefix);
-  if (auto key = request_.headers.getJoined(config.identity.api_key_header)) {
-    facts.api_key = std::move(*key);
-  }
-  facts.session = identity::cookieValue(request_.headers, config.identity.session_cookie);
-  applied_ = ratelimit::appliedLimits(config, *route_, facts);
+  applied_ = ratelimit::appliedLimits(config, *route_, facts_);
   if (applied_.empty()) {
     forward();
     return;
@@ -169,6 +264,27 @@ void Exchange::decide() {
 
 void Exchange::onValkeyReply(valkey::Reply& reply) {
   call_ = nullptr;
+  if (tenant_pending_) {
+    if (reply.isError()) {
+      onValkeyFailure(valkey::Failure::Disconnected);  // still tenant_pending_: that path
+      return;
+    }
+    tenant_pending_ = false;
+    identity::TenantRecord record;
+    if (reply.type == valkey::Reply::Type::Array && reply.elements.size() == 2 &&
+        reply.elements[0].type == valkey::Reply::Type::String &&
+        !reply.elements[0].text.empty()) {
+      record.known = true;
+      record.tenant = reply.elements[0].text;
+      if (reply.elements[1].type == valkey::Reply::Type::String) record.plan = reply.elements[1].text;
+    }
+    const uint64_t now = uv_now(conn_.worker().loop());
+    const auto ttl = static_cast<uint64_t>(snapshot_->config->identity.tenant_cache_ttl.count());
+    snapshot_->tenant_cache->store(*facts_.api_key, record, now + ttl, now);
+    onTenantRecord(record.known, record.tenant, record.plan);
+    if (phase_ == Phase::Deciding) continueLimits();
+    return;
+  }
   std::optional<ratelimit::Decision> decision = ratelimit::decisionFromReply(applied_, reply);
   if (!decision) {
     SLUICE_LOG_WARN("valkey: unexpected decision reply: {}",
@@ -192,6 +308,16 @@ void Exchange::onValkeyReply(valkey::Reply& reply) {
 
 void Exchange::onValkeyFailure(valkey::Failure failure) {
   call_ = nullptr;
+  if (tenant_pending_) {
+    // The tenant stays unknown for this request (and is not cached).
+    tenant_pending_ = false;
+    if (snapshot_->config->identity.reject_unknown_api_keys) {
+      respondLocal(http::problemResponse(503, "the owner of this API key cannot be looked up now"));
+      return;
+    }
+    continueLimits();
+    return;
+  }
   SLUICE_LOG_DEBUG("valkey: decision failed ({}), on_error decides", valkey::toString(failure));
   applyDecision(ratelimit::decisionOnError(applied_));
 }
@@ -277,6 +403,14 @@ void Exchange::sendRequestHead() {
 
 void Exchange::onRequestBody(const char* data, size_t len) {
   if (phase_ == Phase::Done || phase_ == Phase::Idle || len == 0) return;
+  if (needs_body_ && phase_ == Phase::Deciding) {
+    inspect_body_.append(data, len);
+    if (inspect_body_.size() > route_->max_buffered_body_bytes) {
+      respondLocal(http::problemResponse(413, "this route reads the body to decide; it is larger "
+                                              "than max_buffered_body_bytes"));
+      return;
+    }
+  }
   const bool chunked = request_framing_ == http::Framing::Chunked;
   if (request_head_sent_ && upstream_) {
     if (chunked) {
@@ -304,6 +438,11 @@ void Exchange::onRequestBody(const char* data, size_t len) {
 void Exchange::onRequestComplete() {
   request_complete_ = true;
   if (phase_ == Phase::Done || phase_ == Phase::Idle) return;
+  if (waiting_body_) {
+    waiting_body_ = false;
+    continueLimits();
+    return;
+  }
   if (request_head_sent_ && upstream_) {
     if (request_framing_ == http::Framing::Chunked) upstream_->write(http::kLastChunk);
     upstream_->requestComplete();

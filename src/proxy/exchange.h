@@ -11,6 +11,7 @@
 
 #include "http/forwarding.h"
 #include "identity/client_address.h"
+#include "identity/request_facts.h"
 #include "ratelimit/decision.h"
 #include "valkey/client.h"
 #include "http/message.h"
@@ -61,6 +62,10 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   void onValkeyReply(valkey::Reply& reply) override;
   void onValkeyFailure(valkey::Failure failure) override;
 
+  void startLimits();
+  void resolveTenant();
+  void onTenantRecord(bool known, const std::string& tenant, const std::string& plan);
+  void continueLimits();
   void decide();
   void applyDecision(const ratelimit::Decision& decision);
   void forward();
@@ -82,6 +87,8 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   Target target_;
   std::string body_buffer_;  // framed request body the upstream could not take yet
   identity::ClientAddress client_;
+  identity::RequestFacts facts_;  // views into request_ and target_
+  std::string inspect_body_;      // raw body read for form: / json: key parts
   std::vector<ratelimit::AppliedLimit> applied_;
   valkey::Call* call_ = nullptr;  // pending decision; cancelled on reset/abort
   uint64_t decide_sent_ms_ = 0;
@@ -103,6 +110,9 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   bool keep_alive_ = false;
   bool client_paused_ = false;
   bool upstream_paused_ = false;
+  bool needs_body_ = false;     // a limit of the route reads the body
+  bool waiting_body_ = false;   // deciding waits for the end of the body
+  bool tenant_pending_ = false;  // call_ is a tenant lookup
   bool tunnel_client_ended_ = false;
   bool tunnel_upstream_ended_ = false;
 };

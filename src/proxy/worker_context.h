@@ -29,6 +29,10 @@ namespace sluice::ratelimit {
 class DenyCache;
 }
 
+namespace sluice::identity {
+class TenantCache;
+}
+
 namespace sluice::proxy {
 
 class DownstreamConnection;
@@ -40,6 +44,7 @@ struct Snapshot {
   std::vector<std::shared_ptr<upstream::Cluster>> clusters;  // by upstream index
   std::shared_ptr<valkey::Client> valkey;                    // null without [valkey]
   std::shared_ptr<ratelimit::DenyCache> deny_cache;          // per configuration generation
+  std::shared_ptr<identity::TenantCache> tenant_cache;       // per configuration generation
 };
 
 class WorkerContext {

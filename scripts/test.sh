@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test: doctest unit tests, then the
+# integration tests (real redis-server, real upstreams, the real binary on loopback ports),
+# first on the normal build, then on the AddressSanitizer + UBSan build.
+#   SLUICE_SKIP_ASAN=1 scripts/test.sh   -> only the normal build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/deps.sh
+
+run_suite() {
+  local dir=$1
+  echo "== unit tests ($dir)"
+  "$dir/sluice_unit_tests"
+  echo "== integration tests ($dir)"
+  SLUICE_BIN="$PWD/$dir/sluice" /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/integration
+}
+
+scripts/build.sh build
+run_suite build
+
+if [ "${SLUICE_SKIP_ASAN:-0}" != "1" ]; then
+  scripts/build.sh build-asan -DSLUICE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug
+  export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1
+  export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+  run_suite build-asan
+fi
+echo "== all tests passed"
