@@ -21,7 +21,7 @@ bool listed(const std::vector<std::string>& names, std::string_view name) {
 // Fields that Sluice writes itself on the way upstream, whatever the client sent.
 bool rewrittenUpstream(std::string_view name) {
   return iequals(name, "content-length") || iequals(name, "expect") ||
-         iequals(name, "x-forwarded-for") || iequals(name, "via");
+         iequals(name, "x-forwarded-for") || iequals(name, "x-real-ip") || iequals(name, "via");
 }
 
 // A Connection header may name only optional fields; these stay whatever it says.
@@ -98,6 +98,7 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
     }
   }
   if (!context.forwarded_for.empty()) appendField(out, "X-Forwarded-For", context.forwarded_for);
+  if (!context.real_ip.empty()) appendField(out, "X-Real-IP", context.real_ip);
   appendField(out, "Via", viaValue(request.headers, request.version_major, request.version_minor));
   switch (context.body) {
     case Framing::ContentLength:

@@ -29,6 +29,7 @@ std::vector<std::string> connectionOptions(const HeaderMap& headers);
 struct UpstreamRequestContext {
   std::string_view target;             // origin-form target to send (normalized path + query)
   std::string_view forwarded_for;      // complete X-Forwarded-For value to send
+  std::string_view real_ip;            // X-Real-IP: the resolved client (replaces the client's)
   std::string_view scheme;             // "http" / "https"
   bool trusted_peer = false;           // keep a trusted peer's X-Forwarded-Proto / -Host
   bool tunnel = false;                 // keep Upgrade and send Connection: upgrade

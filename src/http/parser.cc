@@ -53,6 +53,8 @@ int Parser::countHeadBytes(size_t len) {
 int Parser::onMessageBegin(llhttp_t* p) {
   Parser* s = self(p);
   s->head_ = MessageHead{};
+  s->error_status_ = 0;
+  s->error_reason_ = "";
   s->head_bytes_ = 0;
   s->body_bytes_ = 0;
   s->in_field_ = false;
@@ -186,13 +188,15 @@ Parser::Result Parser::makeResult(llhttp_errno_t err, const char* data, size_t l
       r.consumed = static_cast<size_t>(llhttp_get_error_pos(&parser_) - data);
       in_message_ = false;
       break;
-    case HPE_USER:
-      r.status = Status::Error;
-      r.error_status = error_status_;
-      r.error_reason = error_reason_;
-      break;
     default:
       r.status = Status::Error;
+      if (error_status_ != 0) {
+        // Our own refusal from a callback; llhttp reports on_headers_complete's as
+        // HPE_CB_HEADERS_COMPLETE rather than HPE_USER.
+        r.error_status = error_status_;
+        r.error_reason = error_reason_;
+        break;
+      }
       r.error_status = type_ == Type::Request ? 400 : 502;
       r.error_reason = llhttp_get_error_reason(&parser_);
       if (r.error_reason == nullptr) r.error_reason = llhttp_errno_name(err);

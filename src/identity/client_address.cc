@@ -75,29 +75,24 @@ ClientAddress resolveClientAddress(const IpAddress& peer_in, const http::HeaderM
   ClientAddress out;
   const IpAddress peer = peer_in.unmapped();
   out.address = peer;
-  out.forwarded_for = peer.toString();
   out.peer_trusted = trusted(peer, trusted_proxies);
+  const std::optional<std::string> xff = headers.getJoined("x-forwarded-for");
+  out.forwarded_for = xff && !http::trim(*xff).empty() ? *xff + ", " + peer.toString()
+                                                       : peer.toString();
   if (!out.peer_trusted) return out;
 
   std::vector<std::string> hops;
-  if (auto xff = headers.getJoined("x-forwarded-for")) {
+  if (xff) {
     http::forEachListElement(*xff, [&](std::string_view e) { hops.emplace_back(e); });
   } else if (auto forwarded = headers.getJoined("forwarded")) {
     hops = forwardedFor(*forwarded);
   }
   // Right to left: every trusted hop passes the question on to the one before it.
-  std::vector<std::string> chain = {peer.toString()};
   for (auto it = hops.rbegin(); it != hops.rend(); ++it) {
     auto hop = parseForwardedEntry(*it);
     if (!hop) break;  // the last good hop is the client
     out.address = *hop;
-    chain.push_back(hop->toString());
     if (!trusted(*hop, trusted_proxies)) break;
-  }
-  out.forwarded_for.clear();
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-    if (!out.forwarded_for.empty()) out.forwarded_for += ", ";
-    out.forwarded_for += *it;
   }
   return out;
 }

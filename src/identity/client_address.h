@@ -17,8 +17,9 @@ namespace sluice::identity {
 struct ClientAddress {
   IpAddress address;          // the client
   bool peer_trusted = false;  // the connection comes from a trusted proxy
-  // X-Forwarded-For to send upstream: the chain from the client to the peer, built from the
-  // same walk (the part left of the client is dropped, the peer appended).
+  // X-Forwarded-For to send upstream: every X-Forwarded-For field received, as one list, with
+  // the peer appended (what nginx's $proxy_add_x_forwarded_for sends). Its left part is the
+  // client's to write; X-Real-IP carries the address this walk resolved.
   std::string forwarded_for;
 };
 

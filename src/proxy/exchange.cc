@@ -375,7 +375,9 @@ void Exchange::sendRequestHead() {
   const std::string target = target_.originForm();
   http::UpstreamRequestContext context;
   context.target = target;
+  const std::string real_ip = client_.address.toString();
   context.forwarded_for = client_.forwarded_for;
+  context.real_ip = real_ip;
   context.trusted_peer = client_.peer_trusted;
   context.scheme = conn_.transport().scheme();
   context.tunnel = wants_upgrade_;

@@ -1,0 +1,146 @@
+"""Routes by path prefix, exact path, method and host; first match wins; no match -> 404."""
+
+import json
+
+import pytest
+
+from rawhttp import RawClient
+
+
+@pytest.fixture
+def routed(sluice_factory, upstream_factory):
+    a, b, c, d = (upstream_factory(n) for n in ("A", "B", "C", "D"))
+    gw = sluice_factory(
+        upstreams=[{"name": n, "endpoints": [u]} for n, u in zip("abcd", (a, b, c, d))],
+        routes=[
+            {"name": "exact", "match": {"path": "/exact"}, "upstream": "a"},
+            {"name": "api_post", "match": {"path_prefix": "/api/", "methods": ["POST", "PUT"]},
+             "upstream": "b"},
+            {"name": "api_host", "match": {"path_prefix": "/api/", "host": "api.example.com"},
+             "upstream": "c"},
+            {"name": "api", "match": {"path_prefix": "/api/"}, "upstream": "a"},
+            {"name": "static", "match": {"path_prefix": "/static/", "methods": ["GET", "HEAD"]},
+             "upstream": "d"},
+            {"name": "host_only", "match": {"host": "only.example.com"}, "upstream": "d"},
+        ])
+    return gw, {"A": a, "B": b, "C": c, "D": d}
+
+
+def route(gw, method, path, host="sluice.test"):
+    """Which upstream served method path (None: the gateway answered 404 itself). The test
+    upstreams answer these paths with their own 404, told apart by X-Upstream."""
+    r = gw.request(method, path, host=host)
+    up = r.header("x-upstream")
+    if up is None:
+        assert r.status == 404, r
+        assert r.header("content-type").startswith("application/problem+json"), r
+    else:
+        assert r.status == 404 and (method == "HEAD" or r.body == b"upstream: no such endpoint\n"), r
+    return up
+
+
+def test_exact_path(routed):
+    gw, _ = routed
+    assert route(gw, "GET", "/exact") == "A"
+    assert route(gw, "GET", "/exact?with=query") == "A"
+    # exact means exact: a longer path is not matched by it (and nothing else matches)
+    assert route(gw, "GET", "/exact/more") is None
+    assert route(gw, "GET", "/exactly") is None
+
+
+def test_path_prefix_and_method(routed):
+    gw, ups = routed
+    assert route(gw, "POST", "/api/users") == "B"
+    assert route(gw, "PUT", "/api/users/1") == "B"
+    assert route(gw, "GET", "/api/users") == "A"
+    assert route(gw, "DELETE", "/api/x") == "A"
+    # the prefix includes its slash: /api alone and /apix do not match it
+    assert route(gw, "GET", "/api") is None
+    assert route(gw, "GET", "/apix/y") is None
+
+
+def test_host_match_first_match_wins(routed):
+    gw, _ = routed
+    # POST matches api_post before api_host
+    assert route(gw, "POST", "/api/x", host="api.example.com") == "B"
+    # GET with that host: api_host (before the general api route)
+    assert route(gw, "GET", "/api/x", host="api.example.com") == "C"
+    # port and case do not matter for the host
+    assert route(gw, "GET", "/api/x", host="API.Example.COM:8080") == "C"
+    # another host: the general route
+    assert route(gw, "GET", "/api/x", host="other.example.com") == "A"
+
+
+def test_host_only_route(routed):
+    gw, _ = routed
+    assert route(gw, "GET", "/anything", host="only.example.com") == "D"
+    assert route(gw, "GET", "/anything", host="not.example.com") is None
+
+
+def test_method_restricted_prefix(routed):
+    gw, _ = routed
+    assert route(gw, "GET", "/static/app.js") == "D"
+    assert route(gw, "HEAD", "/static/app.js") == "D"
+    assert route(gw, "POST", "/static/app.js") is None
+
+
+def test_no_route_is_a_404_problem(routed):
+    gw, ups = routed
+    before = sum(u.request_count for u in ups.values())
+    with RawClient(gw.port) as c:
+        c.request("GET", "/nowhere")
+        r = c.read_response()
+        assert r.status == 404
+        assert r.header("x-upstream") is None
+        assert r.header("content-type").startswith("application/problem+json")
+        problem = json.loads(r.body)
+        assert problem["status"] == 404
+        assert "title" in problem
+        # a 404 from the gateway keeps the connection usable
+        c.request("GET", "/exact")
+        r2 = c.read_response()
+        assert r2.header("x-upstream") == "A"
+    assert sum(u.request_count for u in ups.values()) == before + 1
+
+
+def test_routing_target_reaches_upstream_unchanged(sluice_factory, upstream_factory):
+    a, b = upstream_factory("A"), upstream_factory("B")
+    gw = sluice_factory(
+        upstreams=[{"name": "a", "endpoints": [a]}, {"name": "b", "endpoints": [b]}],
+        routes=[{"name": "echo_exact", "match": {"path": "/echo"}, "upstream": "b"},
+                {"name": "rest", "match": {"path_prefix": "/"}, "upstream": "a"}])
+    r = gw.get("/echo?q=1&q=2")
+    assert r.status == 200 and r.header("x-upstream") == "B"
+    assert r.json()["target"] == "/echo?q=1&q=2"
+    r = gw.get("/echo/")
+    assert r.header("x-upstream") == "A"
+    r = gw.get("/status/201")
+    assert (r.status, r.header("x-upstream")) == (201, "A")
+
+
+def test_head_to_no_route_has_no_body(routed):
+    gw, _ = routed
+    with RawClient(gw.port) as c:
+        c.request("HEAD", "/nowhere")
+        r = c.read_response("HEAD")
+        assert r.status == 404
+        assert not c.data_pending(0.3), "a body after the head of a HEAD response"
+        c.request("GET", "/exact")
+        assert c.read_response().header("x-upstream") == "A"
+
+
+def test_no_route_with_request_body(routed):
+    """The body of a request answered 404 by the gateway is never read as the next request."""
+    gw, ups = routed
+    with RawClient(gw.port) as c:
+        body = b"GET /exact?smuggled HTTP/1.1\r\nHost: y\r\n\r\n"
+        c.send(b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+               + body + b"GET /exact?next HTTP/1.1\r\nHost: x\r\n\r\n")
+        r = c.read_response()
+        assert r.status == 404 and r.header("x-upstream") is None
+        if "close" in r.connection_tokens():
+            assert c.is_closed(3)
+        else:
+            r2 = c.read_response()
+            assert r2.header("x-upstream") == "A", r2
+    assert all("smuggled" not in req["target"] for u in ups.values() for req in u.requests)

@@ -1,0 +1,76 @@
+"""WebSocket upgrade tunnelled both ways through the gateway."""
+
+import base64
+import hashlib
+import os
+
+from rawhttp import build_request
+from upstream import WS_GUID, read_ws_frame, ws_frame
+
+
+def handshake(c, target="/ws"):
+    key = base64.b64encode(os.urandom(16)).decode()
+    c.request("GET", target, [("Upgrade", "websocket"), ("Connection", "Upgrade"),
+                              ("Sec-WebSocket-Key", key), ("Sec-WebSocket-Version", "13")])
+    r = c.read_response()
+    return key, r
+
+
+def expected_accept(key):
+    return base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
+
+
+def test_websocket_handshake(sluice, upstream):
+    with sluice.client() as c:
+        key, r = handshake(c)
+        assert r.status == 101, r
+        assert (r.header("upgrade") or "").lower() == "websocket"
+        assert "upgrade" in r.connection_tokens()
+        assert r.header("sec-websocket-accept") == expected_accept(key)
+    req = upstream.requests[-1]
+    names = {n.lower(): v for n, v in req["headers"]}
+    assert names.get("upgrade", "").lower() == "websocket"
+    assert "upgrade" in names.get("connection", "").lower()
+    assert names.get("sec-websocket-key") == key
+
+
+def test_websocket_echo_both_ways(sluice, upstream):
+    with sluice.client() as c:
+        _, r = handshake(c)
+        assert r.status == 101
+        c.send(ws_frame(0x1, b"hello"))
+        assert read_ws_frame(c) == (0x1, b"hello")
+        big = os.urandom(300 * 1024)
+        c.send(ws_frame(0x2, big))
+        assert read_ws_frame(c) == (0x2, big)
+        # several frames in one write, answered in order
+        c.send(ws_frame(0x1, b"one") + ws_frame(0x1, b"two") + ws_frame(0x9, b"ping!"))
+        assert read_ws_frame(c) == (0x1, b"one")
+        assert read_ws_frame(c) == (0x1, b"two")
+        assert read_ws_frame(c) == (0xA, b"ping!")
+        # close handshake: the upstream answers and closes; the tunnel ends
+        c.send(ws_frame(0x8, (1000).to_bytes(2, "big")))
+        op, payload = read_ws_frame(c)
+        assert op == 0x8 and payload == (1000).to_bytes(2, "big")
+        assert c.is_closed(3)
+
+
+def test_websocket_client_closes_tunnel(sluice, upstream):
+    """The client ending the tunnel ends the upstream side too, and the gateway keeps serving."""
+    with sluice.client() as c:
+        _, r = handshake(c)
+        assert r.status == 101
+        c.send(ws_frame(0x1, b"x"))
+        assert read_ws_frame(c) == (0x1, b"x")
+    assert upstream.wait_for(lambda u: u.open_connection_count == 0, 3), upstream.stats()["connections"]
+    r = sluice.get("/echo?after-ws")
+    assert r.status == 200
+
+
+def test_upgrade_refused_by_upstream_is_a_normal_response(sluice, upstream):
+    """The upstream answers an Upgrade request with 200: a normal response, no tunnel."""
+    with sluice.client() as c:
+        c.request("GET", "/echo", [("Upgrade", "websocket"), ("Connection", "Upgrade")])
+        r = c.read_response()
+        assert r.status == 200
+        assert r.json()["path"] == "/echo"
