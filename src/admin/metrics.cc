@@ -110,12 +110,11 @@ std::string renderMetrics(const std::vector<const stats::WorkerStats*>& workers,
   }
   {
     HistogramSum h;
-    uint64_t reconnects = 0, calls = 0, dropped = 0;
+    uint64_t reconnects = 0, calls = 0;
     for (const auto* w : workers) {
       h.add(w->valkey_latency);
       reconnects += w->valkey_reconnects.value();
       calls += w->valkey_calls.value();
-      dropped += w->access_log_dropped.value();
     }
     header(out, "sluice_valkey_latency_seconds", "histogram",
            "Time from sending a decision to Valkey to its reply.");
@@ -129,7 +128,8 @@ std::string renderMetrics(const std::vector<const stats::WorkerStats*>& workers,
     sample(out, "sluice_valkey_reconnects_total", "", static_cast<double>(reconnects));
     header(out, "sluice_access_log_dropped_total", "counter",
            "Access log lines dropped because the writer could not keep up.");
-    sample(out, "sluice_access_log_dropped_total", "", static_cast<double>(dropped));
+    sample(out, "sluice_access_log_dropped_total", "",
+           static_cast<double>(process.access_log_dropped));
   }
 
   header(out, "sluice_config_reloads_total", "counter", "Configuration reloads, by result.");

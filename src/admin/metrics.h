@@ -12,6 +12,7 @@ namespace sluice::admin {
 struct ProcessStats {
   uint64_t config_reloads = 0;
   uint64_t config_reload_failures = 0;
+  uint64_t access_log_dropped = 0;
   bool ready = false;
   double start_time_seconds = 0;
 };

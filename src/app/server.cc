@@ -8,8 +8,13 @@
 #include <cstring>
 #include <thread>
 
+#include <unistd.h>
+
+#include <cerrno>
+
 #include "config/loader.h"
 #include "core/logging.h"
+#include "stats/access_log.h"
 
 namespace sluice::app {
 
@@ -41,12 +46,40 @@ config::ConfigPtr resolveEndpoints(const config::Config& loaded, std::string* er
   return config;
 }
 
+bool makeGeneration(const config::ConfigPtr& config, Generation* out, std::string* error) {
+  out->config = config;
+  out->access_log.reset();
+  if (config->log.access_log == "off") return true;
+  out->access_log = stats::AccessLog::open(config->log.access_log, error);
+  return out->access_log != nullptr;
+}
+
+bool canListen(const config::SocketAddress& address, std::string* error) {
+  // A trial bind with SO_REUSEPORT, as the workers will bind: it fails only when another
+  // program (or a user) holds the address.
+  sockaddr_storage storage;
+  socklen_t len = 0;
+  if (!address.toSockaddr(&storage, &len)) {
+    *error = "listen address must be an IP address: " + address.text;
+    return false;
+  }
+  const int fd = ::socket(storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+  const bool ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&storage), len) == 0;
+  if (!ok) *error = "cannot listen on " + address.text + ": " + std::strerror(errno);
+  if (fd >= 0) ::close(fd);
+  return ok;
+}
+
 Server::Server(std::string config_path) : config_path_(std::move(config_path)) {
   uv_loop_init(&loop_);
 }
 
 Server::~Server() {
   admin_.reset();
+  retired_admins_.clear();
   workers_poll_.reset();
   for (uv_signal_t* s : signals_) {
     uv_close(reinterpret_cast<uv_handle_t*>(s),
@@ -73,12 +106,17 @@ int Server::run() {
     return 1;
   }
   ::signal(SIGPIPE, SIG_IGN);
+  Generation generation;
+  if (!makeGeneration(config_, &generation, &error)) {
+    SLUICE_LOG_ERROR("{}", error);
+    return 1;
+  }
 
   int count = config_->server.workers;
   if (count <= 0) count = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   for (int i = 0; i < count; ++i) {
     auto worker = std::make_unique<Worker>(i);
-    if (worker->start(config_, &error) != 0) {
+    if (worker->start(generation, &error) != 0) {
       SLUICE_LOG_ERROR("cannot listen: {}", error);
       for (auto& w : workers_) w->postDrain();
       for (auto& w : workers_) w->join();
@@ -137,19 +175,36 @@ void Server::reload() {
       error += e.toString();
     }
   }
+  Generation generation;
+  if (config && !makeGeneration(config, &generation, &error)) config = nullptr;
+  if (config && config->server.listen.text != config_->server.listen.text &&
+      !canListen(config->server.listen, &error)) {
+    config = nullptr;
+  }
   if (!config) {
     ++process_stats_.config_reload_failures;
     SLUICE_LOG_ERROR("reload refused, the previous configuration keeps serving: {}", error);
     return;
   }
-  if (config->server.listen.text != config_->server.listen.text ||
-      config->server.workers != config_->server.workers ||
-      config->admin.listen.text != config_->admin.listen.text) {
-    SLUICE_LOG_WARN("reload: listen addresses and workers change only at restart");
+  if (config->server.workers != config_->server.workers) {
+    SLUICE_LOG_WARN("reload: the number of workers changes only at restart");
+  }
+  if (config->admin.listen.text != config_->admin.listen.text) {
+    auto admin = std::make_unique<admin::AdminServer>(
+        &loop_, [this](std::string_view path) { return handleAdmin(path); });
+    const char* what = "";
+    if (const int rc = admin->listen(config->admin.listen, &what); rc != 0) {
+      SLUICE_LOG_ERROR("reload: cannot listen (admin) on {}: {}; admin stays on {}",
+                       config->admin.listen.text, uv_strerror(rc), config_->admin.listen.text);
+    } else {
+      admin_->close();
+      retired_admins_.push_back(std::move(admin_));
+      admin_ = std::move(admin);
+    }
   }
   logging::configure(config->log.level, config->log.format);
   config_ = config;
-  for (auto& w : workers_) w->postConfig(config);
+  for (auto& w : workers_) w->postConfig(generation);
   ++process_stats_.config_reloads;
   SLUICE_LOG_INFO("configuration reloaded from {}", config_path_);
 }
@@ -220,6 +275,7 @@ admin::AdminResponse Server::handleAdmin(std::string_view path) {
     std::string why;
     process_stats_.ready = ready(&why);
     response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    process_stats_.access_log_dropped = stats::AccessLog::dropped();
     response.body = admin::renderMetrics(stats, process_stats_);
   } else {
     response.status = 404;

@@ -21,6 +21,12 @@ namespace sluice::app {
 // null and says which endpoint in *error.
 config::ConfigPtr resolveEndpoints(const config::Config& config, std::string* error);
 
+// Opens what a configuration needs beyond itself (the access log).
+bool makeGeneration(const config::ConfigPtr& config, Generation* out, std::string* error);
+
+// Whether the workers could bind `address` (SO_REUSEPORT, as they do).
+bool canListen(const config::SocketAddress& address, std::string* error);
+
 class Server {
  public:
   explicit Server(std::string config_path);
@@ -42,6 +48,7 @@ class Server {
   config::ConfigPtr config_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<admin::AdminServer> admin_;
+  std::vector<std::unique_ptr<admin::AdminServer>> retired_admins_;  // closing after a rebind
   std::vector<uv_signal_t*> signals_;
   std::unique_ptr<Timer> workers_poll_;
   admin::ProcessStats process_stats_;

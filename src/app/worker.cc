@@ -53,10 +53,10 @@ Worker::Worker(int index) : index_(index) {}
 
 Worker::~Worker() { join(); }
 
-int Worker::start(config::ConfigPtr config, std::string* error) {
+int Worker::start(Generation generation, std::string* error) {
   std::promise<std::pair<int, std::string>> bound;
   auto result = bound.get_future();
-  thread_ = std::thread(&Worker::run, this, std::move(config), std::move(bound));
+  thread_ = std::thread(&Worker::run, this, std::move(generation), std::move(bound));
   auto [rc, what] = result.get();
   if (rc != 0) {
     *error = what;
@@ -69,10 +69,10 @@ void Worker::join() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Worker::postConfig(config::ConfigPtr config) {
+void Worker::postConfig(Generation generation) {
   {
     std::lock_guard<std::mutex> lock(mail_mutex_);
-    mail_config_ = std::move(config);
+    mail_generation_ = std::move(generation);
   }
   uv_async_send(&async_);
 }
@@ -85,11 +85,12 @@ void Worker::postDrain() {
   uv_async_send(&async_);
 }
 
-void Worker::run(config::ConfigPtr config, std::promise<std::pair<int, std::string>> bound) {
+void Worker::run(Generation generation, std::promise<std::pair<int, std::string>> bound) {
   uv_loop_init(&loop_);
   loop_.data = this;
   context_ = std::make_unique<proxy::WorkerContext>(&loop_, &stats_);
-  applyConfig(config);
+  const config::ConfigPtr config = generation.config;
+  applyConfig(std::move(generation));
   listener_ = std::make_unique<net::Listener>(
       &loop_, [this](std::unique_ptr<net::TcpTransport> t) { onAccept(std::move(t)); });
   const char* what = "";
@@ -116,8 +117,10 @@ void Worker::run(config::ConfigPtr config, std::promise<std::pair<int, std::stri
   finished_.store(true, std::memory_order_release);
 }
 
-void Worker::applyConfig(config::ConfigPtr config) {
+void Worker::applyConfig(Generation generation) {
+  config::ConfigPtr config = std::move(generation.config);
   auto snapshot = std::make_shared<proxy::Snapshot>();
+  snapshot->access_log = std::move(generation.access_log);
   const std::shared_ptr<proxy::Snapshot>& old = context_->snapshot();
   for (const auto& upstream : config->upstreams) {
     std::shared_ptr<upstream::Cluster> reuse;
@@ -151,20 +154,35 @@ void Worker::applyConfig(config::ConfigPtr config) {
   if (old && old->valkey && old->valkey != snapshot->valkey) old->valkey->stop();
   snapshot->deny_cache = std::make_shared<ratelimit::DenyCache>();
   snapshot->tenant_cache = std::make_shared<identity::TenantCache>();
+  const bool listen_changed = old && listener_ &&
+                              old->config->server.listen.text != config->server.listen.text;
   snapshot->config = std::move(config);
   context_->setSnapshot(std::move(snapshot));
+  if (listen_changed) rebind(context_->snapshot()->config->server.listen);
+}
+
+void Worker::rebind(const config::SocketAddress& address) {
+  auto listener = std::make_unique<net::Listener>(
+      &loop_, [this](std::unique_ptr<net::TcpTransport> t) { onAccept(std::move(t)); });
+  const char* what = "";
+  if (const int rc = listener->listen(address, true, &what); rc != 0) {
+    SLUICE_LOG_ERROR("worker {}: cannot listen on {} ({} {}); still on the old address", index_,
+                     address.text, what, uv_strerror(rc));
+    return;
+  }
+  listener_ = std::move(listener);  // the old socket closes; its connections go on
+  SLUICE_LOG_INFO("worker {}: now listening on {}", index_, address.text);
 }
 
 void Worker::onMail() {
-  config::ConfigPtr config;
+  std::optional<Generation> generation;
   bool drain = false;
   {
     std::lock_guard<std::mutex> lock(mail_mutex_);
-    config = std::move(mail_config_);
-    mail_config_.reset();
+    generation.swap(mail_generation_);
     drain = mail_drain_;
   }
-  if (config && !draining_) applyConfig(std::move(config));
+  if (generation && !draining_) applyConfig(std::move(*generation));
   if (drain && !draining_) beginDrain();
 }
 

@@ -10,6 +10,7 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "config/config.h"
@@ -18,7 +19,17 @@
 #include "proxy/worker_context.h"
 #include "stats/stats.h"
 
+namespace sluice::stats {
+class AccessLog;
+}
+
 namespace sluice::app {
+
+// What a configuration (re)load hands to every worker.
+struct Generation {
+  config::ConfigPtr config;
+  std::shared_ptr<stats::AccessLog> access_log;  // null: access_log = "off"
+};
 
 class Worker {
  public:
@@ -29,9 +40,10 @@ class Worker {
 
   // Starts the thread with `config`; returns once its listener is bound, with 0 or an error
   // (then the thread has already ended).
-  int start(config::ConfigPtr config, std::string* error);
-  // Thread-safe: new requests use `config` from now on.
-  void postConfig(config::ConfigPtr config);
+  int start(Generation generation, std::string* error);
+  // Thread-safe: new requests use this generation from now on. A changed listen address is
+  // bound anew (connections in flight stay on the old socket until they end).
+  void postConfig(Generation generation);
   // Thread-safe: stop accepting, finish requests in flight within drain_timeout, end.
   void postDrain();
   void join();
@@ -42,8 +54,9 @@ class Worker {
   int index() const { return index_; }
 
  private:
-  void run(config::ConfigPtr config, std::promise<std::pair<int, std::string>> bound);
-  void applyConfig(config::ConfigPtr config);
+  void run(Generation generation, std::promise<std::pair<int, std::string>> bound);
+  void applyConfig(Generation generation);
+  void rebind(const config::SocketAddress& address);
   void onMail();
   void beginDrain();
   void checkDrained();
@@ -64,7 +77,7 @@ class Worker {
   std::atomic<bool> finished_{false};
 
   std::mutex mail_mutex_;
-  config::ConfigPtr mail_config_;
+  std::optional<Generation> mail_generation_;
   bool mail_drain_ = false;
 };
 

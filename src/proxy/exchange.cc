@@ -10,6 +10,8 @@
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/headers.h"
 #include "ratelimit/keys.h"
+#include "proxy/access_record.h"
+#include "stats/access_log.h"
 #include "identity/tenant_cache.h"
 #include "stats/stats.h"
 #include "upstream/cluster.h"
@@ -52,7 +54,12 @@ void Exchange::reset() {
   std::string().swap(body_buffer_);
   request_framing_ = response_framing_ = http::Framing::None;
   status_ = attempts_ = 0;
-  start_ns_ = upstream_sent_ns_ = 0;
+  start_ns_ = upstream_sent_ns_ = upstream_head_ns_ = valkey_ns_ = decide_sent_ns_ = 0;
+  bytes_in_ = bytes_out_ = 0;
+  endpoint_ = SIZE_MAX;
+  decision_.clear();
+  error_ = "";
+  request_id_.clear();
   head_request_ = wants_upgrade_ = expect_continue_ = continue_sent_ = false;
   request_complete_ = request_head_sent_ = upstream_reused_ = false;
   response_started_ = keep_alive_ = client_paused_ = upstream_paused_ = false;
@@ -70,12 +77,13 @@ void Exchange::abort() {
   }
   if (phase_ != Phase::Idle && phase_ != Phase::Done) {
     // Like nginx's 499: the client went away before its response was complete.
-    count(response_started_ ? status_ : 499);
+    if (!*error_) error_ = "client closed the connection";
+    complete(response_started_ ? status_ : 499);
   }
   phase_ = Phase::Done;
 }
 
-void Exchange::count(int status) {
+void Exchange::complete(int status) {
   if (status <= 0) return;
   std::string labels = "route=\"";
   if (route_) labels += stats::labelValue(route_->name);
@@ -83,15 +91,56 @@ void Exchange::count(int status) {
   labels += std::to_string(status);
   labels += '"';
   conn_.worker().stats().requests.get(labels).inc();
+
+  const std::shared_ptr<Snapshot>& snapshot = snapshot_ ? snapshot_ : conn_.worker().snapshot();
+  if (!snapshot || !snapshot->access_log) return;
+  AccessRecord r;
+  r.request_id = request_id_;
+  if (const sockaddr* peer = conn_.transport().peerAddress()) {
+    if (auto ip = IpAddress::fromSockaddr(peer)) r.peer = ip->unmapped().toString();
+  }
+  r.client = phase_ == Phase::Idle ? r.peer : client_.address.toString();
+  if (facts_.tenant) r.tenant = *facts_.tenant;
+  if (facts_.api_key) r.api_key_id = ratelimit::hashedPart(*facts_.api_key).substr(0, 17);
+  r.method = request_.method;
+  r.path = target_.path.empty() ? std::string_view(request_.target) : target_.path;
+  if (route_) r.route = route_->name;
+  r.status = status;
+  if (cluster_) {
+    r.upstream = cluster_->name();
+    if (endpoint_ < cluster_->endpointCount()) r.endpoint = cluster_->endpointName(endpoint_);
+  }
+  const uint64_t now = uv_hrtime();
+  if (start_ns_) r.duration_ms = static_cast<double>(now - start_ns_) / 1e6;
+  if (upstream_sent_ns_ && upstream_head_ns_) {
+    r.upstream_ms = static_cast<double>(upstream_head_ns_ - upstream_sent_ns_) / 1e6;
+  }
+  if (valkey_ns_) r.valkey_ms = static_cast<double>(valkey_ns_) / 1e6;
+  r.bytes_in = bytes_in_;
+  r.bytes_out = bytes_out_;
+  r.limits = &decision_;
+  r.error = error_;
+  snapshot->access_log->write(formatAccessRecord(r));
 }
 
-void Exchange::countLocalResponse(int status) { count(status); }
+void Exchange::countLocalResponse(int status) { complete(status); }
+
+void Exchange::send(std::string_view data) {
+  bytes_out_ += data.size();
+  conn_.write(data);
+}
+
+void Exchange::sendv(const std::string_view* parts, size_t count) {
+  for (size_t i = 0; i < count; ++i) bytes_out_ += parts[i].size();
+  conn_.writev(parts, count);
+}
 
 void Exchange::begin(http::MessageHead&& head) {
   reset();
   start_ns_ = uv_hrtime();
   phase_ = Phase::Deciding;
   snapshot_ = conn_.worker().snapshot();
+  request_id_ = conn_.worker().nextRequestId();
   request_ = std::move(head);
   head_request_ = request_.method == "HEAD";
   wants_upgrade_ = request_.upgrade;
@@ -176,7 +225,7 @@ void Exchange::startLimits() {
     // The body is needed before deciding: a client waiting for 100 Continue gets it now.
     if (expect_continue_ && !continue_sent_) {
       continue_sent_ = true;
-      conn_.write(http::continueResponse());
+      send(http::continueResponse());
     }
   }
   resolveTenant();
@@ -255,8 +304,9 @@ void Exchange::decide() {
     }
   }
   std::vector<std::string> keys, args;
-  ratelimit::scriptArguments(applied_, conn_.worker().nextRequestId(), &keys, &args);
+  ratelimit::scriptArguments(applied_, request_id_, &keys, &args);
   decide_sent_ms_ = now;
+  decide_sent_ns_ = uv_hrtime();
   valkey::Client* client = snapshot_->valkey.get();
   call_ = client ? client->evalScript(keys, args, this) : nullptr;
   if (!call_) applyDecision(ratelimit::decisionOnError(applied_));
@@ -264,6 +314,7 @@ void Exchange::decide() {
 
 void Exchange::onValkeyReply(valkey::Reply& reply) {
   call_ = nullptr;
+  if (!tenant_pending_) valkey_ns_ = uv_hrtime() - decide_sent_ns_;
   if (tenant_pending_) {
     if (reply.isError()) {
       onValkeyFailure(valkey::Failure::Disconnected);  // still tenant_pending_: that path
@@ -324,6 +375,7 @@ void Exchange::onValkeyFailure(valkey::Failure failure) {
 
 void Exchange::applyDecision(const ratelimit::Decision& decision) {
   auto& stats = conn_.worker().stats();
+  decision_ = decision.limits;
   for (const auto& r : decision.limits) {
     if (!r.decided) continue;
     stats.decisions
@@ -365,6 +417,7 @@ void Exchange::connectUpstream(bool fresh) {
   }
   upstream_ = acquired.connection;
   upstream_reused_ = acquired.ready;
+  endpoint_ = upstream_->endpoint();
   if (acquired.ready) sendRequestHead();
 }
 
@@ -395,7 +448,7 @@ void Exchange::sendRequestHead() {
     upstream_->requestComplete();
   } else if (expect_continue_ && !continue_sent_) {
     continue_sent_ = true;
-    conn_.write(http::continueResponse());
+    send(http::continueResponse());
   }
   if (client_paused_ && upstream_->pendingBytes() < kHighWater) {
     client_paused_ = false;
@@ -405,6 +458,7 @@ void Exchange::sendRequestHead() {
 
 void Exchange::onRequestBody(const char* data, size_t len) {
   if (phase_ == Phase::Done || phase_ == Phase::Idle || len == 0) return;
+  bytes_in_ += len;
   if (needs_body_ && phase_ == Phase::Deciding) {
     inspect_body_.append(data, len);
     if (inspect_body_.size() > route_->max_buffered_body_bytes) {
@@ -475,6 +529,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
   status_ = head.status;
   response_started_ = true;
   const uint64_t now = uv_hrtime();
+  upstream_head_ns_ = now;
   if (upstream_sent_ns_ != 0) {
     conn_.worker().stats().upstream_latency.get("upstream=\"" + stats::labelValue(cluster_->name()) + "\"")
         .observeMicros((now - upstream_sent_ns_) / 1000);
@@ -485,7 +540,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
     context.tunnel = true;
     context.keep_alive = true;
     context.framing = http::Framing::None;
-    conn_.write(http::buildClientResponseHead(head, context));
+    send(http::buildClientResponseHead(head, context));
     phase_ = Phase::Tunnel;
     upstream_->startTunnel();
     conn_.startTunnel();
@@ -497,7 +552,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
   context.keep_alive = keep_alive_;
   context.framing = response_framing_;
   context.extra_headers = rate_headers_;
-  conn_.write(http::buildClientResponseHead(head, context));
+  send(http::buildClientResponseHead(head, context));
   return 0;
 }
 
@@ -506,9 +561,9 @@ void Exchange::onUpstreamBody(const char* data, size_t len) {
   if (response_framing_ == http::Framing::Chunked) {
     const std::string header = http::chunkHeader(len);
     std::string_view parts[3] = {header, {data, len}, http::kChunkEnd};
-    conn_.writev(parts, 3);
+    sendv(parts, 3);
   } else {
-    conn_.write({data, len});
+    send({data, len});
   }
   if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
     upstream_paused_ = true;
@@ -517,7 +572,7 @@ void Exchange::onUpstreamBody(const char* data, size_t len) {
 }
 
 void Exchange::onUpstreamComplete() {
-  if (response_framing_ == http::Framing::Chunked) conn_.write(http::kLastChunk);
+  if (response_framing_ == http::Framing::Chunked) send(http::kLastChunk);
   upstream::UpstreamConnection* upstream = upstream_;
   upstream_ = nullptr;
   upstream->release();
@@ -526,6 +581,7 @@ void Exchange::onUpstreamComplete() {
 
 void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_started) {
   upstream_ = nullptr;
+  error_ = upstream::toString(error);
   conn_.worker()
       .stats()
       .upstream_errors
@@ -537,7 +593,7 @@ void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_star
     SLUICE_LOG_WARN("upstream {} failed in the middle of a response: {}", cluster_->name(),
                     upstream::toString(error));
     phase_ = Phase::Done;
-    count(status_);
+    complete(status_);
     conn_.abortConnection();
     return;
   }
@@ -569,13 +625,13 @@ void Exchange::respondLocal(const http::LocalResponse& response) {
   status_ = response.status;
   response_started_ = true;
   const bool keep_alive = clientKeepAlive() && !wants_upgrade_;
-  conn_.write(http::renderLocalResponse(response, keep_alive, head_request_, request_.isHttp10()));
+  send(http::renderLocalResponse(response, keep_alive, head_request_, request_.isHttp10()));
   finish(keep_alive);
 }
 
 void Exchange::finish(bool keep_alive) {
   phase_ = Phase::Done;
-  count(status_);
+  complete(status_);
   if (client_paused_) {
     client_paused_ = false;
     conn_.resumeReading();
@@ -593,7 +649,7 @@ void Exchange::onClientTunnelData(const char* data, size_t len) {
 }
 
 void Exchange::onUpstreamTunnelData(const char* data, size_t len) {
-  conn_.write({data, len});
+  send({data, len});
   if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
     upstream_paused_ = true;
     upstream_->pauseReading();
@@ -614,7 +670,7 @@ void Exchange::endTunnelSide(bool client_side) {
   }
   if (tunnel_client_ended_ && tunnel_upstream_ended_) {
     phase_ = Phase::Done;
-    count(status_);
+    complete(status_);
     conn_.endTunnel();
   }
 }

@@ -74,7 +74,10 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   void respondLocal(const http::LocalResponse& response);
   void finish(bool keep_alive);
   bool clientKeepAlive() const;
-  void count(int status);
+  // The exchange ended with `status`: counted, and written to the access log.
+  void complete(int status);
+  void send(std::string_view data);
+  void sendv(const std::string_view* parts, size_t count);
   void endTunnelSide(bool client_side);
 
   DownstreamConnection& conn_;
@@ -91,12 +94,21 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   std::string inspect_body_;      // raw body read for form: / json: key parts
   std::vector<ratelimit::AppliedLimit> applied_;
   valkey::Call* call_ = nullptr;  // pending decision; cancelled on reset/abort
-  uint64_t decide_sent_ms_ = 0;
+  uint64_t decide_sent_ms_ = 0;  // loop time, for the deny cache
+  uint64_t decide_sent_ns_ = 0;
   std::string rate_headers_;  // RateLimit fields for the upstream's response
   http::Framing request_framing_ = http::Framing::None;
   http::Framing response_framing_ = http::Framing::None;
+  std::string request_id_;
   uint64_t start_ns_ = 0;
   uint64_t upstream_sent_ns_ = 0;
+  uint64_t upstream_head_ns_ = 0;
+  uint64_t valkey_ns_ = 0;     // decision round trip
+  uint64_t bytes_in_ = 0;
+  uint64_t bytes_out_ = 0;
+  size_t endpoint_ = SIZE_MAX;  // of cluster_, for the log
+  std::vector<ratelimit::LimitResult> decision_;  // for the log
+  const char* error_ = "";
   int status_ = 0;
   int attempts_ = 0;
   bool head_request_ = false;

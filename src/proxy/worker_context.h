@@ -15,6 +15,7 @@
 
 namespace sluice::stats {
 struct WorkerStats;
+class AccessLog;
 }
 
 namespace sluice::upstream {
@@ -45,6 +46,7 @@ struct Snapshot {
   std::shared_ptr<valkey::Client> valkey;                    // null without [valkey]
   std::shared_ptr<ratelimit::DenyCache> deny_cache;          // per configuration generation
   std::shared_ptr<identity::TenantCache> tenant_cache;       // per configuration generation
+  std::shared_ptr<stats::AccessLog> access_log;              // null: access_log = "off"
 };
 
 class WorkerContext {

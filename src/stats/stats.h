@@ -115,7 +115,6 @@ struct WorkerStats {
   Counter valkey_reconnects;
   Gauge valkey_connected;  // 1 while this worker's connection is ready
   Counter valkey_calls;
-  Counter access_log_dropped;
 };
 
 }  // namespace sluice::stats
