@@ -1,14 +1,28 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages Sluice builds, runs and tests with. Safe to run again: it
-# only calls apt-get when something is missing.
+# Installs the Debian 12 packages Sluice needs. Safe to run again: apt-get runs only when
+# something is missing.
+#   scripts/deps.sh            build + test (what scripts/test.sh and scripts/run-local.sh use)
+#   scripts/deps.sh build      compiler and -dev libraries only (the Dockerfile's build stage)
+#   scripts/deps.sh runtime    shared libraries the binary runs with (the Dockerfile's image)
 set -euo pipefail
 
-packages=(
+build=(
   cmake g++ make pkg-config
   libuv1-dev libhiredis-dev libssl-dev libtomlplusplus-dev doctest-dev node-llhttp
   nlohmann-json3-dev libspdlog-dev libcli11-dev
-  redis-server python3 python3-pytest python3-redis curl openssl
 )
+runtime=(libuv1 libhiredis0.14 libssl3 libspdlog1.10 libfmt9 ca-certificates)
+test=(
+  redis-server python3 python3-pytest python3-redis python3-yaml curl openssl
+  prometheus docker-compose
+)
+
+case "${1:-all}" in
+  build) packages=("${build[@]}") ;;
+  runtime) packages=("${runtime[@]}") ;;
+  all) packages=("${build[@]}" "${test[@]}") ;;
+  *) echo "usage: $0 [build|runtime|all]" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do
@@ -19,5 +33,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   sudo_cmd=""
   [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}"
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"
 fi
