@@ -49,6 +49,7 @@ config::ConfigPtr resolveEndpoints(const config::Config& loaded, std::string* er
 bool makeGeneration(const config::ConfigPtr& config, Generation* out, std::string* error) {
   out->config = config;
   out->access_log.reset();
+  if (!net::buildTlsContexts(*config, &out->tls, error)) return false;
   if (config->log.access_log == "off") return true;
   out->access_log = stats::AccessLog::open(config->log.access_log, error);
   return out->access_log != nullptr;

@@ -6,6 +6,7 @@
 
 #include "core/logging.h"
 #include "identity/tenant_cache.h"
+#include "net/tls_transport.h"
 #include "proxy/downstream_connection.h"
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/scripts.h"
@@ -121,10 +122,13 @@ void Worker::applyConfig(Generation generation) {
   config::ConfigPtr config = std::move(generation.config);
   auto snapshot = std::make_shared<proxy::Snapshot>();
   snapshot->access_log = std::move(generation.access_log);
+  snapshot->tls = generation.tls.server;
   const std::shared_ptr<proxy::Snapshot>& old = context_->snapshot();
-  for (const auto& upstream : config->upstreams) {
+  for (size_t index = 0; index < config->upstreams.size(); ++index) {
+    const config::UpstreamConfig& upstream = config->upstreams[index];
     std::shared_ptr<upstream::Cluster> reuse;
-    if (old) {
+    // TLS upstreams get a new pool: a reload may carry new certificates or CAs.
+    if (old && !upstream.tls) {
       for (size_t i = 0; i < old->config->upstreams.size(); ++i) {
         if (clusterSignature(old->config->upstreams[i]) == clusterSignature(upstream)) {
           reuse = old->clusters[i];
@@ -132,8 +136,12 @@ void Worker::applyConfig(Generation generation) {
         }
       }
     }
-    snapshot->clusters.push_back(reuse ? reuse
-                                       : std::make_shared<upstream::Cluster>(&loop_, upstream));
+    snapshot->clusters.push_back(
+        reuse ? reuse
+              : std::make_shared<upstream::Cluster>(&loop_, upstream,
+                                                    generation.tls.upstreams.size() > index
+                                                        ? generation.tls.upstreams[index]
+                                                        : nullptr));
   }
   if (old) {
     for (const auto& cluster : old->clusters) {
@@ -187,7 +195,19 @@ void Worker::onMail() {
 }
 
 void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport) {
-  auto* connection = new proxy::DownstreamConnection(*context_, std::move(transport));
+  std::unique_ptr<net::Transport> t;
+  if (const auto& tls = context_->snapshot()->tls) {
+    SSL* ssl = tls->newSession();
+    if (!ssl) {
+      net::TcpTransport::closeAndDestroy(transport.release());
+      return;
+    }
+    t = std::make_unique<net::TlsTransport>(std::move(transport), ssl, &loop_,
+                                            tls->handshakeTimeoutMs());
+  } else {
+    t = std::move(transport);
+  }
+  auto* connection = new proxy::DownstreamConnection(*context_, std::move(t));
   connection->start();
 }
 

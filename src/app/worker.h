@@ -16,6 +16,7 @@
 #include "config/config.h"
 #include "core/timer.h"
 #include "net/listener.h"
+#include "net/tls_context.h"
 #include "proxy/worker_context.h"
 #include "stats/stats.h"
 
@@ -29,6 +30,7 @@ namespace sluice::app {
 struct Generation {
   config::ConfigPtr config;
   std::shared_ptr<stats::AccessLog> access_log;  // null: access_log = "off"
+  net::TlsContexts tls;                          // certificates loaded for this generation
 };
 
 class Worker {

@@ -34,6 +34,10 @@ namespace sluice::identity {
 class TenantCache;
 }
 
+namespace sluice::net {
+class TlsServerContext;
+}
+
 namespace sluice::proxy {
 
 class DownstreamConnection;
@@ -47,6 +51,7 @@ struct Snapshot {
   std::shared_ptr<ratelimit::DenyCache> deny_cache;          // per configuration generation
   std::shared_ptr<identity::TenantCache> tenant_cache;       // per configuration generation
   std::shared_ptr<stats::AccessLog> access_log;              // null: access_log = "off"
+  std::shared_ptr<net::TlsServerContext> tls;                // null: plain HTTP listener
 };
 
 class WorkerContext {

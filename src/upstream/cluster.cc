@@ -7,8 +7,10 @@
 
 namespace sluice::upstream {
 
-Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config)
+Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
+                 std::shared_ptr<const net::TlsClientContext> tls)
     : loop_(loop),
+      tls_(std::move(tls)),
       name_(config.name),
       connect_timeout_ms_(static_cast<uint64_t>(config.connect_timeout.count())),
       response_timeout_ms_(static_cast<uint64_t>(config.response_timeout.count())),
@@ -18,6 +20,7 @@ Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config)
   endpoints_.resize(config.endpoints.size());
   for (size_t i = 0; i < endpoints_.size(); ++i) {
     endpoints_[i].name = config.endpoints[i].text;
+    endpoints_[i].host = config.endpoints[i].host;
     if (i < config.resolved.size()) endpoints_[i].address = config.resolved[i];
   }
 }
@@ -55,7 +58,7 @@ Cluster::Acquired Cluster::acquire(UpstreamCallbacks* owner, bool fresh) {
   auto* connection = new UpstreamConnection(shared_from_this(), index, loop_);
   connection->attach(owner);
   const int rc = connection->connect(reinterpret_cast<const sockaddr*>(&endpoint.address),
-                                     connect_timeout_ms_);
+                                     connect_timeout_ms_, tls_.get(), endpoint.host);
   if (rc != 0) {
     SLUICE_LOG_WARN("upstream {}: cannot connect to {}: {}", name_, endpoint.name,
                     uv_strerror(rc));

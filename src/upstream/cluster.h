@@ -13,6 +13,10 @@
 
 #include "config/config.h"
 
+namespace sluice::net {
+class TlsClientContext;
+}
+
 namespace sluice::upstream {
 
 class UpstreamCallbacks;
@@ -20,7 +24,9 @@ class UpstreamConnection;
 
 class Cluster : public std::enable_shared_from_this<Cluster> {
  public:
-  Cluster(uv_loop_t* loop, const config::UpstreamConfig& config);
+  // `tls`: the upstream's TLS client context, or null for plain TCP.
+  Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
+          std::shared_ptr<const net::TlsClientContext> tls);
   ~Cluster();
 
   const std::string& name() const { return name_; }
@@ -51,6 +57,7 @@ class Cluster : public std::enable_shared_from_this<Cluster> {
  private:
   struct Endpoint {
     std::string name;  // as configured: "127.0.0.1:9000"
+    std::string host;  // "127.0.0.1", "api.internal": SNI and the name TLS verifies
     sockaddr_storage address{};
     uint64_t down_until = 0;  // loop time (ms)
     std::vector<UpstreamConnection*> idle;  // most recently used last
@@ -58,6 +65,7 @@ class Cluster : public std::enable_shared_from_this<Cluster> {
   size_t pickEndpoint();
 
   uv_loop_t* loop_;
+  std::shared_ptr<const net::TlsClientContext> tls_;
   std::string name_;
   std::vector<Endpoint> endpoints_;
   size_t next_ = 0;

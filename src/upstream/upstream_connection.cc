@@ -1,5 +1,8 @@
 #include "upstream/upstream_connection.h"
 
+#include "core/logging.h"
+#include "net/tls_context.h"
+#include "net/tls_transport.h"
 #include "upstream/cluster.h"
 
 namespace sluice::upstream {
@@ -27,7 +30,9 @@ UpstreamConnection::UpstreamConnection(std::shared_ptr<Cluster> cluster, size_t 
                                        uv_loop_t* loop)
     : cluster_(std::move(cluster)),
       endpoint_(endpoint),
-      transport_(new net::TcpTransport(loop)),
+      loop_(loop),
+      tcp_(new net::TcpTransport(loop)),
+      transport_(tcp_),
       timer_(loop, onTimer, this),
       parser_(http::Parser::Type::Response, this, kResponseLimits) {
   transport_->setCallbacks(this);
@@ -35,11 +40,38 @@ UpstreamConnection::UpstreamConnection(std::shared_ptr<Cluster> cluster, size_t 
 
 UpstreamConnection::~UpstreamConnection() { delete transport_; }
 
-int UpstreamConnection::connect(const sockaddr* address, uint64_t timeout_ms) {
+int UpstreamConnection::connect(const sockaddr* address, uint64_t timeout_ms,
+                                const net::TlsClientContext* tls, const std::string& host) {
   state_ = State::Connecting;
-  const int rc = transport_->connect(address, [this](int status) { onConnected(status); });
+  tls_ = tls;
+  host_ = host;
+  connect_timeout_ms_ = timeout_ms;
+  const int rc = tcp_->connect(address, [this](int status) { onTcpConnected(status); });
   if (rc == 0) timer_.start(timeout_ms);
   return rc;
+}
+
+void UpstreamConnection::onTcpConnected(int status) {
+  if (status < 0 || !tls_) {
+    onConnected(status);
+    return;
+  }
+  SSL* ssl = tls_->newSession(host_);
+  if (!ssl) {
+    onConnected(UV_ENOMEM);
+    return;
+  }
+  auto* tls = new net::TlsTransport(std::unique_ptr<net::TcpTransport>(tcp_), ssl, loop_,
+                                    connect_timeout_ms_);
+  transport_ = tls;
+  tls->setCallbacks(this);
+  tls->startHandshake([this, tls](int handshake) {
+    if (handshake < 0) {
+      SLUICE_LOG_WARN("upstream {}: {} ({})", cluster_->name(), tls->failure(),
+                      cluster_->endpointName(endpoint_));
+    }
+    onConnected(handshake);
+  });
 }
 
 void UpstreamConnection::onConnected(int status) {

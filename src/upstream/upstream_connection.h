@@ -12,6 +12,10 @@
 #include "http/parser.h"
 #include "net/tcp_transport.h"
 
+namespace sluice::net {
+class TlsClientContext;
+}
+
 namespace sluice::upstream {
 
 class Cluster;
@@ -56,8 +60,10 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
   // connection that the upstream closed meanwhile (safe to retry a request without a body).
   bool reused() const { return requests_ > 1; }
 
-  // Cluster use.
-  int connect(const sockaddr* address, uint64_t timeout_ms);
+  // Cluster use. With `tls`, the connection is ready (onUpstreamReady) only once the TLS
+  // handshake verified the upstream's certificate for `host`; connect_timeout covers both.
+  int connect(const sockaddr* address, uint64_t timeout_ms, const net::TlsClientContext* tls,
+              const std::string& host);
   void attach(UpstreamCallbacks* owner) { owner_ = owner; }
   void makeIdle(uint64_t idle_timeout_ms);
 
@@ -97,13 +103,19 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
   void onMessageComplete() override;
 
   static void onTimer(void* self);
+  void onTcpConnected(int status);
   void onConnected(int status);
   void fail(UpstreamError error);
   void close();
 
   std::shared_ptr<Cluster> cluster_;  // keeps a retired cluster alive while this lives
   size_t endpoint_;
-  net::TcpTransport* transport_;  // owned; deleted after its onClosed
+  uv_loop_t* loop_;
+  net::TcpTransport* tcp_;        // the socket; owned by transport_
+  net::Transport* transport_;     // tcp_, or TLS over it; owned, deleted after its onClosed
+  const net::TlsClientContext* tls_ = nullptr;
+  std::string host_;
+  uint64_t connect_timeout_ms_ = 0;
   Timer timer_;
   http::Parser parser_;
   UpstreamCallbacks* owner_ = nullptr;
