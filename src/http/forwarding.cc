@@ -75,6 +75,8 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
   out.push_back(' ');
   out.append(context.target);
   out.append(" HTTP/1.1\r\n");
+  bool kept_proto = false;
+  bool kept_host = false;
   for (const auto& field : request.headers) {
     if (context.tunnel && iequals(field.name, "upgrade")) {
       appendField(out, field.name, field.value);
@@ -83,16 +85,17 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
     if (isHopByHop(field.name) || rewrittenUpstream(field.name) || listed(options, field.name)) {
       continue;
     }
-    if (iequals(field.name, "x-forwarded-proto") || iequals(field.name, "x-forwarded-host")) {
-      if (context.trusted_peer) appendField(out, field.name, field.value);
-      continue;
+    const bool proto = iequals(field.name, "x-forwarded-proto");
+    const bool host = iequals(field.name, "x-forwarded-host");
+    if (proto || host) {
+      if (!context.trusted_peer) continue;
+      kept_proto |= proto;
+      kept_host |= host;
     }
     appendField(out, field.name, field.value);
   }
-  if (!context.trusted_peer || !request.headers.get("x-forwarded-proto")) {
-    appendField(out, "X-Forwarded-Proto", context.scheme);
-  }
-  if (!context.trusted_peer || !request.headers.get("x-forwarded-host")) {
+  if (!kept_proto) appendField(out, "X-Forwarded-Proto", context.scheme);
+  if (!kept_host) {
     if (const std::string* host = request.headers.get("host")) {
       appendField(out, "X-Forwarded-Host", *host);
     }

@@ -25,6 +25,7 @@ const llhttp_settings_t* Parser::settings() {
     st.on_headers_complete = onHeadersComplete;
     st.on_body = onBody;
     st.on_message_complete = onMessageCompleteCb;
+    st.on_chunk_header = onChunkHeader;
     return st;
   }();
   return &s;
@@ -142,7 +143,11 @@ int Parser::onHeadersComplete(llhttp_t* p) {
   if (int status = s->callbacks_->onMessageHead(head)) {
     return s->fail(status, "refused");
   }
-  if (s->type_ == Type::Response && s->expect_no_body_) return 1;  // skip the body
+  // No body, whatever Content-Length says: a response to HEAD, a 204 or a 304.
+  if (s->type_ == Type::Response &&
+      (s->expect_no_body_ || head.status == 204 || head.status == 304)) {
+    return 1;
+  }
   return 0;
 }
 
@@ -155,6 +160,50 @@ int Parser::onBody(llhttp_t* p, const char* at, size_t len) {
   }
   s->callbacks_->onMessageBody(at, len);
   return 0;
+}
+
+int Parser::onChunkHeader(llhttp_t* p) {
+  if (p->content_length != 0) return 0;
+  // The last chunk: stop so that execute() scans the trailer section before llhttp reads it.
+  Parser* s = self(p);
+  s->last_chunk_ = true;
+  return HPE_PAUSED;
+}
+
+bool Parser::scanLines(LineScanner& s, const char* data, size_t len, const char** why) {
+  for (size_t i = 0; i < len && s.active; ++i) {
+    const char c = data[i];
+    if (s.prev_cr) {
+      s.prev_cr = false;
+      if (c != '\n') {
+        *why = "CR without LF in the header section";
+        return false;
+      }
+      if (s.line_empty && !s.first_line) {
+        s.active = false;  // the blank line ends the section
+        return true;
+      }
+      if (!s.line_empty) s.first_line = false;
+      s.line_start = true;
+      s.line_empty = true;
+      continue;
+    }
+    if (c == '\r') {
+      s.prev_cr = true;
+      continue;
+    }
+    if (c == '\n') {
+      *why = "bare LF in the header section";
+      return false;
+    }
+    if (s.line_start && !s.first_line && (c == ' ' || c == '\t')) {
+      *why = "obs-fold (a header line starting with whitespace)";
+      return false;
+    }
+    s.line_start = false;
+    s.line_empty = false;
+  }
+  return true;
 }
 
 int Parser::onMessageCompleteCb(llhttp_t* p) {
@@ -206,10 +255,35 @@ Parser::Result Parser::makeResult(llhttp_errno_t err, const char* data, size_t l
 }
 
 Parser::Result Parser::execute(const char* data, size_t len) {
-  return makeResult(llhttp_execute(&parser_, data, len), data, len);
+  size_t done = 0;
+  while (true) {
+    const char* why = nullptr;
+    if (scanner_.active && !scanLines(scanner_, data + done, len - done, &why)) {
+      Result r;
+      r.status = Status::Error;
+      r.error_status = type_ == Type::Request ? 400 : 502;
+      r.error_reason = why;
+      return r;
+    }
+    const llhttp_errno_t err = llhttp_execute(&parser_, data + done, len - done);
+    if (err == HPE_PAUSED && last_chunk_) {
+      // Trailers follow the last chunk's size line: scan them, then let llhttp go on.
+      last_chunk_ = false;
+      done = static_cast<size_t>(llhttp_get_error_pos(&parser_) - data);
+      scanner_ = LineScanner{};
+      scanner_.first_line = false;
+      llhttp_resume(&parser_);
+      continue;
+    }
+    Result r = makeResult(err, data + done, len - done);
+    r.consumed += done;
+    if (r.status == Status::MessageDone || r.status == Status::Upgrade) scanner_ = LineScanner{};
+    return r;
+  }
 }
 
 Parser::Result Parser::finish() {
+  if (!in_message_) return Result{};  // between messages: a clean end
   const bool was_in_message = in_message_;
   const llhttp_errno_t err = llhttp_finish(&parser_);
   Result r;

@@ -74,8 +74,22 @@ class Parser {
   static int onHeadersComplete(llhttp_t* p);
   static int onBody(llhttp_t* p, const char* at, size_t len);
   static int onMessageCompleteCb(llhttp_t* p);
+  static int onChunkHeader(llhttp_t* p);
   static const llhttp_settings_t* settings();
 
+  // llhttp 8.1 takes obs-fold and a bare LF at some places even in strict mode. This scanner
+  // reads every header section (the head, and the trailers after the last chunk) before llhttp
+  // does, and refuses both.
+  struct LineScanner {
+    bool active = true;
+    bool prev_cr = false;
+    bool line_start = true;
+    bool line_empty = true;
+    bool first_line = true;  // the start line (a head may begin with empty lines)
+  };
+  // Scans `len` bytes; returns false (and why) on a violation. Stops being active at the end of
+  // the section.
+  static bool scanLines(LineScanner& s, const char* data, size_t len, const char** why);
   int countHeadBytes(size_t len);
   int fail(int status, const char* reason);
   Result makeResult(llhttp_errno_t err, const char* data, size_t len);
@@ -95,6 +109,8 @@ class Parser {
   bool expect_no_body_ = false;
   bool interim_ = false;  // the current response is a swallowed 1xx
   bool paused_ = false;
+  bool last_chunk_ = false;  // paused after the last chunk's size line: trailers follow
+  LineScanner scanner_;
 };
 
 }  // namespace sluice::http

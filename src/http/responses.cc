@@ -6,11 +6,44 @@
 
 namespace sluice::http {
 
+namespace {
+
+// Length of the valid UTF-8 sequence at `s` (2 to 4), or 0.
+size_t utf8Sequence(std::string_view s) {
+  const auto b = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
+  const auto cont = [&](size_t i) { return i < s.size() && (b(i) & 0xc0) == 0x80; };
+  const unsigned char c = b(0);
+  if (c >= 0xc2 && c <= 0xdf) return cont(1) ? 2 : 0;
+  if (c >= 0xe0 && c <= 0xef) {
+    if (!cont(1) || !cont(2)) return 0;
+    if (c == 0xe0 && b(1) < 0xa0) return 0;   // overlong
+    if (c == 0xed && b(1) >= 0xa0) return 0;  // surrogates
+    return 3;
+  }
+  if (c >= 0xf0 && c <= 0xf4) {
+    if (!cont(1) || !cont(2) || !cont(3)) return 0;
+    if (c == 0xf0 && b(1) < 0x90) return 0;
+    if (c == 0xf4 && b(1) >= 0x90) return 0;
+    return 4;
+  }
+  return 0;
+}
+
+}  // namespace
+
 std::string jsonString(std::string_view value) {
   std::string out;
   out.reserve(value.size() + 2);
   out.push_back('"');
-  for (unsigned char c : value) {
+  for (size_t i = 0; i < value.size(); ++i) {
+    const auto c = static_cast<unsigned char>(value[i]);
+    if (c >= 0x80) {
+      if (const size_t n = utf8Sequence(value.substr(i))) {
+        out.append(value.substr(i, n));  // valid UTF-8 stays as it is
+        i += n - 1;
+        continue;
+      }
+    }
     switch (c) {
       case '"': out += "\\\""; break;
       case '\\': out += "\\\\"; break;
@@ -19,7 +52,7 @@ std::string jsonString(std::string_view value) {
       case '\t': out += "\\t"; break;
       default:
         if (c < 0x20 || c >= 0x7f) {
-          // Non-ASCII bytes are escaped one by one: the value may not be valid UTF-8.
+          // Control bytes, DEL, and bytes that are not valid UTF-8, one by one.
           char buf[8];
           std::snprintf(buf, sizeof buf, "\\u%04x", c);
           out += buf;

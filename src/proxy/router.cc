@@ -104,6 +104,12 @@ std::optional<Target> parseTarget(std::string_view target, std::string* error) {
     *error = "empty request-target";
     return std::nullopt;
   }
+  // A fragment is never sent in a request; a NUL never belongs in one. Routing on either
+  // would let the upstream see another path than the one the route and the limits saw.
+  if (rest.find('#') != std::string_view::npos || rest.find('\0') != std::string_view::npos) {
+    *error = "request-target with a fragment or a NUL";
+    return std::nullopt;
+  }
   if (rest[0] != '/') {
     // absolute-form: scheme "://" authority path
     const auto scheme_end = rest.find("://");

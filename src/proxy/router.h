@@ -21,9 +21,10 @@ struct Target {
   std::string originForm() const { return has_query ? path + "?" + query : path; }
 };
 
-// Parses origin-form ("/a/b?x") and absolute-form ("http://h/a") targets. Returns nullopt
-// (and why) for what cannot be routed safely: other forms, encoded dot-segments, bad
-// %-escapes, NUL, or a path climbing above the root.
+// Parses origin-form ("/a/b?x") and absolute-form ("http://h/a") targets. %-escapes of
+// unreserved characters are decoded first (so "/%2e%2e/" is a dot-segment like "/../"), then
+// dot-segments are resolved. Returns nullopt (and why) for what cannot be routed safely:
+// other forms, a fragment, bad %-escapes, a NUL (raw or %00), a path climbing above the root.
 std::optional<Target> parseTarget(std::string_view target, std::string* error);
 
 // "Example.COM:8080" -> "example.com"; "[::1]:80" -> "[::1]".

@@ -1,0 +1,368 @@
+// Who the client is (src/identity/client_address.h) and what a limit's key can be made of
+// (src/identity/request_facts.h).
+
+#include <doctest/doctest.h>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/ip_address.h"
+#include "identity/client_address.h"
+#include "identity/request_facts.h"
+
+using sluice::Cidr;
+using sluice::IpAddress;
+using sluice::http::HeaderMap;
+using sluice::http::MessageHead;
+using namespace sluice::identity;
+
+namespace {
+
+IpAddress ip(std::string_view text) {
+  auto a = IpAddress::parse(text);
+  INFO(std::string(text));
+  REQUIRE(a.has_value());
+  return *a;
+}
+
+std::vector<Cidr> cidrs(std::initializer_list<std::string_view> texts) {
+  std::vector<Cidr> out;
+  for (auto t : texts) {
+    auto c = Cidr::parse(t);
+    INFO(std::string(t));
+    REQUIRE(c.has_value());
+    out.push_back(*c);
+  }
+  return out;
+}
+
+HeaderMap headers(std::initializer_list<std::pair<std::string, std::string>> fields) {
+  HeaderMap m;
+  for (const auto& [name, value] : fields) m.add(name, value);
+  return m;
+}
+
+const std::vector<Cidr>& proxies() {
+  static const std::vector<Cidr> p = cidrs({"10.0.0.0/8", "127.0.0.1/32", "2001:db8:ffff::/48"});
+  return p;
+}
+
+std::string clientOf(std::string_view peer, const HeaderMap& h) {
+  return resolveClientAddress(ip(peer), h, proxies()).address.toString();
+}
+
+// The entry's address as text, or "-".
+std::string entry(std::string_view text) {
+  auto a = parseForwardedEntry(text);
+  return a ? a->toString() : "-";
+}
+
+}  // namespace
+
+TEST_SUITE("identity: forwarded entries") {
+  TEST_CASE("addresses, with or without a port, quoted or not") {
+    CHECK(entry("192.0.2.1") == "192.0.2.1");
+    CHECK(entry(" 192.0.2.1 ") == "192.0.2.1");
+    CHECK(entry("192.0.2.1:8080") == "192.0.2.1");
+    CHECK(entry("2001:db8::1") == "2001:db8::1");
+    CHECK(entry("[2001:db8::1]") == "2001:db8::1");
+    CHECK(entry("[2001:db8::1]:443") == "2001:db8::1");
+    CHECK(entry("\"[2001:db8::1]:443\"") == "2001:db8::1");
+    CHECK(entry("\"192.0.2.1\"") == "192.0.2.1");
+    CHECK(entry("::ffff:192.0.2.1") == "192.0.2.1");  // IPv4-mapped: the IPv4 client
+    CHECK(entry("[::ffff:192.0.2.1]:80") == "192.0.2.1");
+  }
+
+  TEST_CASE("anything else is not an address") {
+    for (const char* text : {"", "\"\"", "unknown", "_hidden", "_obf:80", "example.com",
+                             "192.0.2.1:", "192.0.2.1:http", "192.0.2.1:80:90", "192.0.2",
+                             "[192.0.2.1]", "[2001:db8::1", "[2001:db8::1]x", "[2001:db8::1]:",
+                             "[2001:db8::1]:4a", "2001:db8::1:80x", "\"192.0.2.1",
+                             "256.0.0.1", "1.2.3.4/32"}) {
+      INFO("'" << std::string(text) << "'");
+      CHECK(entry(text) == "-");
+    }
+  }
+}
+
+TEST_SUITE("identity: client address") {
+  TEST_CASE("an untrusted peer is the client, whatever it claims") {
+    const HeaderMap h = headers({{"X-Forwarded-For", "198.51.100.7"},
+                                 {"Forwarded", "for=198.51.100.8"}});
+    const ClientAddress c = resolveClientAddress(ip("203.0.113.9"), h, proxies());
+    CHECK(c.address.toString() == "203.0.113.9");
+    CHECK_FALSE(c.peer_trusted);
+  }
+
+  TEST_CASE("no trusted proxies configured: the peer is the client") {
+    const HeaderMap h = headers({{"X-Forwarded-For", "198.51.100.7"}});
+    const ClientAddress c = resolveClientAddress(ip("10.0.0.1"), h, {});
+    CHECK(c.address.toString() == "10.0.0.1");
+    CHECK_FALSE(c.peer_trusted);
+  }
+
+  TEST_CASE("a trusted peer: X-Forwarded-For is walked from the right") {
+    SUBCASE("one hop") {
+      const ClientAddress c = resolveClientAddress(
+          ip("10.0.0.1"), headers({{"X-Forwarded-For", "198.51.100.7"}}), proxies());
+      CHECK(c.peer_trusted);
+      CHECK(c.address.toString() == "198.51.100.7");
+    }
+    SUBCASE("through trusted hops; the spoofed left part is never used") {
+      CHECK(clientOf("10.0.0.1",
+                     headers({{"X-Forwarded-For", "6.6.6.6, 198.51.100.7, 10.0.0.2, 127.0.0.1"}})) ==
+            "198.51.100.7");
+    }
+    SUBCASE("an untrusted hop stops the walk even if a trusted one is left of it") {
+      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "10.9.9.9, 198.51.100.7"}})) ==
+            "198.51.100.7");
+    }
+    SUBCASE("every hop trusted: the leftmost is the client") {
+      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "10.0.0.3, 10.0.0.2"}})) ==
+            "10.0.0.3");
+    }
+    SUBCASE("several X-Forwarded-For fields are one list") {
+      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "6.6.6.6, 198.51.100.7"},
+                                          {"Accept", "*/*"},
+                                          {"x-forwarded-for", "10.0.0.2"}})) ==
+            "198.51.100.7");
+      // And the split between the fields does not matter.
+      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "198.51.100.7, 6.6.6.6"},
+                                          {"X-Forwarded-For", "10.0.0.2"}})) == "6.6.6.6");
+    }
+    SUBCASE("entries with ports") {
+      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "198.51.100.7:5555, 10.0.0.2:80"}})) ==
+            "198.51.100.7");
+      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "[2001:db8:1::5]:443"}})) ==
+            "2001:db8:1::5");
+    }
+    SUBCASE("IPv6 proxies and clients") {
+      CHECK(clientOf("2001:db8:ffff::1", headers({{"X-Forwarded-For", "2001:db8:1::5"}})) ==
+            "2001:db8:1::5");
+      CHECK(clientOf("2001:db8:fffe::1", headers({{"X-Forwarded-For", "2001:db8:1::5"}})) ==
+            "2001:db8:fffe::1");
+    }
+    SUBCASE("empty or blank X-Forwarded-For: the peer") {
+      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", ""}})) == "10.0.0.1");
+      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", " , "}})) == "10.0.0.1");
+      CHECK(clientOf("10.0.0.1", headers({})) == "10.0.0.1");
+    }
+  }
+
+  TEST_CASE("a malformed entry stops the walk; the last good hop is the client") {
+    CHECK(clientOf("10.0.0.1",
+                   headers({{"X-Forwarded-For", "198.51.100.7, garbage, 10.0.0.2"}})) ==
+          "10.0.0.2");
+    CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "198.51.100.7, unknown"}})) ==
+          "10.0.0.1");
+    CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "198.51.100.7, 10.0.0.2:x"}})) ==
+          "10.0.0.1");
+  }
+
+  TEST_CASE("Forwarded (RFC 7239) when there is no X-Forwarded-For") {
+    SUBCASE("for= with other parameters, any case") {
+      CHECK(clientOf("10.0.0.1",
+                     headers({{"Forwarded", "for=6.6.6.6, proto=https;For=198.51.100.7;by=10.0.0.1"}})) ==
+            "198.51.100.7");
+    }
+    SUBCASE("quoted IPv6 with a port") {
+      CHECK(clientOf("10.0.0.1",
+                     headers({{"Forwarded", "for=\"[2001:db8:1::7]:4711\";proto=https"}})) ==
+            "2001:db8:1::7");
+    }
+    SUBCASE("through trusted hops, several fields") {
+      CHECK(clientOf("10.0.0.1", headers({{"Forwarded", "for=6.6.6.6, for=198.51.100.7"},
+                                          {"forwarded", "for=10.0.0.2"}})) ==
+            "198.51.100.7");
+    }
+    SUBCASE("obfuscated and unknown entries stop the walk at the last good hop") {
+      CHECK(clientOf("10.0.0.1",
+                     headers({{"Forwarded", "for=198.51.100.7, for=_hidden, for=10.0.0.2"}})) ==
+            "10.0.0.2");
+      CHECK(clientOf("10.0.0.1", headers({{"Forwarded", "for=198.51.100.7, for=unknown"}})) ==
+            "10.0.0.1");
+    }
+    SUBCASE("an element without for= is an unusable hop") {
+      CHECK(clientOf("10.0.0.1",
+                     headers({{"Forwarded", "for=198.51.100.7, by=10.0.0.2;proto=https"}})) ==
+            "10.0.0.1");
+    }
+    SUBCASE("X-Forwarded-For wins over Forwarded") {
+      CHECK(clientOf("10.0.0.1", headers({{"Forwarded", "for=198.51.100.8"},
+                                          {"X-Forwarded-For", "198.51.100.7"}})) ==
+            "198.51.100.7");
+    }
+    SUBCASE("an untrusted peer's Forwarded is ignored") {
+      CHECK(clientOf("203.0.113.9", headers({{"Forwarded", "for=198.51.100.8"}})) ==
+            "203.0.113.9");
+    }
+  }
+
+  TEST_CASE("an IPv4-mapped IPv6 peer is its IPv4 address") {
+    const ClientAddress trusted = resolveClientAddress(
+        ip("::ffff:10.0.0.1"), headers({{"X-Forwarded-For", "198.51.100.7"}}), proxies());
+    CHECK(trusted.peer_trusted);
+    CHECK(trusted.address.toString() == "198.51.100.7");
+
+    const ClientAddress untrusted =
+        resolveClientAddress(ip("::ffff:203.0.113.9"), headers({}), proxies());
+    CHECK_FALSE(untrusted.peer_trusted);
+    CHECK(untrusted.address.isV4());
+    CHECK(untrusted.address.toString() == "203.0.113.9");
+    CHECK(clientKeyText(untrusted.address, 64) == "203.0.113.9");
+  }
+
+  TEST_CASE("forwarded_for: the X-Forwarded-For fields as one list, then the peer") {
+    // As the header states it (nginx's $proxy_add_x_forwarded_for): the left part is the
+    // client's to write, so it is relayed, never used to identify the client.
+    SUBCASE("untrusted peer without X-Forwarded-For") {
+      const ClientAddress c = resolveClientAddress(ip("203.0.113.9"), headers({}), proxies());
+      CHECK(c.forwarded_for == "203.0.113.9");
+    }
+    SUBCASE("untrusted peer with X-Forwarded-For") {
+      const ClientAddress c = resolveClientAddress(
+          ip("203.0.113.9"),
+          headers({{"X-Forwarded-For", "6.6.6.6"}, {"X-Forwarded-For", "7.7.7.7"}}), proxies());
+      CHECK(c.address.toString() == "203.0.113.9");
+      CHECK(c.forwarded_for == "6.6.6.6, 7.7.7.7, 203.0.113.9");
+    }
+    SUBCASE("trusted peer") {
+      const ClientAddress c = resolveClientAddress(
+          ip("10.0.0.1"), headers({{"X-Forwarded-For", "6.6.6.6, 198.51.100.7, 10.0.0.2"}}),
+          proxies());
+      CHECK(c.address.toString() == "198.51.100.7");
+      CHECK(c.forwarded_for == "6.6.6.6, 198.51.100.7, 10.0.0.2, 10.0.0.1");
+    }
+    SUBCASE("an IPv4-mapped peer is appended as IPv4") {
+      const ClientAddress c = resolveClientAddress(ip("::ffff:203.0.113.9"), headers({}), proxies());
+      CHECK(c.forwarded_for == "203.0.113.9");
+    }
+    SUBCASE("blank X-Forwarded-For: just the peer") {
+      const ClientAddress c =
+          resolveClientAddress(ip("203.0.113.9"), headers({{"X-Forwarded-For", "  "}}), proxies());
+      CHECK(c.forwarded_for == "203.0.113.9");
+    }
+  }
+}
+
+TEST_SUITE("identity: client key text") {
+  TEST_CASE("IPv4 as is; IPv6 per prefix") {
+    CHECK(clientKeyText(ip("192.0.2.1"), 64) == "192.0.2.1");
+    CHECK(clientKeyText(ip("2001:db8:1:2:3:4:5:6"), 64) == "2001:db8:1:2::/64");
+    CHECK(clientKeyText(ip("2001:db8:1:2:ffff:ffff:ffff:ffff"), 64) == "2001:db8:1:2::/64");
+    CHECK(clientKeyText(ip("2001:db8:1:3::1"), 64) == "2001:db8:1:3::/64");
+    CHECK(clientKeyText(ip("2001:db8:1:2:3:4:5:6"), 48) == "2001:db8:1::/48");
+    CHECK(clientKeyText(ip("2001:db8:1:2ab::1"), 56) == "2001:db8:1:200::/56");
+    CHECK(clientKeyText(ip("2001:db8:1:2:3:4:5:6"), 128) == "2001:db8:1:2:3:4:5:6/128");
+    // One client owns a whole prefix: two hosts of one /64 share a key, another /64 does not.
+    CHECK(clientKeyText(ip("2001:db8::1"), 64) == clientKeyText(ip("2001:db8::2"), 64));
+    CHECK(clientKeyText(ip("2001:db8::1"), 64) != clientKeyText(ip("2001:db8:0:1::1"), 64));
+  }
+}
+
+TEST_SUITE("identity: request facts") {
+  TEST_CASE("cookieValue") {
+    CHECK(cookieValue(headers({{"Cookie", "a=1; session=abc; b=2"}}), "session") == "abc");
+    CHECK(cookieValue(headers({{"Cookie", "a=1"}, {"cookie", "session=xyz"}}), "session") ==
+          "xyz");
+    CHECK(cookieValue(headers({{"Cookie", "  session = abc  ;b=2"}}), "session") == "abc");
+    CHECK(cookieValue(headers({{"Cookie", "session=\"quoted value\""}}), "session") ==
+          "quoted value");
+    CHECK(cookieValue(headers({{"Cookie", "mysession=1; session_id=2; session=3"}}), "session") ==
+          "3");
+    CHECK(cookieValue(headers({{"Cookie", "session=1; session=2"}}), "session") == "1");
+    CHECK(cookieValue(headers({{"Cookie", "session=first"}, {"Cookie", "session=second"}}),
+                      "session") == "first");
+    CHECK(cookieValue(headers({{"Cookie", "session="}}), "session") == "");
+    CHECK(cookieValue(headers({{"Cookie", "a=b=c"}}), "a") == "b=c");
+    CHECK_FALSE(cookieValue(headers({{"Cookie", "Session=1"}}), "session").has_value());
+    CHECK_FALSE(cookieValue(headers({{"Cookie", "a=1; b=2"}}), "session").has_value());
+    CHECK_FALSE(cookieValue(headers({{"Set-Cookie", "session=1"}}), "session").has_value());
+    CHECK_FALSE(cookieValue(headers({}), "session").has_value());
+  }
+
+  TEST_CASE("queryValue and formDecode") {
+    CHECK(queryValue("a=1&key=hello%20world&b", "key") == "hello world");
+    CHECK(queryValue("key=a+b%2Bc", "key") == "a b+c");
+    CHECK(queryValue("%6Bey=v", "key") == "v");  // the name is decoded too
+    CHECK(queryValue("key=1&key=2", "key") == "1");
+    CHECK(queryValue("key", "key") == "");
+    CHECK(queryValue("key=", "key") == "");
+    CHECK(queryValue("k=%zz%4", "k") == "%zz%4");  // malformed escapes stay as sent
+    CHECK(queryValue("k=%41", "k") == "A");
+    CHECK_FALSE(queryValue("", "key").has_value());
+    CHECK_FALSE(queryValue("keys=1&akey=2", "key").has_value());
+    CHECK(formDecode("a+b%20c%2b%2F") == "a b c+/");
+    CHECK(formDecode("100%") == "100%");
+    CHECK(formDecode("%4") == "%4");
+    CHECK(formDecode("%c3%A9") == "\xc3\xa9");
+  }
+
+  TEST_CASE("keyPartValue for each kind") {
+    using sluice::config::KeyPart;
+    using Kind = sluice::config::KeyPartKind;
+    MessageHead head;
+    head.method = "POST";
+    head.headers.add("X-Team", "blue");
+    head.headers.add("x-team", "green");
+    head.headers.add("X-Empty", "");
+    head.headers.add("Cookie", "pref=dark; empty=");
+    RequestFacts facts;
+    facts.head = &head;
+    facts.route = "api";
+    facts.query = "user=ann%40example.com&blank=";
+    facts.client_key = "192.0.2.1";
+
+    auto value = [&](Kind kind, std::string name = {}) {
+      return keyPartValue(KeyPart{kind, std::move(name), ""}, facts);
+    };
+    CHECK(value(Kind::Ip) == "192.0.2.1");
+    CHECK(value(Kind::Route) == "api");
+    CHECK(value(Kind::Method) == "POST");
+    CHECK(value(Kind::Header, "x-TEAM") == "blue, green");
+    CHECK_FALSE(value(Kind::Header, "X-Empty").has_value());
+    CHECK_FALSE(value(Kind::Header, "X-Absent").has_value());
+    CHECK(value(Kind::Cookie, "pref") == "dark");
+    CHECK_FALSE(value(Kind::Cookie, "empty").has_value());
+    CHECK_FALSE(value(Kind::Cookie, "absent").has_value());
+    CHECK(value(Kind::Query, "user") == "ann@example.com");
+    CHECK_FALSE(value(Kind::Query, "blank").has_value());
+    CHECK_FALSE(value(Kind::Query, "absent").has_value());
+
+    // API key, session and tenant: absent and empty are both "no value".
+    CHECK_FALSE(value(Kind::ApiKey).has_value());
+    CHECK_FALSE(value(Kind::Session).has_value());
+    CHECK_FALSE(value(Kind::Tenant).has_value());
+    facts.api_key = "";
+    facts.session = "";
+    facts.tenant = "";
+    CHECK_FALSE(value(Kind::ApiKey).has_value());
+    CHECK_FALSE(value(Kind::Session).has_value());
+    CHECK_FALSE(value(Kind::Tenant).has_value());
+    facts.api_key = "key_abc";
+    facts.session = "s1";
+    facts.tenant = "acme";
+    CHECK(value(Kind::ApiKey) == "key_abc");
+    CHECK(value(Kind::Session) == "s1");
+    CHECK(value(Kind::Tenant) == "acme");
+
+    // Body fields: read by content type; absent, empty or another type is no value.
+    facts.content_type = "application/x-www-form-urlencoded";
+    facts.body = "username=ann%40example.com&password=x&blank=";
+    CHECK(value(Kind::Form, "username") == "ann@example.com");
+    CHECK_FALSE(value(Kind::Form, "blank").has_value());
+    CHECK_FALSE(value(Kind::Form, "absent").has_value());
+    CHECK_FALSE(value(Kind::Json, "username").has_value());
+    facts.content_type = "application/json; charset=utf-8";
+    facts.body = R"({"user":{"email":"ann@example.com","id":42},"blank":""})";
+    CHECK(value(Kind::Json, "user.email") == "ann@example.com");
+    CHECK(value(Kind::Json, "user.id") == "42");
+    CHECK_FALSE(value(Kind::Json, "blank").has_value());
+    CHECK_FALSE(value(Kind::Json, "user.absent").has_value());
+    CHECK_FALSE(value(Kind::Form, "user").has_value());
+    facts.body = "{not json";
+    CHECK_FALSE(value(Kind::Json, "user.email").has_value());
+  }
+}

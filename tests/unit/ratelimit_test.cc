@@ -1,0 +1,748 @@
+// Rate limiting without Valkey: keys (src/ratelimit/keys.h), the limits that apply to a request
+// (applied_limits.h), the script's arguments and reply (decision.h), what clients see
+// (headers.h) and the per-worker deny cache (deny_cache.h).
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "config/config.h"
+#include "http/message.h"
+#include "identity/request_facts.h"
+#include "ratelimit/applied_limits.h"
+#include "ratelimit/decision.h"
+#include "ratelimit/deny_cache.h"
+#include "ratelimit/headers.h"
+#include "ratelimit/keys.h"
+#include "ratelimit/scripts.h"
+#include "valkey/reply.h"
+
+using namespace sluice::ratelimit;
+using sluice::config::Algorithm;
+using sluice::config::Config;
+using sluice::config::KeyPart;
+using sluice::config::KeyPartKind;
+using sluice::config::LimitConfig;
+using sluice::config::OnError;
+using sluice::config::PlanConfig;
+using sluice::config::PlanLimitOverride;
+using sluice::config::RateLimitHeaders;
+using sluice::config::RouteConfig;
+using sluice::valkey::Reply;
+using std::chrono::milliseconds;
+
+namespace {
+
+LimitConfig limitConfig(std::string name, Algorithm algorithm, std::vector<KeyPart> by,
+                        int64_t limit, int64_t window_ms) {
+  LimitConfig l;
+  l.name = std::move(name);
+  l.algorithm = algorithm;
+  l.by = std::move(by);
+  l.limit = limit;
+  l.window = milliseconds(window_ms);
+  l.burst = limit;
+  return l;
+}
+
+KeyPart part(KeyPartKind kind, std::string name = {}) { return KeyPart{kind, std::move(name), ""}; }
+
+Reply integers(std::vector<int64_t> values) {
+  Reply r;
+  r.type = Reply::Type::Array;
+  for (int64_t v : values) {
+    Reply e;
+    e.type = Reply::Type::Integer;
+    e.integer = v;
+    r.elements.push_back(e);
+  }
+  return r;
+}
+
+AppliedLimit applied(const LimitConfig& config, std::string key) {
+  AppliedLimit a;
+  a.config = &config;
+  a.key = std::move(key);
+  a.limit = config.limit;
+  a.burst = config.burst;
+  a.cost = config.cost;
+  return a;
+}
+
+// The value of the first "Name: value" line of serialized fields, or "-".
+std::string field(const std::string& lines, std::string_view name) {
+  std::istringstream in(lines);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    std::string n = line.substr(0, colon);
+    if (n.size() == name.size() &&
+        std::equal(n.begin(), n.end(), name.begin(),
+                   [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
+      return line.substr(colon + 2);
+    }
+  }
+  return "-";
+}
+
+// Outcomes compare by their names: doctest would print them with ratelimit::toString().
+std::string outcome(Outcome o) { return toString(o); }
+
+int countLines(const std::string& lines) {
+  return static_cast<int>(std::count(lines.begin(), lines.end(), '\n'));
+}
+
+std::string readFile(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+TEST_SUITE("ratelimit: keys") {
+  TEST_CASE("short values of safe bytes stay readable") {
+    for (const char* v : {"192.0.2.1", "user@example.com", "a-b_c.d+e/f", "POST", "api",
+                          "key_abc", "A"}) {
+      INFO(std::string(v));
+      CHECK(encodeKeyPart(v) == v);
+    }
+    const std::string longest(kMaxReadablePart, 'x');
+    CHECK(encodeKeyPart(longest) == longest);
+  }
+
+  TEST_CASE("':' is readable only for IP addresses") {
+    CHECK(encodeKeyPart("2001:db8:1:2::/64", true) == "2001:db8:1:2::/64");
+    CHECK(encodeKeyPart("2001:db8:1:2::/64", false) == hashedPart("2001:db8:1:2::/64"));
+    CHECK(encodeKeyPart("a:b") == hashedPart("a:b"));
+  }
+
+  TEST_CASE("long, empty, binary or separator values are hashed") {
+    const std::string too_long(kMaxReadablePart + 1, 'x');
+    for (const std::string& v :
+         {too_long, std::string(), std::string("a b"), std::string("a\0b", 3),
+          std::string("caf\xc3\xa9"), std::string("~abc"), std::string("{tag}"),
+          std::string("a*"), std::string("a?"), std::string("[a]"), std::string("a\r\nb"),
+          std::string("a%20b"), std::string("a\"b"), std::string("a,b"), std::string("a;b")}) {
+      INFO(std::string(v));
+      const std::string encoded = encodeKeyPart(v);
+      CHECK(encoded == hashedPart(v));
+      CHECK(encoded.size() == 33);
+      CHECK(encoded[0] == '~');
+    }
+  }
+
+  TEST_CASE("hashedPart is '~' and the first 128 bits of SHA-256, in lower-case hex") {
+    CHECK(hashedPart("") == "~e3b0c44298fc1c149afbf4c8996fb924");
+    CHECK(hashedPart("abc") == "~ba7816bf8f01cfea414140de5dae2223");
+    CHECK(hashedPart(std::string("\0", 1)) != hashedPart(""));
+  }
+
+  TEST_CASE("distinct values give distinct parts; parts never contain ':' unless allowed") {
+    const std::vector<std::string> values = {
+        // A value spelled like the hashed form of another one is hashed itself.
+        "a", "A", "a:b", "a_b", hashedPart(std::string(kMaxReadablePart + 1, 'y')), "x", "",
+        " ", std::string(kMaxReadablePart, 'y'), std::string(kMaxReadablePart + 1, 'y'),
+        std::string("\0", 1), "a:b:c", "a::b", "user@example.com", "user@example.com "};
+    std::set<std::string> seen;
+    for (const std::string& v : values) {
+      const std::string encoded = encodeKeyPart(v);
+      CHECK(encoded.find(':') == std::string::npos);
+      CHECK(seen.insert(encoded).second);
+    }
+  }
+
+  TEST_CASE("parts are bounded whatever the input") {
+    for (size_t n : {size_t{0}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, size_t{100000}}) {
+      const std::string encoded = encodeKeyPart(std::string(n, 'k'));
+      CHECK(encoded.size() <= kMaxReadablePart);
+      const std::string binary = encodeKeyPart(std::string(n, '\xff'), true);
+      CHECK(binary.size() <= kMaxReadablePart);
+    }
+  }
+}
+
+TEST_SUITE("ratelimit: applied limits") {
+  struct Fixture {
+    Config config;
+    RouteConfig route;
+    sluice::http::MessageHead head;
+    sluice::identity::RequestFacts facts;
+    PlanConfig plan;
+
+    Fixture() {
+      config.valkey.key_prefix = "rl:v1";
+      config.limits.push_back(limitConfig("per_ip", Algorithm::SlidingWindow,
+                                          {part(KeyPartKind::Ip)}, 100, 60000));
+      LimitConfig per_key = limitConfig("per_key", Algorithm::TokenBucket,
+                                        {part(KeyPartKind::ApiKey)}, 1000, 3600000);
+      per_key.burst = 50;
+      per_key.burst_explicit = true;
+      config.limits.push_back(per_key);
+      LimitConfig implicit = limitConfig("implicit", Algorithm::TokenBucket,
+                                         {part(KeyPartKind::ApiKey)}, 10, 1000);
+      implicit.cost = 3;
+      config.limits.push_back(implicit);
+      config.limits.push_back(limitConfig(
+          "composite", Algorithm::FixedWindow,
+          {part(KeyPartKind::Ip), part(KeyPartKind::Route), part(KeyPartKind::Method)}, 5, 1000));
+      config.limits.push_back(limitConfig("per_team", Algorithm::SlidingLog,
+                                          {part(KeyPartKind::Header, "X-Team")}, 7, 1000));
+      route.name = "api";
+      route.limit_indices = {0, 1, 2, 3, 4};
+
+      head.method = "POST";
+      facts.head = &head;
+      facts.route = "api";
+      facts.client_key = "192.0.2.1";
+
+      plan.name = "pro";
+      plan.limits["per_key"] = PlanLimitOverride{10000, std::nullopt};
+      plan.limits["implicit"] = PlanLimitOverride{40, std::nullopt};
+    }
+    std::vector<AppliedLimit> run() { return appliedLimits(config, route, facts); }
+  };
+
+  TEST_CASE("a limit with an absent key part does not apply") {
+    Fixture f;
+    const auto limits = f.run();  // no API key, no X-Team
+    REQUIRE(limits.size() == 2);
+    CHECK(limits[0].config == &f.config.limits[0]);
+    CHECK(limits[0].key == "rl:v1:per_ip:192.0.2.1");
+    CHECK(limits[1].config == &f.config.limits[3]);
+    CHECK(limits[1].key == "rl:v1:composite:192.0.2.1:api:POST");
+  }
+
+  TEST_CASE("every limit applies when every part is there; route order is kept") {
+    Fixture f;
+    f.facts.api_key = "key_abc";
+    f.head.headers.add("X-Team", "blue");
+    const auto limits = f.run();
+    REQUIRE(limits.size() == 5);
+    CHECK(limits[0].key == "rl:v1:per_ip:192.0.2.1");
+    CHECK(limits[1].key == "rl:v1:per_key:key_abc");
+    CHECK(limits[2].key == "rl:v1:implicit:key_abc");
+    CHECK(limits[3].key == "rl:v1:composite:192.0.2.1:api:POST");
+    CHECK(limits[4].key == "rl:v1:per_team:blue");
+    CHECK(limits[1].limit == 1000);
+    CHECK(limits[1].burst == 50);
+    CHECK(limits[2].cost == 3);
+    for (size_t i = 0; i < limits.size(); ++i) CHECK(limits[i].config == &f.config.limits[i]);
+  }
+
+  TEST_CASE("part values are encoded: IPv6 keeps its colons, other values do not") {
+    Fixture f;
+    f.facts.client_key = "2001:db8:1:2::/64";
+    f.facts.api_key = "key:with:colons";
+    f.head.headers.add("X-Team", std::string(100, 't'));
+    const auto limits = f.run();
+    REQUIRE(limits.size() == 5);
+    CHECK(limits[0].key == "rl:v1:per_ip:2001:db8:1:2::/64");
+    CHECK(limits[1].key == "rl:v1:per_key:" + hashedPart("key:with:colons"));
+    CHECK(limits[4].key == "rl:v1:per_team:" + hashedPart(std::string(100, 't')));
+  }
+
+  TEST_CASE("an empty value is absent") {
+    Fixture f;
+    f.facts.api_key = "";
+    f.head.headers.add("X-Team", "");
+    CHECK(f.run().size() == 2);
+  }
+
+  TEST_CASE("a plan overrides limit; an explicit burst stays, an implicit one follows") {
+    Fixture f;
+    f.facts.api_key = "key_abc";
+    f.facts.plan = &f.plan;
+    auto limits = f.run();
+    REQUIRE(limits.size() == 4);  // per_ip, per_key, implicit, composite
+    CHECK(limits[0].limit == 100);  // not in the plan
+    CHECK(limits[0].burst == 100);
+    CHECK(limits[1].limit == 10000);
+    CHECK(limits[1].burst == 50);    // explicit: kept
+    CHECK(limits[2].limit == 40);
+    CHECK(limits[2].burst == 40);    // implicit: follows
+    CHECK(limits[2].cost == 3);
+    CHECK(limits[3].limit == 5);
+
+    // A burst that the plan gives wins over both.
+    f.plan.limits["per_key"] = PlanLimitOverride{10000, 7};
+    f.plan.limits["implicit"] = PlanLimitOverride{40, 9};
+    limits = f.run();
+    REQUIRE(limits.size() == 4);
+    CHECK(limits[1].burst == 7);
+    CHECK(limits[2].burst == 9);
+    // The configuration itself is not touched.
+    CHECK(f.config.limits[1].limit == 1000);
+    CHECK(f.config.limits[2].burst == 10);
+  }
+
+  TEST_CASE("the key prefix is the configured one") {
+    Fixture f;
+    f.config.valkey.key_prefix = "tenant-a:rl:v2";
+    const auto limits = f.run();
+    REQUIRE_FALSE(limits.empty());
+    CHECK(limits[0].key == "tenant-a:rl:v2:per_ip:192.0.2.1");
+  }
+}
+
+TEST_SUITE("ratelimit: decision") {
+  TEST_CASE("outcome names are the metric labels") {
+    CHECK(std::string(toString(Outcome::Allowed)) == "allowed");
+    CHECK(std::string(toString(Outcome::Denied)) == "denied");
+    CHECK(std::string(toString(Outcome::ErrorAllowed)) == "error_allowed");
+    CHECK(std::string(toString(Outcome::ErrorDenied)) == "error_denied");
+    CHECK(std::string(toString(Outcome::ShadowDenied)) == "shadow_denied");
+  }
+
+  TEST_CASE("retryAfterSeconds rounds up and is at least 1") {
+    CHECK(retryAfterSeconds(0) == 1);
+    CHECK(retryAfterSeconds(-5) == 1);
+    CHECK(retryAfterSeconds(1) == 1);
+    CHECK(retryAfterSeconds(999) == 1);
+    CHECK(retryAfterSeconds(1000) == 1);
+    CHECK(retryAfterSeconds(1001) == 2);
+    CHECK(retryAfterSeconds(59999) == 60);
+    CHECK(retryAfterSeconds(3600000) == 3600);
+  }
+
+  TEST_CASE("scriptArguments follows lua/decide.lua's layout") {
+    LimitConfig a = limitConfig("a", Algorithm::TokenBucket, {}, 10, 60000);
+    a.count_denied = true;
+    LimitConfig b = limitConfig("b", Algorithm::SlidingLog, {}, 5, 1000);
+    b.shadow = true;
+    LimitConfig c = limitConfig("c", Algorithm::FixedWindow, {}, 1, 86400000);
+    LimitConfig d = limitConfig("d", Algorithm::SlidingWindow, {}, 2, 500);
+    std::vector<AppliedLimit> limits = {applied(a, "rl:a:1"), applied(b, "rl:b:2"),
+                                        applied(c, "rl:c:3"), applied(d, "rl:d:4")};
+    limits[0].limit = 20;  // plan override: the applied values are sent, not the config's
+    limits[0].burst = 15;
+    limits[0].cost = 2;
+
+    std::vector<std::string> keys = {"stale"}, args = {"stale"};
+    scriptArguments(limits, "req-1", &keys, &args);
+    CHECK(keys == std::vector<std::string>{"rl:a:1", "rl:b:2", "rl:c:3", "rl:d:4"});
+    // ARGV[1] request id; ARGV[2 + 7(i-1) ... 8 + 7(i-1)]: algorithm, limit, window_ms, burst,
+    // cost, count_denied, shadow.
+    REQUIRE(args.size() == 1 + 7 * limits.size());
+    CHECK(args[0] == "req-1");
+    CHECK(std::vector<std::string>(args.begin() + 1, args.begin() + 8) ==
+          std::vector<std::string>{"token_bucket", "20", "60000", "15", "2", "1", "0"});
+    CHECK(std::vector<std::string>(args.begin() + 8, args.begin() + 15) ==
+          std::vector<std::string>{"sliding_log", "5", "1000", "5", "1", "0", "1"});
+    CHECK(std::vector<std::string>(args.begin() + 15, args.begin() + 22) ==
+          std::vector<std::string>{"fixed_window", "1", "86400000", "1", "1", "0", "0"});
+    CHECK(std::vector<std::string>(args.begin() + 22, args.begin() + 29) ==
+          std::vector<std::string>{"sliding_window", "2", "500", "2", "1", "0", "0"});
+
+    // The layout is the one the script documents, and each algorithm name is a module of it.
+    const std::string lua = readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/decide.lua");
+    CHECK(lua.find("ARGV[1]         request id") != std::string::npos);
+    CHECK(lua.find("ARGV[2 + 7(i-1) ... 8 + 7(i-1)]") != std::string::npos);
+    CHECK(lua.find("algorithm name, limit, window_ms, burst, cost, count_denied") !=
+          std::string::npos);
+    CHECK(lua.find("local a = 2 + 7 * (i - 1)") != std::string::npos);
+    for (const char* name : {"token_bucket", "sliding_log", "fixed_window", "sliding_window"}) {
+      INFO(std::string(name));
+      const auto& scripts = embeddedScripts();
+      CHECK(std::any_of(scripts.begin(), scripts.end(),
+                        [&](const EmbeddedScript& s) { return s.name == name; }));
+      CHECK(decideScript().find(std::string("ALGORITHMS['") + name + "']") != std::string::npos);
+    }
+
+    scriptArguments({}, "req-2", &keys, &args);
+    CHECK(keys.empty());
+    CHECK(args == std::vector<std::string>{"req-2"});
+  }
+
+  TEST_CASE("decisionFromReply: allowed") {
+    LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
+    LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 10, 1000);
+    const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(b, "kb")};
+    const auto d = decisionFromReply(limits, integers({1, 1, 99, 60000, 0, 1, 5, 1000, 0}));
+    REQUIRE(d.has_value());
+    CHECK(d->verdict == Decision::Verdict::Allow);
+    REQUIRE(d->limits.size() == 2);
+    CHECK(d->limits[0].config == &a);
+    CHECK(d->limits[0].limit == 100);
+    CHECK(outcome(d->limits[0].outcome) == "allowed");
+    CHECK(d->limits[0].remaining == 99);
+    CHECK(d->limits[0].reset_ms == 60000);
+    CHECK(d->limits[0].retry_ms == 0);
+    CHECK(d->limits[0].known());
+    CHECK(d->limits[1].config == &b);
+    CHECK(d->limits[1].remaining == 5);
+    CHECK(d->limits[1].reset_ms == 1000);
+  }
+
+  TEST_CASE("decisionFromReply: denied, Retry-After from the longest refusing wait") {
+    LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
+    LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 10, 1000);
+    LimitConfig c = limitConfig("c", Algorithm::FixedWindow, {}, 10, 1000);
+    const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(b, "kb"),
+                                              applied(c, "kc")};
+    const auto d = decisionFromReply(
+        limits, integers({0, 1, 50, 1000, 0, 0, 0, 30000, 2500, 0, 0, 900, 1200}));
+    REQUIRE(d.has_value());
+    CHECK(d->verdict == Decision::Verdict::Deny);
+    REQUIRE(d->limits.size() == 3);
+    CHECK(outcome(d->limits[0].outcome) == "allowed");
+    CHECK(outcome(d->limits[1].outcome) == "denied");
+    CHECK(d->limits[1].retry_ms == 2500);
+    CHECK(outcome(d->limits[2].outcome) == "denied");
+    CHECK(d->retry_after_s == 3);
+  }
+
+  TEST_CASE("decisionFromReply: a shadow limit that would refuse is shadow_denied") {
+    LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
+    LimitConfig s = limitConfig("s", Algorithm::FixedWindow, {}, 1, 60000);
+    s.shadow = true;
+    const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(s, "ks")};
+    const auto d = decisionFromReply(limits, integers({1, 1, 10, 500, 0, 0, 0, 59000, 59000}));
+    REQUIRE(d.has_value());
+    CHECK(d->verdict == Decision::Verdict::Allow);
+    CHECK(outcome(d->limits[0].outcome) == "allowed");
+    CHECK(outcome(d->limits[1].outcome) == "shadow_denied");
+    CHECK(d->limits[1].known());
+  }
+
+  TEST_CASE("decisionFromReply: negative numbers are clamped to 0") {
+    LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
+    const auto d = decisionFromReply({applied(a, "ka")}, integers({0, 0, -3, -1, -7}));
+    REQUIRE(d.has_value());
+    CHECK(d->limits[0].remaining == 0);
+    CHECK(d->limits[0].reset_ms == 0);
+    CHECK(d->limits[0].retry_ms == 0);
+    CHECK(d->retry_after_s == 1);
+  }
+
+  TEST_CASE("decisionFromReply: wrong shapes are nullopt") {
+    LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
+    const std::vector<AppliedLimit> limits = {applied(a, "ka")};
+    CHECK_FALSE(decisionFromReply(limits, integers({1, 1, 99, 60000})).has_value());
+    CHECK_FALSE(decisionFromReply(limits, integers({1, 1, 99, 60000, 0, 0})).has_value());
+    CHECK_FALSE(decisionFromReply(limits, integers({})).has_value());
+    Reply error;
+    error.type = Reply::Type::Error;
+    error.text = "NOSCRIPT No matching script";
+    CHECK_FALSE(decisionFromReply(limits, error).has_value());
+    Reply nil;
+    CHECK_FALSE(decisionFromReply(limits, nil).has_value());
+    Reply integer;
+    integer.type = Reply::Type::Integer;
+    integer.integer = 1;
+    CHECK_FALSE(decisionFromReply(limits, integer).has_value());
+    Reply with_string = integers({1, 1, 99, 60000, 0});
+    with_string.elements[2].type = Reply::Type::String;
+    with_string.elements[2].text = "99";
+    CHECK_FALSE(decisionFromReply(limits, with_string).has_value());
+    Reply nested = integers({1, 1, 99, 60000, 0});
+    nested.elements[4] = integers({0});
+    CHECK_FALSE(decisionFromReply(limits, nested).has_value());
+  }
+
+  TEST_CASE("decisionOnError: each limit by its on_error; shadow never refuses") {
+    LimitConfig open = limitConfig("open", Algorithm::SlidingWindow, {}, 100, 60000);
+    open.on_error = OnError::Allow;
+    LimitConfig closed = limitConfig("closed", Algorithm::SlidingWindow, {}, 100, 60000);
+    closed.on_error = OnError::Deny;
+    LimitConfig shadow = limitConfig("shadow", Algorithm::SlidingWindow, {}, 100, 60000);
+    shadow.on_error = OnError::Deny;
+    shadow.shadow = true;
+
+    const Decision allow = decisionOnError({applied(open, "k1")});
+    CHECK(allow.verdict == Decision::Verdict::Allow);
+    REQUIRE(allow.limits.size() == 1);
+    CHECK(outcome(allow.limits[0].outcome) == "error_allowed");
+    CHECK_FALSE(allow.limits[0].known());
+
+    const Decision deny = decisionOnError({applied(open, "k1"), applied(closed, "k2")});
+    CHECK(deny.verdict == Decision::Verdict::Unavailable);
+    REQUIRE(deny.limits.size() == 2);
+    CHECK(outcome(deny.limits[0].outcome) == "error_allowed");
+    CHECK(outcome(deny.limits[1].outcome) == "error_denied");
+    CHECK_FALSE(deny.limits[1].known());
+    CHECK(deny.retry_after_s >= 1);
+
+    const Decision shadowed = decisionOnError({applied(shadow, "k3"), applied(open, "k1")});
+    CHECK(shadowed.verdict == Decision::Verdict::Allow);
+
+    const Decision none = decisionOnError({});
+    CHECK(none.verdict == Decision::Verdict::Allow);
+    CHECK(none.limits.empty());
+  }
+
+  TEST_CASE("decisionFromCache: the cached limit refuses, the others were not asked") {
+    LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
+    LimitConfig b = limitConfig("b", Algorithm::FixedWindow, {}, 5, 60000);
+    const Decision d = decisionFromCache({applied(a, "ka"), applied(b, "kb")}, 1, 2500);
+    CHECK(d.verdict == Decision::Verdict::Deny);
+    REQUIRE(d.limits.size() == 2);
+    CHECK_FALSE(d.limits[0].decided);
+    CHECK_FALSE(d.limits[0].known());
+    CHECK(d.limits[1].decided);
+    CHECK(d.limits[1].known());
+    CHECK(outcome(d.limits[1].outcome) == "denied");
+    CHECK(d.limits[1].retry_ms == 2500);
+    CHECK(d.limits[1].limit == 5);
+    CHECK(d.retry_after_s == 3);
+  }
+}
+
+TEST_SUITE("ratelimit: headers") {
+  struct Limits {
+    LimitConfig per_ip = limitConfig("per_ip", Algorithm::SlidingWindow, {}, 100, 60000);
+    LimitConfig per_key = limitConfig("per_key", Algorithm::TokenBucket, {}, 1000, 3600000);
+    LimitConfig shadow = limitConfig("shadow", Algorithm::FixedWindow, {}, 1, 1000);
+    Limits() { shadow.shadow = true; }
+  };
+
+  LimitResult result(const LimitConfig& c, Outcome outcome, int64_t remaining, int64_t reset_ms,
+                     int64_t retry_ms = 0) {
+    LimitResult r;
+    r.config = &c;
+    r.limit = c.limit;
+    r.outcome = outcome;
+    r.remaining = remaining;
+    r.reset_ms = reset_ms;
+    r.retry_ms = retry_ms;
+    return r;
+  }
+
+  TEST_CASE("IETF fields, exactly") {
+    Limits l;
+    Decision d;
+    d.limits.push_back(result(l.per_ip, Outcome::Allowed, 42, 17000));
+    CHECK(rateLimitHeaders(RateLimitHeaders::Ietf, d) ==
+          "RateLimit-Policy: \"per_ip\";q=100;w=60\r\nRateLimit: \"per_ip\";r=42;t=17\r\n");
+  }
+
+  TEST_CASE("t rounds up; w is whole seconds, at least 1") {
+    Limits l;
+    LimitConfig half = limitConfig("half", Algorithm::FixedWindow, {}, 3, 500);
+    LimitConfig odd = limitConfig("odd", Algorithm::FixedWindow, {}, 3, 1500);
+    Decision d;
+    d.limits.push_back(result(l.per_ip, Outcome::Allowed, 0, 16001));
+    d.limits.push_back(result(half, Outcome::Allowed, 2, 1));
+    d.limits.push_back(result(odd, Outcome::Allowed, 1, 0));
+    const std::string h = rateLimitHeaders(RateLimitHeaders::Ietf, d);
+    CHECK(field(h, "RateLimit-Policy") ==
+          "\"per_ip\";q=100;w=60, \"half\";q=3;w=1, \"odd\";q=3;w=2");
+    CHECK(field(h, "RateLimit") == "\"per_ip\";r=0;t=17, \"half\";r=2;t=1, \"odd\";r=1;t=0");
+  }
+
+  TEST_CASE("several policies are comma-separated, in order; a plan's quota is shown") {
+    Limits l;
+    Decision d;
+    d.limits.push_back(result(l.per_ip, Outcome::Allowed, 42, 17000));
+    LimitResult key = result(l.per_key, Outcome::Allowed, 49, 71500);
+    key.limit = 10000;  // plan override
+    d.limits.push_back(key);
+    const std::string h = rateLimitHeaders(RateLimitHeaders::Ietf, d);
+    CHECK(h ==
+          "RateLimit-Policy: \"per_ip\";q=100;w=60, \"per_key\";q=10000;w=3600\r\n"
+          "RateLimit: \"per_ip\";r=42;t=17, \"per_key\";r=49;t=72\r\n");
+  }
+
+  TEST_CASE("a refusing limit shows r=0 and t until this request could pass") {
+    Limits l;
+    Decision d;
+    d.verdict = Decision::Verdict::Deny;
+    d.limits.push_back(result(l.per_ip, Outcome::Denied, 3, 60000, 4200));
+    const std::string h = rateLimitHeaders(RateLimitHeaders::Ietf, d);
+    CHECK(field(h, "RateLimit") == "\"per_ip\";r=0;t=5");
+  }
+
+  TEST_CASE("shadow limits, errors and limits not asked are not shown") {
+    Limits l;
+    Decision d;
+    d.limits.push_back(result(l.shadow, Outcome::ShadowDenied, 0, 1000, 1000));
+    d.limits.push_back(result(l.shadow, Outcome::Allowed, 1, 1000));
+    d.limits.push_back(result(l.per_ip, Outcome::ErrorAllowed, 0, 0));
+    d.limits.push_back(result(l.per_key, Outcome::ErrorDenied, 0, 0));
+    LimitResult not_asked = result(l.per_key, Outcome::Allowed, 7, 1000);
+    not_asked.decided = false;
+    d.limits.push_back(not_asked);
+    CHECK(rateLimitHeaders(RateLimitHeaders::Ietf, d) == "");
+    CHECK(rateLimitHeaders(RateLimitHeaders::Legacy, d) == "");
+    CHECK(rateLimitHeaders(RateLimitHeaders::Both, d) == "");
+    d.limits.push_back(result(l.per_ip, Outcome::Allowed, 5, 1000));
+    const std::string h = rateLimitHeaders(RateLimitHeaders::Both, d);
+    CHECK(field(h, "RateLimit-Policy") == "\"per_ip\";q=100;w=60");
+    CHECK(field(h, "X-RateLimit-Limit") == "100");
+  }
+
+  TEST_CASE("legacy: the tightest limit") {
+    Limits l;
+    SUBCASE("none refuses: the least left") {
+      Decision d;
+      d.limits.push_back(result(l.per_ip, Outcome::Allowed, 42, 17000));
+      d.limits.push_back(result(l.per_key, Outcome::Allowed, 7, 3000000));
+      const std::string h = rateLimitHeaders(RateLimitHeaders::Legacy, d);
+      CHECK(h ==
+            "X-RateLimit-Limit: 1000\r\nX-RateLimit-Remaining: 7\r\nX-RateLimit-Reset: 3000\r\n");
+    }
+    SUBCASE("a refusing one with the longest wait wins over any allowed one") {
+      Decision d;
+      d.verdict = Decision::Verdict::Deny;
+      d.limits.push_back(result(l.per_ip, Outcome::Allowed, 0, 1000));
+      d.limits.push_back(result(l.per_key, Outcome::Denied, 0, 3000000, 1500));
+      LimitConfig other = limitConfig("other", Algorithm::FixedWindow, {}, 9, 60000);
+      d.limits.push_back(result(other, Outcome::Denied, 0, 60000, 30000));
+      const std::string h = rateLimitHeaders(RateLimitHeaders::Legacy, d);
+      CHECK(field(h, "X-RateLimit-Limit") == "9");
+      CHECK(field(h, "X-RateLimit-Remaining") == "0");
+      CHECK(field(h, "X-RateLimit-Reset") == "30");
+      CHECK(field(h, "RateLimit-Policy") == "-");
+      CHECK(countLines(h) == 3);
+    }
+  }
+
+  TEST_CASE("modes: both, none") {
+    Limits l;
+    Decision d;
+    d.limits.push_back(result(l.per_ip, Outcome::Allowed, 42, 17000));
+    const std::string both = rateLimitHeaders(RateLimitHeaders::Both, d);
+    CHECK(field(both, "RateLimit-Policy") == "\"per_ip\";q=100;w=60");
+    CHECK(field(both, "RateLimit") == "\"per_ip\";r=42;t=17");
+    CHECK(field(both, "X-RateLimit-Limit") == "100");
+    CHECK(field(both, "X-RateLimit-Remaining") == "42");
+    CHECK(field(both, "X-RateLimit-Reset") == "17");
+    CHECK(countLines(both) == 5);
+    CHECK(rateLimitHeaders(RateLimitHeaders::None, d) == "");
+    CHECK(rateLimitHeaders(RateLimitHeaders::Ietf, Decision{}) == "");
+  }
+
+  TEST_CASE("429: problem+json quota-exceeded naming only the limits that refused") {
+    LimitConfig a = limitConfig("per_ip", Algorithm::SlidingWindow, {}, 100, 60000);
+    LimitConfig b = limitConfig("per_key", Algorithm::TokenBucket, {}, 10, 1000);
+    LimitConfig c = limitConfig("login", Algorithm::FixedWindow, {}, 5, 3600000);
+    LimitConfig s = limitConfig("trial", Algorithm::FixedWindow, {}, 1, 60000);
+    s.shadow = true;
+    const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(b, "kb"),
+                                              applied(c, "kc"), applied(s, "ks")};
+    const auto d = decisionFromReply(limits, integers({0, 1, 50, 1000, 0,    //
+                                                       0, 0, 900, 2500,      //
+                                                       0, 0, 3000000, 60001,  //
+                                                       0, 0, 59000, 59000}));
+    REQUIRE(d.has_value());
+    REQUIRE(d->verdict == Decision::Verdict::Deny);
+    const sluice::http::LocalResponse r = quotaExceededResponse(RateLimitHeaders::Ietf, *d);
+    CHECK(r.status == 429);
+    CHECK(r.content_type == "application/problem+json");
+    REQUIRE(nlohmann::json::accept(r.body));
+    const auto j = nlohmann::json::parse(r.body);
+    const std::string type = j.at("type").get<std::string>();
+    CHECK(type.size() >= 14);
+    CHECK(type.substr(type.size() - 14) == "quota-exceeded");
+    CHECK(j.at("status") == 429);
+    CHECK(j.at("title") == "Too Many Requests");
+    CHECK(j.at("violated-policies") == nlohmann::json::array({"per_key", "login"}));
+
+    // Retry-After: whole seconds, never earlier than the t of any refusing limit.
+    const std::string retry_after = field(r.extra_headers, "Retry-After");
+    REQUIRE(retry_after != "-");
+    const int64_t seconds = std::stoll(retry_after);
+    CHECK(seconds == 61);
+    CHECK(field(r.extra_headers, "RateLimit-Policy") ==
+          "\"per_ip\";q=100;w=60, \"per_key\";q=10;w=1, \"login\";q=5;w=3600");
+    const std::string state = field(r.extra_headers, "RateLimit");
+    CHECK(state == "\"per_ip\";r=50;t=1, \"per_key\";r=0;t=3, \"login\";r=0;t=61");
+    for (const std::string name : {"per_key", "login"}) {
+      const auto at = state.find("\"" + name + "\";");
+      REQUIRE(at != std::string::npos);
+      const auto t = state.find(";t=", at);
+      CHECK(std::stoll(state.substr(t + 3)) <= seconds);
+    }
+  }
+
+  TEST_CASE("429 from the deny cache and with legacy headers") {
+    LimitConfig a = limitConfig("per_ip", Algorithm::SlidingWindow, {}, 100, 60000);
+    LimitConfig b = limitConfig("per_key", Algorithm::TokenBucket, {}, 10, 1000);
+    const Decision d = decisionFromCache({applied(a, "ka"), applied(b, "kb")}, 0, 1);
+    const sluice::http::LocalResponse r = quotaExceededResponse(RateLimitHeaders::Legacy, d);
+    CHECK(field(r.extra_headers, "Retry-After") == "1");
+    CHECK(field(r.extra_headers, "X-RateLimit-Limit") == "100");
+    CHECK(field(r.extra_headers, "X-RateLimit-Remaining") == "0");
+    CHECK(field(r.extra_headers, "X-RateLimit-Reset") == "1");
+    CHECK(field(r.extra_headers, "RateLimit") == "-");
+    const auto j = nlohmann::json::parse(r.body);
+    CHECK(j.at("violated-policies") == nlohmann::json::array({"per_ip"}));
+  }
+
+  TEST_CASE("503 when a limit fails closed: problem+json and Retry-After") {
+    LimitConfig closed = limitConfig("closed", Algorithm::SlidingWindow, {}, 100, 60000);
+    closed.on_error = OnError::Deny;
+    const Decision d = decisionOnError({applied(closed, "k")});
+    const sluice::http::LocalResponse r = limiterUnavailableResponse(d);
+    CHECK(r.status == 503);
+    CHECK(r.content_type == "application/problem+json");
+    CHECK(nlohmann::json::accept(r.body));
+    CHECK(field(r.extra_headers, "Retry-After") == "1");
+    CHECK(field(r.extra_headers, "RateLimit") == "-");
+  }
+}
+
+TEST_SUITE("ratelimit: deny cache") {
+  TEST_CASE("a key stays refused until its time, then is forgotten") {
+    DenyCache cache;
+    cache.remember("rl:v1:per_ip:1.2.3.4", 5000, 1000);
+    CHECK(cache.size() == 1);
+    CHECK(cache.remaining("rl:v1:per_ip:1.2.3.4", 1000) == 4000);
+    CHECK(cache.remaining("rl:v1:per_ip:1.2.3.4", 4999) == 1);
+    CHECK(cache.remaining("rl:v1:per_ip:5.6.7.8", 1000) == 0);
+    CHECK(cache.remaining("rl:v1:per_ip:1.2.3.4", 5000) == 0);
+    CHECK(cache.size() == 0);  // an expired entry is dropped when found
+    CHECK(cache.remaining("rl:v1:per_ip:1.2.3.4", 1000) == 0);
+  }
+
+  TEST_CASE("a time already past is not remembered") {
+    DenyCache cache;
+    cache.remember("k", 1000, 1000);
+    cache.remember("k2", 999, 1000);
+    CHECK(cache.size() == 0);
+    CHECK(cache.remaining("k", 500) == 0);
+  }
+
+  TEST_CASE("a newer refusal replaces the entry") {
+    DenyCache cache;
+    cache.remember("k", 2000, 1000);
+    cache.remember("k", 9000, 1500);
+    CHECK(cache.size() == 1);
+    CHECK(cache.remaining("k", 2000) == 7000);
+  }
+
+  TEST_CASE("bounded: expired entries go first, then everything") {
+    DenyCache cache(3);
+    cache.remember("a", 2000, 1000);
+    cache.remember("b", 2000, 1000);
+    cache.remember("c", 10000, 1000);
+    CHECK(cache.size() == 3);
+    cache.remember("d", 10000, 3000);  // a and b are expired: dropped, c stays
+    CHECK(cache.size() == 2);
+    CHECK(cache.remaining("c", 3000) == 7000);
+    CHECK(cache.remaining("d", 3000) == 7000);
+    cache.remember("e", 10000, 3000);
+    CHECK(cache.size() == 3);
+    cache.remember("c", 20000, 3000);  // a known key is updated without eviction
+    CHECK(cache.size() == 3);
+    CHECK(cache.remaining("c", 3000) == 17000);
+    cache.remember("f", 10000, 3000);  // full of live entries: never over the bound
+    CHECK(cache.size() <= 3);
+    CHECK(cache.remaining("f", 3000) == 7000);
+    for (int i = 0; i < 100; ++i) {
+      cache.remember("k" + std::to_string(i), 10000, 3000);
+      CHECK(cache.size() <= 3);
+    }
+  }
+}

@@ -1,0 +1,434 @@
+// Per-worker counters and histograms (src/stats/stats.h) and their Prometheus text exposition,
+// summed over workers (src/admin/metrics.h).
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "admin/metrics.h"
+#include "stats/stats.h"
+
+using namespace sluice::stats;
+using sluice::admin::ProcessStats;
+using sluice::admin::renderMetrics;
+
+namespace {
+
+struct Sample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+struct Exposition {
+  std::vector<Sample> samples;
+  std::map<std::string, std::string> types;  // family -> counter | gauge | histogram
+  std::set<std::string> helps;
+  std::vector<std::string> problems;  // anything that is not valid text format 0.0.4
+};
+
+bool isMetricName(std::string_view name) {
+  if (name.empty()) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const char c = name[i];
+    const bool alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
+    if (!alpha && !(i > 0 && c >= '0' && c <= '9')) return false;
+  }
+  return true;
+}
+
+// The family a sample belongs to: histograms expose name_bucket, name_sum and name_count.
+std::string familyOf(const std::string& name, const std::map<std::string, std::string>& types) {
+  for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+    const std::string s(suffix);
+    if (name.size() > s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0) {
+      const std::string base = name.substr(0, name.size() - s.size());
+      auto it = types.find(base);
+      if (it != types.end() && it->second == "histogram") return base;
+    }
+  }
+  return name;
+}
+
+// A strict reader of the Prometheus text format (version 0.0.4).
+Exposition parseExposition(const std::string& text) {
+  Exposition out;
+  if (text.empty() || text.back() != '\n') out.problems.push_back("does not end with a newline");
+  std::istringstream in(text);
+  std::string line;
+  std::set<std::string> families_with_samples;
+  std::string current_family;
+  while (std::getline(in, line)) {
+    if (line.empty()) {
+      out.problems.push_back("empty line");
+      continue;
+    }
+    if (line.rfind("# HELP ", 0) == 0 || line.rfind("# TYPE ", 0) == 0) {
+      const bool help = line[2] == 'H';
+      std::string rest = line.substr(7);
+      const auto space = rest.find(' ');
+      const std::string name = rest.substr(0, space);
+      const std::string arg = space == std::string::npos ? "" : rest.substr(space + 1);
+      if (!isMetricName(name)) out.problems.push_back("bad name in: " + line);
+      if (help) {
+        if (!out.helps.insert(name).second) out.problems.push_back("HELP twice: " + name);
+        if (arg.empty()) out.problems.push_back("empty HELP: " + name);
+      } else {
+        if (arg != "counter" && arg != "gauge" && arg != "histogram" && arg != "summary" &&
+            arg != "untyped") {
+          out.problems.push_back("bad TYPE: " + line);
+        }
+        if (out.types.count(name)) out.problems.push_back("TYPE twice: " + name);
+        if (families_with_samples.count(name)) out.problems.push_back("TYPE after samples: " + name);
+        out.types[name] = arg;
+      }
+      current_family = name;
+      continue;
+    }
+    if (line[0] == '#') continue;  // a comment
+    Sample s;
+    size_t at = 0;
+    while (at < line.size() && line[at] != '{' && line[at] != ' ') ++at;
+    s.name = line.substr(0, at);
+    if (!isMetricName(s.name)) out.problems.push_back("bad sample name: " + line);
+    if (at < line.size() && line[at] == '{') {
+      ++at;
+      while (at < line.size() && line[at] != '}') {
+        const auto eq = line.find('=', at);
+        if (eq == std::string::npos || eq + 1 >= line.size() || line[eq + 1] != '"') {
+          out.problems.push_back("bad label in: " + line);
+          break;
+        }
+        const std::string key = line.substr(at, eq - at);
+        if (!isMetricName(key) || key.find(':') != std::string::npos) {
+          out.problems.push_back("bad label name '" + key + "' in: " + line);
+        }
+        std::string value;
+        size_t i = eq + 2;
+        bool closed = false;
+        for (; i < line.size(); ++i) {
+          if (line[i] == '\\') {
+            if (i + 1 >= line.size()) break;
+            const char e = line[++i];
+            if (e == 'n') value += '\n';
+            else if (e == '\\' || e == '"') value += e;
+            else out.problems.push_back("bad escape in: " + line);
+          } else if (line[i] == '"') {
+            closed = true;
+            break;
+          } else {
+            value += line[i];
+          }
+        }
+        if (!closed) {
+          out.problems.push_back("unterminated label value in: " + line);
+          break;
+        }
+        if (s.labels.count(key)) out.problems.push_back("label twice in: " + line);
+        s.labels[key] = value;
+        at = i + 1;
+        if (at < line.size() && line[at] == ',') ++at;
+      }
+      if (at >= line.size() || line[at] != '}') {
+        out.problems.push_back("labels not closed in: " + line);
+        continue;
+      }
+      ++at;
+    }
+    if (at >= line.size() || line[at] != ' ') {
+      out.problems.push_back("no value in: " + line);
+      continue;
+    }
+    const std::string value = line.substr(at + 1);
+    if (value == "+Inf") {
+      s.value = INFINITY;
+    } else if (value == "-Inf") {
+      s.value = -INFINITY;
+    } else if (value == "NaN") {
+      s.value = NAN;
+    } else {
+      char* end = nullptr;
+      s.value = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0') out.problems.push_back("bad value in: " + line);
+    }
+    const std::string family = familyOf(s.name, out.types);
+    if (!out.types.count(family)) out.problems.push_back("sample without TYPE: " + line);
+    if (family != current_family) {
+      out.problems.push_back("sample outside its family's block: " + line);
+    }
+    families_with_samples.insert(family);
+    out.samples.push_back(s);
+  }
+  for (const auto& [name, type] : out.types) {
+    if (!out.helps.count(name)) out.problems.push_back("TYPE without HELP: " + name);
+  }
+  return out;
+}
+
+std::string describe(const std::vector<std::string>& problems) {
+  std::string out;
+  for (const auto& p : problems) out += p + "\n";
+  return out;
+}
+
+// Samples named `name` whose labels include every pair of `labels`.
+std::vector<Sample> find(const Exposition& e, const std::string& name,
+                         const std::map<std::string, std::string>& labels = {}) {
+  std::vector<Sample> out;
+  for (const Sample& s : e.samples) {
+    if (s.name != name) continue;
+    bool match = true;
+    for (const auto& [k, v] : labels) {
+      auto it = s.labels.find(k);
+      if (it == s.labels.end() || it->second != v) match = false;
+    }
+    if (match) out.push_back(s);
+  }
+  return out;
+}
+
+double valueOf(const Exposition& e, const std::string& name,
+               const std::map<std::string, std::string>& labels = {}) {
+  const auto found = find(e, name, labels);
+  INFO(name);
+  REQUIRE(found.size() == 1);
+  return found[0].value;
+}
+
+// Checks one histogram series: buckets cumulative in increasing `le`, ending with +Inf equal
+// to _count; returns the buckets by le.
+std::vector<std::pair<double, double>> checkHistogram(
+    const Exposition& e, const std::string& name, const std::map<std::string, std::string>& labels) {
+  std::vector<std::pair<double, double>> buckets;
+  for (const Sample& s : find(e, name + "_bucket", labels)) {
+    auto it = s.labels.find("le");
+    REQUIRE(it != s.labels.end());
+    const double le = it->second == "+Inf" ? INFINITY : std::strtod(it->second.c_str(), nullptr);
+    buckets.emplace_back(le, s.value);
+    CHECK(s.labels.size() == labels.size() + 1);
+  }
+  REQUIRE(buckets.size() == Histogram::kBounds.size() + 1);
+  for (size_t i = 0; i < Histogram::kBounds.size(); ++i) {
+    CHECK(buckets[i].first == doctest::Approx(Histogram::kBounds[i]));
+  }
+  CHECK(std::isinf(buckets.back().first));
+  for (size_t i = 1; i < buckets.size(); ++i) {
+    CHECK(buckets[i].first > buckets[i - 1].first);
+    CHECK(buckets[i].second >= buckets[i - 1].second);
+  }
+  CHECK(buckets.back().second == valueOf(e, name + "_count", labels));
+  CHECK(find(e, name + "_sum", labels).size() == 1);
+  return buckets;
+}
+
+}  // namespace
+
+TEST_SUITE("stats") {
+  TEST_CASE("Counter and Gauge") {
+    Counter c;
+    CHECK(c.value() == 0);
+    c.inc();
+    c.inc(41);
+    CHECK(c.value() == 42);
+    Gauge g;
+    g.add(3);
+    g.add(-5);
+    CHECK(g.value() == -2);
+    g.add(2);
+    CHECK(g.value() == 0);
+  }
+
+  TEST_CASE("Histogram: each observation in the first bucket whose bound holds it") {
+    Histogram h;
+    h.observeMicros(0);         // le 0.0005
+    h.observeMicros(500);       // le 0.0005 (bounds are inclusive)
+    h.observeMicros(501);       // le 0.001
+    h.observeMicros(1000);      // le 0.001
+    h.observeMicros(2500);      // le 0.0025
+    h.observeMicros(250000);    // le 0.25
+    h.observeMicros(1000000);   // le 1
+    h.observeMicros(10000000);  // le 10
+    h.observeMicros(10000001);  // +Inf only
+    h.observeMicros(3600000000ULL);
+    CHECK(h.count() == 10);
+    CHECK(h.sumMicros() == 0 + 500 + 501 + 1000 + 2500 + 250000 + 1000000 + 10000000 + 10000001 +
+                               3600000000ULL);
+    const std::vector<uint64_t> expected = {2, 2, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 1};
+    uint64_t in_buckets = 0;
+    for (size_t i = 0; i < Histogram::kBounds.size(); ++i) {
+      INFO("bucket " << i << " le " << Histogram::kBounds[i]);
+      CHECK(h.bucket(i) == expected[i]);
+      in_buckets += h.bucket(i);
+    }
+    CHECK(h.count() - in_buckets == 2);  // the +Inf bucket
+  }
+
+  TEST_CASE("Histogram bounds increase") {
+    for (size_t i = 1; i < Histogram::kBounds.size(); ++i) {
+      CHECK(Histogram::kBounds[i] > Histogram::kBounds[i - 1]);
+    }
+  }
+
+  TEST_CASE("Family: one value per label set, walked in the order they were added") {
+    Family<Counter> f;
+    f.get("route=\"b\"").inc(2);
+    f.get("route=\"a\"").inc();
+    f.get("route=\"b\"").inc(3);
+    Counter& again = f.get("route=\"a\"");
+    CHECK(&again == &f.get("route=\"a\""));
+    std::vector<std::pair<std::string, uint64_t>> seen;
+    f.forEach([&](const std::string& labels, const Counter& c) { seen.emplace_back(labels, c.value()); });
+    REQUIRE(seen.size() == 2);
+    CHECK(seen[0].first == "route=\"b\"");
+    CHECK(seen[0].second == 5);
+    CHECK(seen[1].first == "route=\"a\"");
+    CHECK(seen[1].second == 1);
+
+    Family<Counter> empty;
+    int calls = 0;
+    empty.forEach([&](const std::string&, const Counter&) { ++calls; });
+    CHECK(calls == 0);
+  }
+
+  TEST_CASE("labelValue escapes backslash, quote and newline") {
+    CHECK(labelValue("plain") == "plain");
+    CHECK(labelValue("a\\b") == "a\\\\b");
+    CHECK(labelValue("say \"hi\"") == "say \\\"hi\\\"");
+    CHECK(labelValue("two\nlines") == "two\\nlines");
+  }
+}
+
+TEST_SUITE("admin metrics") {
+  TEST_CASE("the text-format reader used below refuses what Prometheus would") {
+    CHECK(parseExposition("# HELP a A.\n# TYPE a counter\na 1\n").problems.empty());
+    CHECK_FALSE(parseExposition("a 1\n").problems.empty());  // no TYPE
+    CHECK_FALSE(parseExposition("# HELP a A.\n# TYPE a counter\na one\n").problems.empty());
+    CHECK_FALSE(parseExposition("# HELP a A.\n# TYPE a counter\na{x=\"1} 1\n").problems.empty());
+    CHECK_FALSE(parseExposition("# HELP a A.\n# TYPE a counter\na 1").problems.empty());
+    CHECK_FALSE(parseExposition("# HELP a A.\n# TYPE a counter\n# HELP b B.\n# TYPE b gauge\n"
+                                "b 1\na 1\n")
+                    .problems.empty());  // a sample away from its family
+    CHECK_FALSE(parseExposition("# HELP a A.\n# TYPE a counter\n# TYPE a counter\na 1\n")
+                    .problems.empty());
+  }
+
+
+  TEST_CASE("no worker: still valid text with every family declared") {
+    const std::string text = renderMetrics({}, ProcessStats{});
+    const Exposition e = parseExposition(text);
+    INFO(text);
+    CHECK(describe(e.problems) == "");
+    for (const char* family :
+         {"sluice_connections_open", "sluice_connections_total", "sluice_requests_total",
+          "sluice_ratelimit_decisions_total", "sluice_upstream_errors_total",
+          "sluice_upstream_latency_seconds", "sluice_valkey_latency_seconds",
+          "sluice_valkey_errors_total", "sluice_valkey_calls_total",
+          "sluice_valkey_reconnects_total", "sluice_config_reloads_total", "sluice_ready"}) {
+      INFO(std::string(family));
+      CHECK(e.types.count(family) == 1);
+    }
+    CHECK(e.types.at("sluice_connections_open") == "gauge");
+    CHECK(e.types.at("sluice_requests_total") == "counter");
+    CHECK(e.types.at("sluice_upstream_latency_seconds") == "histogram");
+    CHECK(e.types.at("sluice_valkey_latency_seconds") == "histogram");
+    CHECK(valueOf(e, "sluice_connections_open") == 0);
+    CHECK(valueOf(e, "sluice_ready") == 0);
+    checkHistogram(e, "sluice_valkey_latency_seconds", {});
+  }
+
+  TEST_CASE("workers are summed; label sets of different workers are merged") {
+    WorkerStats w1, w2;
+    w1.connections_open.add(3);
+    w2.connections_open.add(2);
+    w1.connections_total.inc(10);
+    w2.connections_total.inc(5);
+    w1.requests.get("route=\"api\",status=\"200\"").inc(3);
+    w2.requests.get("route=\"api\",status=\"200\"").inc(4);
+    w2.requests.get("route=\"api\",status=\"429\"").inc(2);
+    w1.requests.get("route=\"" + labelValue("we\"ird\\") + "\",status=\"404\"").inc();
+    w1.decisions.get("limit=\"per_ip\",outcome=\"allowed\"").inc(9);
+    w2.decisions.get("limit=\"per_ip\",outcome=\"denied\"").inc(2);
+    w1.upstream_errors.get("upstream=\"app\",kind=\"timeout\"").inc();
+    w1.valkey_errors.get("kind=\"timeout\"").inc(4);
+    w2.valkey_errors.get("kind=\"timeout\"").inc(1);
+    w1.valkey_calls.inc(100);
+    w2.valkey_calls.inc(50);
+    w1.valkey_reconnects.inc(1);
+    w2.valkey_reconnects.inc(2);
+
+    ProcessStats process;
+    process.config_reloads = 3;
+    process.config_reload_failures = 1;
+    process.ready = true;
+    process.start_time_seconds = 1700000000.5;
+
+    const std::string text = renderMetrics({&w1, &w2}, process);
+    const Exposition e = parseExposition(text);
+    INFO(text);
+    CHECK(describe(e.problems) == "");
+    CHECK(valueOf(e, "sluice_connections_open") == 5);
+    CHECK(valueOf(e, "sluice_connections_total") == 15);
+    CHECK(valueOf(e, "sluice_requests_total", {{"route", "api"}, {"status", "200"}}) == 7);
+    CHECK(valueOf(e, "sluice_requests_total", {{"route", "api"}, {"status", "429"}}) == 2);
+    CHECK(valueOf(e, "sluice_requests_total", {{"route", "we\"ird\\"}, {"status", "404"}}) == 1);
+    CHECK(find(e, "sluice_requests_total").size() == 3);
+    CHECK(valueOf(e, "sluice_ratelimit_decisions_total",
+                  {{"limit", "per_ip"}, {"outcome", "allowed"}}) == 9);
+    CHECK(valueOf(e, "sluice_ratelimit_decisions_total",
+                  {{"limit", "per_ip"}, {"outcome", "denied"}}) == 2);
+    CHECK(valueOf(e, "sluice_upstream_errors_total", {{"upstream", "app"}, {"kind", "timeout"}}) ==
+          1);
+    CHECK(valueOf(e, "sluice_valkey_errors_total", {{"kind", "timeout"}}) == 5);
+    CHECK(valueOf(e, "sluice_valkey_calls_total") == 150);
+    CHECK(valueOf(e, "sluice_valkey_reconnects_total") == 3);
+    CHECK(valueOf(e, "sluice_config_reloads_total", {{"result", "success"}}) == 3);
+    CHECK(valueOf(e, "sluice_config_reloads_total", {{"result", "failure"}}) == 1);
+    CHECK(valueOf(e, "sluice_ready") == 1);
+    CHECK(valueOf(e, "sluice_start_time_seconds") == doctest::Approx(1700000000.5));
+  }
+
+  TEST_CASE("histograms: summed per label set, cumulative buckets, +Inf equals _count") {
+    WorkerStats w1, w2;
+    w1.upstream_latency.get("upstream=\"app\"").observeMicros(400);      // le 0.0005
+    w2.upstream_latency.get("upstream=\"app\"").observeMicros(400);
+    w2.upstream_latency.get("upstream=\"app\"").observeMicros(30000);    // le 0.05
+    w1.upstream_latency.get("upstream=\"app\"").observeMicros(20000000); // +Inf
+    w2.upstream_latency.get("upstream=\"auth\"").observeMicros(2000);    // le 0.0025
+    w1.valkey_latency.observeMicros(700);                                // le 0.001
+    w2.valkey_latency.observeMicros(800);
+
+    const std::string text = renderMetrics({&w1, &w2}, ProcessStats{});
+    const Exposition e = parseExposition(text);
+    INFO(text);
+    CHECK(describe(e.problems) == "");
+
+    const auto app = checkHistogram(e, "sluice_upstream_latency_seconds", {{"upstream", "app"}});
+    REQUIRE(app.size() == 15);
+    CHECK(app[0].second == 2);   // le 0.0005
+    CHECK(app[5].second == 2);   // le 0.025
+    CHECK(app[6].second == 3);   // le 0.05
+    CHECK(app[13].second == 3);  // le 10
+    CHECK(app[14].second == 4);  // +Inf
+    CHECK(valueOf(e, "sluice_upstream_latency_seconds_count", {{"upstream", "app"}}) == 4);
+    CHECK(valueOf(e, "sluice_upstream_latency_seconds_sum", {{"upstream", "app"}}) ==
+          doctest::Approx(20.0308));
+
+    const auto auth = checkHistogram(e, "sluice_upstream_latency_seconds", {{"upstream", "auth"}});
+    CHECK(auth[1].second == 0);
+    CHECK(auth[2].second == 1);
+    CHECK(auth[14].second == 1);
+
+    const auto valkey = checkHistogram(e, "sluice_valkey_latency_seconds", {});
+    CHECK(valkey[0].second == 0);
+    CHECK(valkey[1].second == 2);
+    CHECK(valkey[14].second == 2);
+    CHECK(valueOf(e, "sluice_valkey_latency_seconds_sum") == doctest::Approx(0.0015));
+  }
+}
