@@ -30,6 +30,8 @@ Exchange::Exchange(DownstreamConnection& connection) : conn_(connection) {}
 Exchange::~Exchange() { abort(); }
 
 void Exchange::reset() {
+  out_pieces_.clear();
+  out_owned_.clear();
   if (upstream_) {
     upstream_->abort();
     upstream_ = nullptr;
@@ -85,15 +87,10 @@ void Exchange::abort() {
 
 void Exchange::complete(int status) {
   if (status <= 0) return;
-  std::string labels = "route=\"";
-  if (route_) labels += stats::labelValue(route_->name);
-  labels += "\",status=\"";
-  labels += std::to_string(status);
-  labels += '"';
-  conn_.worker().stats().requests.get(labels).inc();
-
   const std::shared_ptr<Snapshot>& snapshot = snapshot_ ? snapshot_ : conn_.worker().snapshot();
-  if (!snapshot || !snapshot->access_log) return;
+  if (!snapshot) return;
+  snapshot->requestCounter(conn_.worker().stats(), route_, status).inc();
+  if (!snapshot->access_log) return;
   AccessRecord r;
   r.request_id = request_id_;
   if (const sockaddr* peer = conn_.transport().peerAddress()) {
@@ -124,6 +121,25 @@ void Exchange::complete(int status) {
 }
 
 void Exchange::countLocalResponse(int status) { complete(status); }
+
+void Exchange::gatherOwned(std::string piece) {
+  out_owned_.push_back(std::move(piece));
+  out_pieces_.push_back(out_owned_.back());
+}
+
+void Exchange::flushGathered() {
+  if (!out_pieces_.empty()) sendv(out_pieces_.data(), out_pieces_.size());
+  out_pieces_.clear();
+  out_owned_.clear();
+}
+
+void Exchange::onUpstreamReadDone() {
+  flushGathered();
+  if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
+    upstream_paused_ = true;
+    upstream_->pauseReading();
+  }
+}
 
 void Exchange::send(std::string_view data) {
   bytes_out_ += data.size();
@@ -378,9 +394,8 @@ void Exchange::applyDecision(const ratelimit::Decision& decision) {
   decision_ = decision.limits;
   for (const auto& r : decision.limits) {
     if (!r.decided) continue;
-    stats.decisions
-        .get("limit=\"" + stats::labelValue(r.config->name) + "\",outcome=\"" +
-             ratelimit::toString(r.outcome) + "\"")
+    snapshot_->decisionCounter(stats, r.config, static_cast<int>(r.outcome),
+                               ratelimit::toString(r.outcome))
         .inc();
   }
   const config::RateLimitHeaders mode = snapshot_->config->server.rate_limit_headers;
@@ -531,7 +546,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
   const uint64_t now = uv_hrtime();
   upstream_head_ns_ = now;
   if (upstream_sent_ns_ != 0) {
-    conn_.worker().stats().upstream_latency.get("upstream=\"" + stats::labelValue(cluster_->name()) + "\"")
+    snapshot_->upstreamLatency(conn_.worker().stats(), route_->upstream_index)
         .observeMicros((now - upstream_sent_ns_) / 1000);
   }
   http::ClientResponseContext context;
@@ -552,27 +567,24 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
   context.keep_alive = keep_alive_;
   context.framing = response_framing_;
   context.extra_headers = rate_headers_;
-  send(http::buildClientResponseHead(head, context));
+  gatherOwned(http::buildClientResponseHead(head, context));
   return 0;
 }
 
 void Exchange::onUpstreamBody(const char* data, size_t len) {
   if (len == 0) return;
   if (response_framing_ == http::Framing::Chunked) {
-    const std::string header = http::chunkHeader(len);
-    std::string_view parts[3] = {header, {data, len}, http::kChunkEnd};
-    sendv(parts, 3);
+    gatherOwned(http::chunkHeader(len));
+    gather({data, len});
+    gather(http::kChunkEnd);
   } else {
-    send({data, len});
-  }
-  if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
-    upstream_paused_ = true;
-    upstream_->pauseReading();
+    gather({data, len});
   }
 }
 
 void Exchange::onUpstreamComplete() {
-  if (response_framing_ == http::Framing::Chunked) send(http::kLastChunk);
+  if (response_framing_ == http::Framing::Chunked) gather(http::kLastChunk);
+  flushGathered();
   upstream::UpstreamConnection* upstream = upstream_;
   upstream_ = nullptr;
   upstream->release();
@@ -590,6 +602,7 @@ void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_star
       .inc();
   if (response_started_) {
     // The head went out: the only honest signal left is to cut the connection.
+    flushGathered();
     SLUICE_LOG_WARN("upstream {} failed in the middle of a response: {}", cluster_->name(),
                     upstream::toString(error));
     phase_ = Phase::Done;

@@ -6,6 +6,7 @@
 // connection and every pending operation.
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 
@@ -57,6 +58,7 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   void onUpstreamTunnelEnd() override;
   void onUpstreamError(upstream::UpstreamError error, bool response_started) override;
   void onUpstreamDrained() override;
+  void onUpstreamReadDone() override;
 
   // valkey::CallTarget
   void onValkeyReply(valkey::Reply& reply) override;
@@ -78,6 +80,11 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   void complete(int status);
   void send(std::string_view data);
   void sendv(const std::string_view* parts, size_t count);
+  // Response bytes of one upstream read are gathered (views into the read buffer, plus owned
+  // heads and chunk headers) and go to the client in one write: head and body in one packet.
+  void gather(std::string_view piece) { out_pieces_.push_back(piece); }
+  void gatherOwned(std::string piece);
+  void flushGathered();
   void endTunnelSide(bool client_side);
 
   DownstreamConnection& conn_;
@@ -89,6 +96,8 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   http::MessageHead request_;
   Target target_;
   std::string body_buffer_;  // framed request body the upstream could not take yet
+  std::vector<std::string_view> out_pieces_;
+  std::deque<std::string> out_owned_;  // stable addresses for out_pieces_
   identity::ClientAddress client_;
   identity::RequestFacts facts_;  // views into request_ and target_
   std::string inspect_body_;      // raw body read for form: / json: key parts

@@ -4,6 +4,7 @@
 #include <random>
 
 #include "proxy/downstream_connection.h"
+#include "stats/stats.h"
 
 namespace sluice::proxy {
 
@@ -13,6 +14,42 @@ WorkerContext::WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats)
   char buf[24];
   std::snprintf(buf, sizeof buf, "%08x%08x", random(), random());
   request_id_prefix_ = buf;
+}
+
+stats::Counter& Snapshot::requestCounter(stats::WorkerStats& stats,
+                                         const config::RouteConfig* route, int status) {
+  const uint64_t index = route ? static_cast<uint64_t>(route - config->routes.data()) + 1 : 0;
+  const uint64_t key = index << 16 | static_cast<uint64_t>(status & 0xffff);
+  auto it = request_counters_.find(key);
+  if (it != request_counters_.end()) return *it->second;
+  std::string labels = "route=\"";
+  if (route) labels += stats::labelValue(route->name);
+  labels += "\",status=\"" + std::to_string(status) + "\"";
+  stats::Counter& counter = stats.requests.get(labels);
+  request_counters_.emplace(key, &counter);
+  return counter;
+}
+
+stats::Counter& Snapshot::decisionCounter(stats::WorkerStats& stats,
+                                          const config::LimitConfig* limit, int outcome,
+                                          const char* outcome_name) {
+  const uint64_t key = static_cast<uint64_t>(limit - config->limits.data()) << 8 |
+                       static_cast<uint64_t>(outcome);
+  auto it = decision_counters_.find(key);
+  if (it != decision_counters_.end()) return *it->second;
+  stats::Counter& counter = stats.decisions.get("limit=\"" + stats::labelValue(limit->name) +
+                                                "\",outcome=\"" + outcome_name + "\"");
+  decision_counters_.emplace(key, &counter);
+  return counter;
+}
+
+stats::Histogram& Snapshot::upstreamLatency(stats::WorkerStats& stats, size_t upstream) {
+  auto it = upstream_latency_.find(upstream);
+  if (it != upstream_latency_.end()) return *it->second;
+  stats::Histogram& histogram = stats.upstream_latency.get(
+      "upstream=\"" + stats::labelValue(config->upstreams[upstream].name) + "\"");
+  upstream_latency_.emplace(upstream, &histogram);
+  return histogram;
 }
 
 std::string WorkerContext::nextRequestId() {

@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "config/config.h"
@@ -16,6 +17,8 @@
 namespace sluice::stats {
 struct WorkerStats;
 class AccessLog;
+class Counter;
+class Histogram;
 }
 
 namespace sluice::upstream {
@@ -52,6 +55,19 @@ struct Snapshot {
   std::shared_ptr<identity::TenantCache> tenant_cache;       // per configuration generation
   std::shared_ptr<stats::AccessLog> access_log;              // null: access_log = "off"
   std::shared_ptr<net::TlsServerContext> tls;                // null: plain HTTP listener
+
+  // Counters of this generation's routes, limits and upstreams, found once and then reached
+  // without building label strings on every request.
+  stats::Counter& requestCounter(stats::WorkerStats& stats, const config::RouteConfig* route,
+                                 int status);
+  stats::Counter& decisionCounter(stats::WorkerStats& stats, const config::LimitConfig* limit,
+                                  int outcome, const char* outcome_name);
+  stats::Histogram& upstreamLatency(stats::WorkerStats& stats, size_t upstream);
+
+ private:
+  std::unordered_map<uint64_t, stats::Counter*> request_counters_;
+  std::unordered_map<uint64_t, stats::Counter*> decision_counters_;
+  std::unordered_map<size_t, stats::Histogram*> upstream_latency_;
 };
 
 class WorkerContext {

@@ -5,19 +5,26 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <mutex>
 
 namespace sluice::stats {
 
 namespace {
 
-constexpr size_t kQueueLines = 65536;
+// Each queued line is an spdlog message (~400 bytes, preallocated): 8192 of them are ~3 MiB,
+// a second or more of peak traffic for the writer thread to catch up with.
+constexpr size_t kQueueLines = 8192;
 
+std::atomic<spdlog::details::thread_pool*> g_pool{nullptr};
+
+// Created with the first access log only: no queue and no thread while the log is off.
 std::shared_ptr<spdlog::details::thread_pool> writerPool() {
   static std::once_flag once;
   static std::shared_ptr<spdlog::details::thread_pool> pool;
   std::call_once(once, [] {
     pool = std::make_shared<spdlog::details::thread_pool>(kQueueLines, 1);
+    g_pool.store(pool.get(), std::memory_order_release);
   });
   return pool;
 }
@@ -51,6 +58,9 @@ AccessLog::~AccessLog() = default;
 
 void AccessLog::write(std::string_view line) { logger_->info(line); }
 
-uint64_t AccessLog::dropped() { return writerPool()->overrun_counter(); }
+uint64_t AccessLog::dropped() {
+  spdlog::details::thread_pool* pool = g_pool.load(std::memory_order_acquire);
+  return pool ? pool->overrun_counter() : 0;
+}
 
 }  // namespace sluice::stats

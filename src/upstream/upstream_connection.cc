@@ -211,6 +211,7 @@ void UpstreamConnection::onRead(const char* data, size_t len) {
   if (state_ == State::Closed) return;  // the owner aborted from a callback
   switch (result.status) {
     case http::Parser::Status::NeedMore:
+      if (owner_) owner_->onUpstreamReadDone();
       return;
     case http::Parser::Status::Error:
       fail(UpstreamError::BadResponse);

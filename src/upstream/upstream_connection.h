@@ -48,6 +48,9 @@ class UpstreamCallbacks {
   virtual void onUpstreamError(UpstreamError error, bool response_started) = 0;
   // Every byte written so far went to the kernel.
   virtual void onUpstreamDrained() = 0;
+  // The callbacks of one read from the upstream are over: what the owner gathered for the
+  // client can go out in one write.
+  virtual void onUpstreamReadDone() = 0;
 };
 
 class UpstreamConnection final : public net::TransportCallbacks, public http::ParserCallbacks {
