@@ -2,6 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <vector>
+
 #include "http/headers.h"
 #include "identity/request_facts.h"
 
@@ -19,43 +22,63 @@ bool isJson(const std::string& type) {
          (type.size() > 5 && type.compare(type.size() - 5, 5, "+json") == 0);
 }
 
-std::optional<std::string> formField(std::string_view body, std::string_view name) {
-  return queryValue(body, name);
-}
-
-std::optional<std::string> jsonField(std::string_view body, std::string_view path) {
+FieldValue jsonField(std::string_view body, std::string_view path) {
   // A library parses it (nlohmann-json): strict, no exceptions, depth limited by the body size.
-  const nlohmann::json document = nlohmann::json::parse(body, nullptr, false);
-  if (document.is_discarded()) return std::nullopt;
+  // The callback sees every key of every object, to find duplicates.
+  std::vector<std::vector<std::string>> keys;
+  bool duplicate = false;
+  const nlohmann::json document = nlohmann::json::parse(
+      body,
+      [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        using Event = nlohmann::json::parse_event_t;
+        if (event == Event::object_start) {
+          keys.emplace_back();
+        } else if (event == Event::object_end) {
+          if (!keys.empty()) keys.pop_back();
+        } else if (event == Event::key && !keys.empty()) {
+          auto& seen = keys.back();
+          const std::string& key = parsed.get_ref<const std::string&>();
+          if (std::find(seen.begin(), seen.end(), key) != seen.end()) duplicate = true;
+          seen.push_back(key);
+        }
+        return true;
+      },
+      false);
+  FieldValue field;
+  if (document.is_discarded()) return field;
+  if (duplicate) {
+    field.ambiguous = true;
+    return field;
+  }
   const nlohmann::json* node = &document;
   while (true) {
     const auto dot = path.find('.');
     const std::string key(path.substr(0, dot));
-    if (!node->is_object()) return std::nullopt;
+    if (!node->is_object()) return field;
     auto it = node->find(key);
-    if (it == node->end()) return std::nullopt;
+    if (it == node->end()) return field;
     node = &*it;
     if (dot == std::string_view::npos) break;
     path.remove_prefix(dot + 1);
   }
-  if (node->is_string()) return node->get<std::string>();
-  if (node->is_number() || node->is_boolean()) return node->dump();
-  return std::nullopt;
+  if (node->is_string()) {
+    field.value = node->get<std::string>();
+  } else if (node->is_number() || node->is_boolean()) {
+    field.value = node->dump();
+  }
+  return field;
 }
 
 }  // namespace
 
-std::optional<std::string> bodyField(const config::KeyPart& part, std::string_view content_type,
-                                     std::string_view body) {
+FieldValue bodyField(const config::KeyPart& part, std::string_view content_type,
+                     std::string_view body) {
   const std::string type = mediaType(content_type);
-  std::optional<std::string> value;
   if (part.kind == config::KeyPartKind::Form && type == "application/x-www-form-urlencoded") {
-    value = formField(body, part.name);
-  } else if (part.kind == config::KeyPartKind::Json && isJson(type)) {
-    value = jsonField(body, part.name);
+    return queryField(body, part.name);
   }
-  if (value && value->empty()) return std::nullopt;
-  return value;
+  if (part.kind == config::KeyPartKind::Json && isJson(type)) return jsonField(body, part.name);
+  return {};
 }
 
 }  // namespace sluice::identity

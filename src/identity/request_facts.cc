@@ -30,11 +30,6 @@ bool forEachPair(std::string_view text, char separator, Fn&& fn) {
   return false;
 }
 
-std::optional<std::string> nonEmpty(std::optional<std::string> value) {
-  if (value && value->empty()) return std::nullopt;
-  return value;
-}
-
 }  // namespace
 
 std::string formDecode(std::string_view text) {
@@ -81,32 +76,73 @@ std::optional<std::string> queryValue(std::string_view query, std::string_view n
   return found;
 }
 
-std::optional<std::string> keyPartValue(const config::KeyPart& part, const RequestFacts& facts) {
+namespace {
+
+// Collects values: the first one found, ambiguous when a different one follows.
+void addValue(FieldValue& field, std::string value) {
+  if (!field.value) {
+    field.value = std::move(value);
+  } else if (*field.value != value) {
+    field.ambiguous = true;
+  }
+}
+
+FieldValue dropEmpty(FieldValue field) {
+  if (field.value && field.value->empty() && !field.ambiguous) field.value.reset();
+  return field;
+}
+
+FieldValue single(std::optional<std::string> value) {
+  FieldValue field;
+  field.value = std::move(value);
+  return dropEmpty(std::move(field));
+}
+
+}  // namespace
+
+FieldValue headerField(const http::HeaderMap& headers, std::string_view name) {
+  FieldValue field;
+  for (const auto& h : headers) {
+    if (http::iequals(h.name, name)) addValue(field, h.value);
+  }
+  return field;
+}
+
+FieldValue queryField(std::string_view query, std::string_view name) {
+  FieldValue field;
+  forEachPair(query, '&', [&](std::string_view n, std::string_view v) {
+    if (formDecode(n) == name) addValue(field, formDecode(v));
+    return false;
+  });
+  return field;
+}
+
+FieldValue keyPartValue(const config::KeyPart& part, const RequestFacts& facts) {
   using Kind = config::KeyPartKind;
   switch (part.kind) {
     case Kind::Ip:
-      return facts.client_key;
+      return single(facts.client_key);
     case Kind::ApiKey:
-      return nonEmpty(facts.api_key);
+      return single(facts.api_key);
     case Kind::Session:
-      return nonEmpty(facts.session);
+      return single(facts.session);
     case Kind::Tenant:
-      return nonEmpty(facts.tenant);
+      return single(facts.tenant);
     case Kind::Route:
-      return std::string(facts.route);
+      return single(std::string(facts.route));
     case Kind::Method:
-      return facts.head->method;
+      return single(facts.head->method);
     case Kind::Header:
-      return nonEmpty(facts.head->headers.getJoined(part.name));
+      return dropEmpty(headerField(facts.head->headers, part.name));
     case Kind::Cookie:
-      return nonEmpty(cookieValue(facts.head->headers, part.name));
+      return single(cookieValue(facts.head->headers, part.name));
     case Kind::Query:
-      return nonEmpty(queryValue(facts.query, part.name));
+      return dropEmpty(queryField(facts.query, part.name));
     case Kind::Form:
     case Kind::Json:
-      return bodyField(part, facts.content_type, facts.body);
+      return dropEmpty(bodyField(part, facts.content_type, facts.body));
   }
-  return std::nullopt;
+  return {};
 }
 
 }  // namespace sluice::identity

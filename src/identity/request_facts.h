@@ -24,9 +24,23 @@ struct RequestFacts {
   std::string_view body;          // buffered body, for form: and json: parts
 };
 
-// The value of a key part, or nullopt when the request has none (then the limit does not apply
-// to it). Values are raw here; the key encodes them (ratelimit/keys.h).
-std::optional<std::string> keyPartValue(const config::KeyPart& part, const RequestFacts& facts);
+// The value of a field that a request may carry more than once.
+struct FieldValue {
+  std::optional<std::string> value;  // absent (or empty): the limit does not apply
+  // Several different values: an application could read any of them, so keying on one would
+  // let a client pass a decoy to the limit and the real value to the application.
+  bool ambiguous = false;
+};
+
+// The value of a key part. Values are raw here; the key encodes them (ratelimit/keys.h).
+// Headers, query parameters and body fields are ambiguous when repeated with different
+// values; cookies take the first (what browsers put first, and servers read).
+FieldValue keyPartValue(const config::KeyPart& part, const RequestFacts& facts);
+
+// Every field `name` of `headers`: one value, or ambiguous.
+FieldValue headerField(const http::HeaderMap& headers, std::string_view name);
+// Every `name=` of a query string or urlencoded form, %-decoded.
+FieldValue queryField(std::string_view query, std::string_view name);
 
 // A cookie's value from every Cookie field ("a=1; b=2"), or nullopt.
 std::optional<std::string> cookieValue(const http::HeaderMap& headers, std::string_view name);

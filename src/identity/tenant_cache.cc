@@ -14,7 +14,9 @@ std::optional<TenantRecord> TenantCache::find(const std::string& api_key, uint64
 
 void TenantCache::store(const std::string& api_key, TenantRecord record, uint64_t expires_ms,
                         uint64_t now_ms) {
-  if (expires_ms <= now_ms) return;
+  // Keys longer than any real API key are looked up every time rather than let a client fill
+  // the cache with huge entries.
+  if (expires_ms <= now_ms || api_key.size() > kMaxCachedKey) return;
   if (entries_.size() >= max_entries_ && entries_.find(api_key) == entries_.end()) {
     std::erase_if(entries_, [&](const auto& e) { return e.second.expires_ms <= now_ms; });
     if (entries_.size() >= max_entries_) entries_.clear();

@@ -18,6 +18,8 @@ struct TenantRecord {
 
 class TenantCache {
  public:
+  static constexpr size_t kMaxCachedKey = 512;
+
   explicit TenantCache(size_t max_entries = 65536) : max_entries_(max_entries) {}
 
   std::optional<TenantRecord> find(const std::string& api_key, uint64_t now_ms);

@@ -226,9 +226,12 @@ void Exchange::startLimits() {
   facts_.route = route_->name;
   facts_.query = target_.query;
   facts_.client_key = identity::clientKeyText(client_.address, config.identity.ipv6_prefix);
-  if (auto key = request_.headers.getJoined(config.identity.api_key_header)) {
-    if (!key->empty()) facts_.api_key = std::move(*key);
+  identity::FieldValue api_key = identity::headerField(request_.headers, config.identity.api_key_header);
+  if (api_key.ambiguous) {
+    respondLocal(http::problemResponse(400, "several different API keys in one request"));
+    return;
   }
+  if (api_key.value && !api_key.value->empty()) facts_.api_key = std::move(api_key.value);
   facts_.session = identity::cookieValue(request_.headers, config.identity.session_cookie);
   if (const std::string* type = request_.headers.get("content-type")) facts_.content_type = *type;
   needs_body_ = readsBody(config, *route_);
@@ -265,11 +268,9 @@ void Exchange::resolveTenant() {
       onTenantRecord(record->known, record->tenant, record->plan);
       return;
     }
-    call_ = client->command({"HMGET",
-                             config.identity.tenant_key_prefix + ":" +
-                                 ratelimit::encodeKeyPart(*facts_.api_key),
-                             "tenant", "plan"},
-                            this);
+    call_ = client->command(
+        {"HMGET", config.identity.tenant_key_prefix + ":" + *facts_.api_key, "tenant", "plan"},
+        this);
     if (call_) {
       tenant_pending_ = true;
       return;
@@ -304,7 +305,13 @@ void Exchange::continueLimits() {
 
 void Exchange::decide() {
   const config::Config& config = *snapshot_->config;
-  applied_ = ratelimit::appliedLimits(config, *route_, facts_);
+  std::string ambiguous;
+  applied_ = ratelimit::appliedLimits(config, *route_, facts_, &ambiguous);
+  if (!ambiguous.empty()) {
+    respondLocal(http::problemResponse(400, "several different values for " + ambiguous +
+                                                ", which a rate limit is keyed on"));
+    return;
+  }
   if (applied_.empty()) {
     forward();
     return;
@@ -314,7 +321,7 @@ void Exchange::decide() {
   for (size_t i = 0; i < applied_.size(); ++i) {
     const config::LimitConfig& limit = *applied_[i].config;
     if (limit.shadow || limit.count_denied) continue;
-    if (const uint64_t left = cache.remaining(applied_[i].key, now)) {
+    if (const uint64_t left = cache.remaining(ratelimit::denyCacheKey(applied_[i]), now)) {
       applyDecision(ratelimit::decisionFromCache(applied_, i, static_cast<int64_t>(left)));
       return;
     }
@@ -365,7 +372,8 @@ void Exchange::onValkeyReply(valkey::Reply& reply) {
     if (r.outcome != ratelimit::Outcome::Denied || r.config->count_denied) continue;
     for (const auto& a : applied_) {
       if (a.config == r.config) {
-        cache.remember(a.key, decide_sent_ms_ + static_cast<uint64_t>(r.retry_ms),
+        cache.remember(ratelimit::denyCacheKey(a),
+                       decide_sent_ms_ + static_cast<uint64_t>(r.retry_ms),
                        uv_now(conn_.worker().loop()));
       }
     }

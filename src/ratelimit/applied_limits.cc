@@ -6,7 +6,8 @@ namespace sluice::ratelimit {
 
 std::vector<AppliedLimit> appliedLimits(const config::Config& config,
                                         const config::RouteConfig& route,
-                                        const identity::RequestFacts& facts) {
+                                        const identity::RequestFacts& facts,
+                                        std::string* ambiguous) {
   std::vector<AppliedLimit> out;
   out.reserve(route.limit_indices.size());
   for (size_t index : route.limit_indices) {
@@ -16,13 +17,17 @@ std::vector<AppliedLimit> appliedLimits(const config::Config& config,
     key += limit.name;
     bool applies = true;
     for (const config::KeyPart& part : limit.by) {
-      auto value = identity::keyPartValue(part, facts);
-      if (!value) {
+      identity::FieldValue value = identity::keyPartValue(part, facts);
+      if (value.ambiguous) {
+        *ambiguous = part.text;
+        return {};
+      }
+      if (!value.value) {
         applies = false;
         break;
       }
       key += ':';
-      key += encodeKeyPart(*value, part.kind == config::KeyPartKind::Ip);
+      key += encodeKeyPart(*value.value, part.kind == config::KeyPartKind::Ip);
     }
     if (!applies) continue;
     AppliedLimit applied;

@@ -12,9 +12,12 @@ namespace sluice::ratelimit {
 
 // Keys of every limit of `route` whose key parts the request has; a limit with an absent part
 // (no API key, say) does not apply. The tenant's plan overrides limit and burst; an implicit
-// burst follows an overridden limit, an explicit one stays.
+// burst follows an overridden limit, an explicit one stays. When a part is ambiguous (given
+// twice with different values), returns nothing and names the part in *ambiguous: the request
+// must be refused, or a client could pick what the limit sees.
 std::vector<AppliedLimit> appliedLimits(const config::Config& config,
                                         const config::RouteConfig& route,
-                                        const identity::RequestFacts& facts);
+                                        const identity::RequestFacts& facts,
+                                        std::string* ambiguous);
 
 }  // namespace sluice::ratelimit

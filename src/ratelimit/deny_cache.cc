@@ -2,6 +2,11 @@
 
 namespace sluice::ratelimit {
 
+std::string denyCacheKey(const AppliedLimit& limit) {
+  return limit.key + '|' + std::to_string(limit.limit) + '|' + std::to_string(limit.burst) + '|' +
+         std::to_string(limit.cost);
+}
+
 void DenyCache::remember(const std::string& key, uint64_t until_ms, uint64_t now_ms) {
   if (until_ms <= now_ms) return;
   if (entries_.size() >= max_entries_ && entries_.find(key) == entries_.end()) {

@@ -10,7 +10,13 @@
 #include <string>
 #include <unordered_map>
 
+#include "ratelimit/decision.h"
+
 namespace sluice::ratelimit {
+
+// The Valkey key alone is not enough: with plans, one key can carry different quotas for
+// different requests (a tenant's plan raises a per-address limit), so the quota is part of it.
+std::string denyCacheKey(const AppliedLimit& limit);
 
 class DenyCache {
  public:

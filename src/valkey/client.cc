@@ -140,6 +140,7 @@ void Client::onHandshakeReply(bool ok, const std::string& error) {
   }
   if (--handshake_pending_ > 0) return;
   state_ = State::Ready;
+  suspect_ = false;
   reconnect_timer_.stop();
   backoff_ms_ = 0;
   stats_.valkey_connected.add(1 - stats_.valkey_connected.value());
@@ -209,8 +210,10 @@ Call* Client::evalScript(const std::vector<std::string>& keys,
 }
 
 Call* Client::command(std::vector<std::string> argv, CallTarget* target) {
-  if (state_ != State::Ready) {
-    stats_.valkey_errors.get("kind=\"not_connected\"").inc();
+  if (state_ != State::Ready || suspect_) {
+    stats_.valkey_errors.get(suspect_ && state_ == State::Ready ? "kind=\"unresponsive\""
+                                                                : "kind=\"not_connected\"")
+        .inc();
     return nullptr;
   }
   auto* call = new Call;
@@ -244,7 +247,9 @@ bool Client::send(Call* call) {
     return false;
   }
   inflight_.push_back(call);
-  if (!deadline_timer_.active() && !in_deadline_) armDeadline();
+  if (!in_deadline_ && (!deadline_timer_.active() || call->deadline_ms < timer_due_ms_)) {
+    armDeadline();
+  }
   return true;
 }
 
@@ -276,6 +281,7 @@ void Client::finish(Call* call, Reply* reply, Failure failure) {
 void Client::onReply(redisAsyncContext*, void* raw, void* privdata) {
   auto* call = static_cast<Call*>(privdata);
   Client* self = call->client;
+  if (raw) self->suspect_ = false;  // Valkey answers again
   auto& inflight = self->inflight_;
   if (!inflight.empty() && inflight.front() == call) {
     inflight.pop_front();
@@ -329,6 +335,7 @@ void Client::armDeadlineInner() {
     }
   }
   // Targets may send new calls from their callbacks: inflight_ is not walked meanwhile.
+  if (!expired.empty()) suspect_ = true;
   for (Call* call : expired) finish(call, nullptr, Failure::Timeout);
   if (!inflight_.empty() && state_ == State::Ready) {
     const uint64_t stall_at = inflight_.front()->sent_ms + stallAfterMs(options_.timeout_ms);
@@ -338,7 +345,10 @@ void Client::armDeadlineInner() {
     }
     next = std::min(next, stall_at);
   }
-  if (next != UINT64_MAX) deadline_timer_.start(next - now);
+  if (next != UINT64_MAX) {
+    timer_due_ms_ = next;
+    deadline_timer_.start(next - now);
+  }
 }
 
 }  // namespace sluice::valkey

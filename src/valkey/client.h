@@ -64,6 +64,8 @@ class Client {
   // Disconnects; calls still pending fail with Disconnected. No reconnection afterwards.
   void stop();
   bool ready() const { return state_ == State::Ready; }
+  // Ready and not waiting for a late reply: calls are being sent.
+  bool answering() const { return state_ == State::Ready && !suspect_; }
 
   // EVALSHA of the script; NOSCRIPT (a restarted or flushed server) loads it again and retries
   // at once, within the same deadline. Returns null when not connected: decide now.
@@ -109,6 +111,10 @@ class Client {
   int handshake_pending_ = 0;
   bool ever_ready_ = false;
   bool in_deadline_ = false;
+  // A call ran past its deadline and no reply came since: new calls fail at once rather than
+  // each wait out its deadline, until Valkey answers again (or the stall limit drops it).
+  bool suspect_ = false;
+  uint64_t timer_due_ms_ = 0;  // when deadline_timer_ fires, while active
 };
 
 }  // namespace sluice::valkey

@@ -8,16 +8,37 @@
   teardown sends SIGTERM, waits up to 10 s, asserts exit code 0 (kills that PID if needed).
   Its stderr goes to a file that is printed in the report of a failed test.
 - blackhole(): a 127.0.0.1 port whose accept queue is full, so a connect() there hangs.
+
+Rate limiting and identity (Valkey):
+
+- valkey_factory(password=None, extra_args=()) / valkey: a private redis-server (from PATH;
+  the test fails if there is none) on a free 127.0.0.1 port: .port, .address, .client
+  (redis.Redis, decode_responses), .pid, stop(sig)/start() (same port), pause()/resume()
+  (SIGSTOP/SIGCONT). Teardown: SIGCONT, SIGTERM, wait; kills only that PID.
+- ratelimit_toml(valkey, limits=[...], identity={...}, plans=[...], tenants=[...]): the
+  [valkey], [identity], [[limit]], [[plan]] and [[tenant]] text for sluice_factory(extra_toml=).
+- decide_script(): lua/decide.lua composed with the algorithm modules exactly as decide.lua's
+  header documents (and src/ratelimit/scripts.cc does); decide_args() / parse_decide_reply().
+- parallel_requests(port, raw_requests, processes): fires requests at once from several
+  processes (raw sockets), returns (status, headers) per request in order.
+- helpers: server_time(), sleep_until_window_offset(), avoid_window_boundary(), metric_sum(),
+  wait_admin(), parse_rl_list(), limit_keys().
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import math
 import os
+import re
 import select
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -259,6 +280,8 @@ def pytest_runtest_makereport(item, call):
                                     f"config {inst.config_path})",
                                     inst.config_path.read_text() + "\n----- stderr -----\n" +
                                     inst.stderr()[-20000:]))
+        for v in getattr(item, "_valkey_instances", []):
+            report.sections.append((f"redis-server log (port {v.port})", v.log()[-5000:]))
 
 
 DEFAULT_SERVER = {
@@ -343,3 +366,497 @@ def sluice_factory(tmp_path, request):
 def sluice(sluice_factory, upstream) -> Sluice:
     """One gateway in front of the `upstream` fixture, with a catch-all route."""
     return sluice_factory(upstream)
+
+
+# =============================================================================== Valkey
+
+REDIS_SERVER = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
+LUA_DIR = REPO / "lua"
+
+
+def redis_server_bin() -> str:
+    if not REDIS_SERVER or not os.access(REDIS_SERVER, os.X_OK):
+        pytest.fail("redis-server not found on PATH (install redis-server or valkey-server, or set "
+                    "REDIS_SERVER): the rate-limit tests need a real server", pytrace=False)
+    return REDIS_SERVER
+
+
+class ValkeyServer:
+    """A private redis-server (same protocol as Valkey) on 127.0.0.1, no persistence."""
+
+    def __init__(self, workdir: Path, password: Optional[str] = None, extra_args: Iterable = ()):
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.password = password
+        self.extra_args = list(extra_args)
+        self.port = free_port()
+        self.proc: Optional[subprocess.Popen] = None
+        self._client = None
+        self._log_path = workdir / "redis.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self._log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def new_client(self, **kw):
+        import redis
+        opts = dict(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5,
+                    socket_connect_timeout=2, decode_responses=True,
+                    encoding_errors="backslashreplace")
+        opts.update(kw)
+        return redis.Redis(**opts)
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = self.new_client()
+        return self._client
+
+    def start(self, timeout: float = 10.0) -> "ValkeyServer":
+        """Starts (or restarts, on the same port) and waits until PING answers."""
+        assert not self.running(), "redis-server already running"
+        args = [redis_server_bin(), "--port", str(self.port), "--bind", "127.0.0.1",
+                "--save", "", "--appendonly", "no", "--dir", str(self.workdir),
+                "--daemonize", "no", "--logfile", str(self._log_path)]
+        if self.password:
+            args += ["--requirepass", self.password]
+        args += self.extra_args
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        probe = self.new_client(socket_timeout=0.5, socket_connect_timeout=0.5)
+        try:
+            while True:
+                if self.proc.poll() is not None:
+                    pytest.fail(f"redis-server exited with {self.proc.returncode} at startup "
+                                f"(port {self.port}):\n{self.log()[-3000:]}", pytrace=False)
+                try:
+                    if probe.ping():
+                        break
+                except Exception:
+                    pass
+                if time.monotonic() > deadline:
+                    pytest.fail(f"redis-server did not answer PING within {timeout}s",
+                                pytrace=False)
+                time.sleep(0.01)
+        finally:
+            probe.close()
+        if self._client is not None:
+            self._client.connection_pool.disconnect()
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        """Stops this PID (SIGCONT first, in case it is paused); SIGKILL if it does not exit."""
+        if self._client is not None:
+            self._client.connection_pool.disconnect()
+        if not self.running():
+            return
+        try:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            os.kill(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def restart(self) -> "ValkeyServer":
+        self.stop()
+        return self.start()
+
+    def pause(self) -> None:
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def valkey_factory(tmp_path, request):
+    servers: list[ValkeyServer] = []
+    request.node._valkey_instances = servers
+
+    def make(password: Optional[str] = None, extra_args: Iterable = ()) -> ValkeyServer:
+        v = ValkeyServer(tmp_path / f"valkey{len(servers)}", password, extra_args)
+        servers.append(v)
+        for attempt in range(3):
+            try:
+                return v.start()
+            except pytest.fail.Exception:
+                if attempt == 2 or v.running():
+                    raise
+                v.port = free_port()  # lost a race for the port: try another one
+        return v
+
+    yield make
+    for v in servers:
+        if v._client is not None:
+            v._client.close()
+        v.stop()
+
+
+@pytest.fixture
+def valkey(valkey_factory) -> ValkeyServer:
+    return valkey_factory()
+
+
+# ------------------------------------------------------------------ configuration for limits
+
+# Correctness tests use a generous deadline so that a loaded machine never turns a decision into
+# an on_error one; the failure-path tests set the 25 ms default explicitly.
+DEFAULT_VALKEY_OPTIONS = {"timeout": "1s"}
+
+
+def ratelimit_toml(valkey: Any = None, *, limits: Iterable = (), valkey_options: Optional[dict] = None,
+                   identity: Optional[dict] = None, plans: Iterable = (),
+                   tenants: Iterable = ()) -> str:
+    """TOML text for sluice_factory(extra_toml=...): [valkey] (address of a ValkeyServer, a port
+    or "host:port"), [identity], [[limit]], [[plan]], [[tenant]]. Dict keys are written as given,
+    e.g. limits=[{"name": "per_ip", "algorithm": "fixed_window", "by": ["ip"], "limit": 5,
+    "window": "2s"}]."""
+    text = "\n"
+    v = dict(DEFAULT_VALKEY_OPTIONS)
+    if valkey is not None:
+        v["address"] = valkey.address if isinstance(valkey, ValkeyServer) else endpoint_text(valkey)
+    v.update(valkey_options or {})
+    v = {"address": v.pop("address"), **v} if "address" in v else v
+    text += toml_table("[valkey]", v)
+    if identity:
+        text += toml_table("[identity]", identity)
+    for l in limits:
+        text += toml_table("[[limit]]", {"name": l["name"], **l})
+    for p in plans:
+        text += toml_table("[[plan]]", {"name": p["name"], **p})
+    for t in tenants:
+        text += toml_table("[[tenant]]", {"name": t["name"], **t})
+    return text
+
+
+def limit_cfg(name: str, algorithm: str, limit: int, window: str, by: Iterable = ("ip",),
+              **kw) -> dict:
+    return {"name": name, "algorithm": algorithm, "by": list(by), "limit": limit,
+            "window": window, **kw}
+
+
+def route_cfg(name: str, limits: Iterable = (), match: Optional[dict] = None,
+              upstream: str = "app", **kw) -> dict:
+    return {"name": name, "match": match or {"path_prefix": "/"}, "upstream": upstream,
+            "limits": list(limits), **kw}
+
+
+# ------------------------------------------------------------------ the decide script
+
+def lua_source(name: str) -> str:
+    """lua/<name>.lua byte for byte (no newline translation)."""
+    return (LUA_DIR / f"{name}.lua").read_bytes().decode()
+
+
+def algorithm_names() -> list:
+    return sorted(p.stem for p in LUA_DIR.glob("*.lua") if p.stem != "decide")
+
+
+def decide_script() -> str:
+    """The script Sluice sends, composed as lua/decide.lua's header documents: the algorithm
+    modules (sorted by file name, like cmake/embed_lua.cmake) wrapped as
+    ALGORITHMS['<name>'] = (function(KEYS, ARGV) <file> end)(nil, nil), then decide.lua."""
+    out = "local ALGORITHMS = {}\n"
+    for name in algorithm_names():
+        out += f"ALGORITHMS['{name}'] = (function(KEYS, ARGV)\n{lua_source(name)}\nend)(nil, nil)\n"
+    return out + lua_source("decide")
+
+
+def script_sha1(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
+def decide_args(request_id: str, limits: Iterable[dict]) -> list:
+    """ARGV of decide.lua: the request id, then for each limit (dict with algorithm, limit,
+    window_ms, and optionally burst (default limit), cost (1), count_denied (False), shadow
+    (False)) its 7 values."""
+    argv = [request_id]
+    for l in limits:
+        argv += [l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("burst", l["limit"])),
+                 str(l.get("cost", 1)), "1" if l.get("count_denied") else "0",
+                 "1" if l.get("shadow") else "0"]
+    return argv
+
+
+def parse_decide_reply(reply: list, n: int) -> tuple:
+    """(allowed, [(allowed, remaining, reset_ms, retry_ms)] * n); asserts the layout."""
+    assert isinstance(reply, list) and len(reply) == 1 + 4 * n, f"reply layout: {reply!r}"
+    assert all(isinstance(x, int) for x in reply), f"non-integer in reply: {reply!r}"
+    return reply[0], [tuple(reply[1 + 4 * i: 5 + 4 * i]) for i in range(n)]
+
+
+# ------------------------------------------------------------------ time (the server's)
+
+def server_time(client) -> float:
+    """Valkey's clock (TIME), in seconds."""
+    s, us = client.time()
+    return s + us / 1e6
+
+
+def server_time_us(client) -> int:
+    s, us = client.time()
+    return s * 1_000_000 + us
+
+
+def sleep_until_window_offset(client, window_s: float, offset_s: float, min_lead: float = 0.0) -> int:
+    """Sleeps until the server clock is offset_s into a window (windows aligned to the epoch, as
+    the scripts align them: floor(now_us / window_us)), at least min_lead from now. Returns the
+    number of that window."""
+    now = server_time(client)
+    n = math.floor(now / window_s)
+    target = n * window_s + offset_s
+    while target < now + min_lead:
+        target += window_s
+    time.sleep(target - now)
+    return math.floor(target / window_s + 1e-9)
+
+
+def avoid_window_boundary(client, window_s: float, need_s: float) -> None:
+    """When less than need_s is left in the current window, waits for the next one."""
+    now = server_time(client)
+    left = (math.floor(now / window_s) + 1) * window_s - now
+    if left < need_s:
+        time.sleep(left + 0.02)
+
+
+# ------------------------------------------------------------------ gateway observation
+
+def wait_admin(gw: "Sluice", path: str, status: int, timeout: float = 10.0) -> float:
+    """Polls GET path on the admin port until it answers status; returns the time it took."""
+    t0 = time.monotonic()
+    last = None
+    while time.monotonic() - t0 < timeout:
+        try:
+            last = gw.admin_get(path)[0]
+        except OSError as e:
+            last = e
+        if last == status:
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    pytest.fail(f"admin {path} did not answer {status} within {timeout}s (last: {last})",
+                pytrace=False)
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_sum(gw: "Sluice", name: str, **labels) -> float:
+    """Sum of the samples of `name` whose labels include `labels` (from GET /metrics)."""
+    status, text = gw.admin_get("/metrics")
+    assert status == 200, text
+    total = 0.0
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) != name:
+            continue
+        have = dict(_LABEL.findall(m.group(3) or ""))
+        if all(have.get(k) == str(v) for k, v in labels.items()):
+            total += float(m.group(4))
+    return total
+
+
+_RL_ITEM = re.compile(r'^"([^"\\]+)"((?:;[a-z]+=\d+)+)$')
+
+
+def parse_rl_list(value: Optional[str]) -> dict:
+    """A RateLimit / RateLimit-Policy field value (`"name";q=N;w=S, ...`) as
+    {name: {param: int}}; asserts the syntax (no duplicates)."""
+    out = {}
+    if value is None:
+        return out
+    for item in value.split(", "):
+        m = _RL_ITEM.match(item)
+        assert m, f"bad RateLimit list item {item!r} in {value!r}"
+        params = {}
+        for p in m.group(2)[1:].split(";"):
+            k, _, v = p.partition("=")
+            assert k not in params, f"duplicate parameter in {item!r}"
+            params[k] = int(v)
+        assert m.group(1) not in out, f"duplicate item {m.group(1)!r} in {value!r}"
+        out[m.group(1)] = params
+    return out
+
+
+def limit_keys(client, pattern: str = "*") -> list:
+    return sorted(client.scan_iter(match=pattern, count=1000))
+
+
+def hashed_part(value) -> str:
+    """How a long or unsafe key part is written (src/ratelimit/keys.h): "~" and the first 32 hex
+    digits of its SHA-256."""
+    if isinstance(value, str):
+        value = value.encode("latin-1")
+    return "~" + hashlib.sha256(value).hexdigest()[:32]
+
+
+# ------------------------------------------------------------------ parallel clients
+
+_PARALLEL_CLIENT = r'''
+import base64, json, socket, sys
+port = int(sys.argv[1])
+reqs = [base64.b64decode(r) for r in json.loads(sys.stdin.readline())]
+socks = [socket.create_connection(("127.0.0.1", port), timeout=20) for _ in reqs]
+for s in socks:
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.readline()
+for s, r in zip(socks, reqs):
+    s.sendall(r)
+out = []
+for s in socks:
+    data = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            chunk = b""
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+    lines = head.split("\r\n")
+    try:
+        status = int(lines[0].split(" ")[1])
+    except Exception:
+        status = -1
+    headers = [l.split(":", 1) for l in lines[1:] if ":" in l]
+    out.append([status, [[n, v.strip()] for n, v in headers]])
+sys.stdout.write(json.dumps(out) + "\n"); sys.stdout.flush()
+'''
+
+
+def parallel_requests(port: int, raw_requests: list, processes: int = 5,
+                      timeout: float = 30.0) -> list:
+    """Sends every raw request (bytes; use Connection: close) on its own connection, from
+    `processes` client processes that all connect first and then send at the same moment.
+    Returns [(status, [(name, value)])] in the order of raw_requests (status -1: no response)."""
+    groups = [list(range(i, len(raw_requests), processes)) for i in range(processes)]
+    groups = [g for g in groups if g]
+    procs = []
+    try:
+        for g in groups:
+            p = subprocess.Popen([sys.executable, "-c", _PARALLEL_CLIENT, str(port)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+            p.stdin.write(json.dumps([base64.b64encode(raw_requests[i]).decode() for i in g]) + "\n")
+            p.stdin.flush()
+            procs.append(p)
+        for p in procs:
+            line = p.stdout.readline()
+            assert line.strip() == "ready", f"client process failed: {line!r} {p.stderr.read()}"
+        for p in procs:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results: list = [None] * len(raw_requests)
+        for p, g in zip(procs, groups):
+            out, err = p.communicate(timeout=timeout)
+            assert p.returncode == 0, f"client process failed: {err}"
+            for i, (status, headers) in zip(g, json.loads(out.strip().splitlines()[-1])):
+                results[i] = (status, [tuple(h) for h in headers])
+        return results
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+
+
+def sluice_with_limits(sluice_factory, upstream, valkey, limits: list, routes: Optional[list] = None,
+                       *, identity: Optional[dict] = None, plans: Iterable = (),
+                       tenants: Iterable = (), valkey_options: Optional[dict] = None,
+                       wait_ready: bool = True, **kw) -> Sluice:
+    """A gateway in front of `upstream` with these limits (by default one catch-all route "api"
+    with all of them), waiting until /ready says Valkey answers on every worker."""
+    if routes is None:
+        routes = [route_cfg("api", [l["name"] for l in limits])]
+    gw = sluice_factory(upstream, routes=routes,
+                        extra_toml=ratelimit_toml(valkey, limits=limits, identity=identity,
+                                                  plans=plans, tenants=tenants,
+                                                  valkey_options=valkey_options), **kw)
+    if wait_ready:
+        wait_admin(gw, "/ready", 200)
+        # Counts in these tests are exact: never start one a few seconds before a boundary of a
+        # (minute-or-longer) window. Short windows are aligned by the tests themselves.
+        for l in limits:
+            w = duration_seconds(l["window"])
+            if l["algorithm"] in ("fixed_window", "sliding_window") and w >= 60:
+                avoid_window_boundary(valkey.client, w, 8.0)
+    return gw
+
+
+def duration_seconds(text: str) -> float:
+    m = re.fullmatch(r"(\d+)(ms|s|m|h|d)", text)
+    assert m, f"bad duration {text!r}"
+    return int(m.group(1)) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+
+
+class ValkeyMonitor:
+    """MONITOR on a raw connection: the commands clients send, script-internal ones ("lua")
+    left out.  with ValkeyMonitor(v) as m: ...; m.commands() -> [[name, arg, ...], ...]"""
+
+    _LINE = re.compile(r'^\+\d+\.\d+ \[\d+ ([^\]]+)\] (.*)$')
+
+    def __init__(self, server: "ValkeyServer"):
+        self.server = server
+        self.lines: list = []
+
+    def __enter__(self) -> "ValkeyMonitor":
+        self.sock = socket.create_connection(("127.0.0.1", self.server.port), timeout=5)
+        if self.server.password:
+            pw = self.server.password.encode()
+            self.sock.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n" % (len(pw), pw))
+        self.sock.sendall(b"MONITOR\r\n")
+        self.buf = b""
+        want = 2 if self.server.password else 1
+        while self.buf.count(b"\r\n") < want:
+            self.buf += self.sock.recv(65536)
+        self.buf = self.buf.split(b"\r\n", want)[-1]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        time.sleep(0.1)
+        self.sock.settimeout(0.2)
+        try:
+            while True:
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    break
+                self.buf += data
+        except socket.timeout:
+            pass
+        self.sock.close()
+        self.lines = [l.decode("latin-1") for l in self.buf.split(b"\r\n") if l]
+
+    def commands(self, include_lua: bool = False) -> list:
+        out = []
+        for line in self.lines:
+            m = self._LINE.match(line)
+            if not m or (m.group(1) == "lua" and not include_lua):
+                continue
+            out.append(re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(2)))
+        return out

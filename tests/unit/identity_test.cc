@@ -316,12 +316,20 @@ TEST_SUITE("identity: request facts") {
     facts.client_key = "192.0.2.1";
 
     auto value = [&](Kind kind, std::string name = {}) {
-      return keyPartValue(KeyPart{kind, std::move(name), ""}, facts);
+      return keyPartValue(KeyPart{kind, std::move(name), ""}, facts).value;
+    };
+    auto ambiguous = [&](Kind kind, std::string name = {}) {
+      return keyPartValue(KeyPart{kind, std::move(name), ""}, facts).ambiguous;
     };
     CHECK(value(Kind::Ip) == "192.0.2.1");
     CHECK(value(Kind::Route) == "api");
     CHECK(value(Kind::Method) == "POST");
-    CHECK(value(Kind::Header, "x-TEAM") == "blue, green");
+    // Two different values: an application might read either, so the part is ambiguous.
+    CHECK(ambiguous(Kind::Header, "x-TEAM"));
+    head.headers.add("X-Same", "one");
+    head.headers.add("x-same", "one");
+    CHECK(value(Kind::Header, "X-Same") == "one");
+    CHECK_FALSE(ambiguous(Kind::Header, "X-Same"));
     CHECK_FALSE(value(Kind::Header, "X-Empty").has_value());
     CHECK_FALSE(value(Kind::Header, "X-Absent").has_value());
     CHECK(value(Kind::Cookie, "pref") == "dark");
@@ -352,12 +360,31 @@ TEST_SUITE("identity: request facts") {
     facts.content_type = "application/x-www-form-urlencoded";
     facts.body = "username=ann%40example.com&password=x&blank=";
     CHECK(value(Kind::Form, "username") == "ann@example.com");
+    CHECK_FALSE(ambiguous(Kind::Form, "username"));
+    facts.body = "username=decoy&username=alice";
+    CHECK(ambiguous(Kind::Form, "username"));
+    facts.body = "username=alice&username=alice";
+    CHECK_FALSE(ambiguous(Kind::Form, "username"));
+    CHECK(value(Kind::Form, "username") == "alice");
+    facts.body = "username=ann%40example.com&password=x&blank=";
     CHECK_FALSE(value(Kind::Form, "blank").has_value());
     CHECK_FALSE(value(Kind::Form, "absent").has_value());
     CHECK_FALSE(value(Kind::Json, "username").has_value());
     facts.content_type = "application/json; charset=utf-8";
     facts.body = R"({"user":{"email":"ann@example.com","id":42},"blank":""})";
     CHECK(value(Kind::Json, "user.email") == "ann@example.com");
+    CHECK_FALSE(ambiguous(Kind::Json, "user.email"));
+    {
+      const std::string_view saved = facts.body;
+      facts.body = R"({"user":"decoy","user":"alice"})";
+      CHECK(ambiguous(Kind::Json, "user"));
+      facts.body = R"({"a":{"x":1,"x":2},"user":"alice"})";
+      CHECK(ambiguous(Kind::Json, "user"));  // a duplicate anywhere: parsers disagree
+      facts.body = R"({"a":{"x":1},"b":{"x":2},"user":"alice"})";
+      CHECK_FALSE(ambiguous(Kind::Json, "user"));
+      CHECK(value(Kind::Json, "user") == "alice");
+      facts.body = saved;
+    }
     CHECK(value(Kind::Json, "user.id") == "42");
     CHECK_FALSE(value(Kind::Json, "blank").has_value());
     CHECK_FALSE(value(Kind::Json, "user.absent").has_value());

@@ -211,7 +211,12 @@ TEST_SUITE("ratelimit: applied limits") {
       plan.limits["per_key"] = PlanLimitOverride{10000, std::nullopt};
       plan.limits["implicit"] = PlanLimitOverride{40, std::nullopt};
     }
-    std::vector<AppliedLimit> run() { return appliedLimits(config, route, facts); }
+    std::vector<AppliedLimit> run() {
+      std::string ambiguous;
+      auto out = appliedLimits(config, route, facts, &ambiguous);
+      REQUIRE(ambiguous.empty());
+      return out;
+    }
   };
 
   TEST_CASE("a limit with an absent key part does not apply") {

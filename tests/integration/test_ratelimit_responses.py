@@ -1,0 +1,206 @@
+"""What clients see of rate limits (429 problem+json, RateLimit / RateLimit-Policy syntax, legacy
+X-RateLimit-*, none), which limits apply (absent key parts, shadow), and what Valkey sees (one
+EVALSHA per request, keys under key_prefix)."""
+
+import re
+
+import pytest
+
+from conftest import (ValkeyMonitor, limit_cfg, limit_keys, metric_sum, parse_rl_list,
+                      sluice_with_limits)
+
+POLICY_RE = re.compile(r'^"[A-Za-z0-9_.-]+";q=\d+;w=\d+(, "[A-Za-z0-9_.-]+";q=\d+;w=\d+)*$')
+STATE_RE = re.compile(r'^"[A-Za-z0-9_.-]+";r=\d+;t=\d+(, "[A-Za-z0-9_.-]+";r=\d+;t=\d+)*$')
+
+
+def get(gw, headers=()):
+    return gw.get("/status/200", headers)
+
+
+# ------------------------------------------------------------------------------ the 429
+
+def test_429_problem_json_names_exactly_the_refusing_limits(sluice_factory, upstream, valkey):
+    limits = [limit_cfg("ip_a", "fixed_window", 2, "1h"),
+              limit_cfg("ip_b", "sliding_window", 2, "1h"),
+              limit_cfg("ip_big", "token_bucket", 100, "1h"),
+              limit_cfg("key_small", "fixed_window", 3, "1h", by=["api_key"])]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits)
+    assert [get(gw).status for _ in range(2)] == [200, 200]
+    r = get(gw)
+    assert r.status == 429
+    assert r.header("content-type").split(";")[0].strip() == "application/problem+json"
+    body = r.json()
+    assert body["type"].endswith("quota-exceeded"), body
+    assert body["status"] == 429
+    assert sorted(body["violated-policies"]) == ["ip_a", "ip_b"], body
+    assert len(body["violated-policies"]) == 2
+    state = parse_rl_list(r.header("ratelimit"))
+    assert state["ip_a"]["r"] == 0 and state["ip_b"]["r"] == 0
+    assert state["ip_big"]["r"] == 98, "the limit that allowed shows its (uncharged) budget"
+    assert "key_small" not in state, "no API key: that limit does not apply"
+    ra = int(r.header("retry-after"))
+    assert ra >= max(state["ip_a"]["t"], state["ip_b"]["t"]) and ra >= 1
+    assert str(ra) in body.get("detail", str(ra))
+
+
+def test_429_names_only_the_limit_that_refused(sluice_factory, upstream, valkey):
+    limits = [limit_cfg("small", "sliding_log", 2, "1h"),
+              limit_cfg("large", "sliding_log", 10, "1h")]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits)
+    for _ in range(2):
+        assert get(gw).status == 200
+    for _ in range(3):  # sliding_log counts denied requests: decided in Valkey every time
+        r = get(gw)
+        assert r.status == 429
+        assert r.json()["violated-policies"] == ["small"]
+        assert parse_rl_list(r.header("ratelimit"))["large"]["r"] == 8
+
+
+# ------------------------------------------------------------------------------ header syntax
+
+def test_ratelimit_header_syntax_on_allowed_and_refused(sluice_factory, upstream, valkey):
+    limits = [limit_cfg("per_ip", "fixed_window", 3, "1m"),
+              limit_cfg("per_ip_fast", "token_bucket", 50, "1500ms"),
+              limit_cfg("per_day", "sliding_window", 1000, "1d")]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits)
+    for i in range(4):
+        r = get(gw)
+        policy, state = r.header("ratelimit-policy"), r.header("ratelimit")
+        assert len(r.header_values("ratelimit-policy")) == 1 and len(r.header_values("ratelimit")) == 1
+        assert POLICY_RE.match(policy), policy
+        assert STATE_RE.match(state), state
+        if i < 3:
+            assert r.status == 200
+            assert policy == '"per_ip";q=3;w=60, "per_ip_fast";q=50;w=2, "per_day";q=1000;w=86400'
+            s = parse_rl_list(state)
+            assert s["per_ip"]["r"] == 2 - i and 0 < s["per_ip"]["t"] <= 60
+            assert s["per_day"]["r"] == 999 - i
+        else:
+            assert r.status == 429
+            assert policy.startswith('"per_ip";q=3;w=60')
+            assert parse_rl_list(state)["per_ip"]["r"] == 0
+
+
+@pytest.mark.parametrize("mode", ["legacy", "both", "none"])
+def test_rate_limit_headers_modes(sluice_factory, upstream, valkey, mode):
+    limits = [limit_cfg("lim", "fixed_window", 2, "1h"),
+              limit_cfg("wide", "fixed_window", 100, "1h")]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits,
+                            server={"rate_limit_headers": mode})
+    responses = [get(gw) for _ in range(3)]
+    assert [r.status for r in responses] == [200, 200, 429]
+    for i, r in enumerate(responses):
+        ietf = r.has("ratelimit") or r.has("ratelimit-policy")
+        legacy = [r.header("x-ratelimit-limit"), r.header("x-ratelimit-remaining"),
+                  r.header("x-ratelimit-reset")]
+        assert ietf == (mode == "both"), r
+        if mode == "none":
+            assert legacy == [None, None, None], r
+            continue
+        assert all(v is not None and v.isdigit() for v in legacy), r
+        # the tightest limit: "lim"
+        assert legacy[0] == "2" and legacy[1] == str(max(0, 1 - i)), r
+        if r.status == 429:
+            assert int(r.header("retry-after")) >= int(legacy[2]) >= 1
+        if mode == "both":
+            assert parse_rl_list(r.header("ratelimit"))["lim"]["r"] == max(0, 1 - i)
+    assert responses[2].header("retry-after").isdigit(), "Retry-After whatever the mode"
+    assert responses[2].json()["violated-policies"] == ["lim"]
+
+
+def test_allowed_responses_carry_the_headers_of_the_limits_that_applied(sluice_factory, upstream,
+                                                                         valkey):
+    limits = [limit_cfg("per_ip", "sliding_window", 10, "1h"),
+              limit_cfg("per_key", "token_bucket", 5, "1h", by=["api_key"]),
+              limit_cfg("per_team", "fixed_window", 7, "1h", by=["header:X-Team"])]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits)
+    r = get(gw)
+    assert r.status == 200
+    assert list(parse_rl_list(r.header("ratelimit-policy"))) == ["per_ip"]
+    r = get(gw, [("X-API-Key", "k1")])
+    assert list(parse_rl_list(r.header("ratelimit-policy"))) == ["per_ip", "per_key"]
+    assert parse_rl_list(r.header("ratelimit"))["per_key"]["r"] == 4
+    r = get(gw, [("X-API-Key", "k1"), ("X-Team", "blue")])
+    assert list(parse_rl_list(r.header("ratelimit"))) == ["per_ip", "per_key", "per_team"]
+    assert parse_rl_list(r.header("ratelimit")) ["per_team"]["r"] == 6
+    assert parse_rl_list(r.header("ratelimit"))["per_ip"]["r"] == 7
+
+
+# ------------------------------------------------------------------------------ which limits apply
+
+def test_limit_with_absent_key_part_does_not_apply(sluice_factory, upstream, valkey):
+    limits = [limit_cfg("per_key", "fixed_window", 1, "1h", by=["api_key"])]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits)
+    c = valkey.client
+    before = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    for _ in range(5):
+        r = get(gw)
+        assert r.status == 200 and not r.has("ratelimit") and not r.has("ratelimit-policy"), r
+        r = get(gw, [("X-API-Key", "")])
+        assert r.status == 200 and not r.has("ratelimit"), "an empty API key is no API key"
+    assert limit_keys(c) == []
+    assert c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0) == before, \
+        "a limit that does not apply costs no round trip"
+    assert [get(gw, [("X-API-Key", "k")]).status for _ in range(2)] == [200, 429]
+
+
+@pytest.mark.parametrize("count_denied", [False, True])
+def test_shadow_limit_never_refuses_but_counts(sluice_factory, upstream, valkey, count_denied):
+    limits = [limit_cfg("shadowed", "fixed_window", 3, "1h", shadow=True, count_denied=count_denied),
+              limit_cfg("enforced", "fixed_window", 100, "1h")]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits)
+    responses = [get(gw) for _ in range(8)]
+    assert [r.status for r in responses] == [200] * 8, "shadow = true never refuses"
+    for r in responses:
+        state = parse_rl_list(r.header("ratelimit"))
+        assert list(state) == ["enforced"], "a shadow limit is not shown to clients"
+    (key,) = limit_keys(valkey.client, "rl:v1:shadowed:*")
+    assert valkey.client.get(key) == ("8" if count_denied else "3"), "decided and counted in Valkey"
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total", limit="shadowed",
+                      outcome="shadow_denied") == 5
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total", limit="shadowed",
+                      outcome="allowed") == 3
+    assert upstream.request_count == 8
+
+
+# ------------------------------------------------------------------------------ what Valkey sees
+
+def test_exactly_one_evalsha_per_request(sluice_factory, upstream, valkey):
+    limits = [limit_cfg("a", "fixed_window", 100, "1h"),
+              limit_cfg("b", "sliding_log", 100, "1h"),
+              limit_cfg("c", "sliding_window", 100, "1h", by=["ip", "method"]),
+              limit_cfg("d", "token_bucket", 100, "1h", by=["route"])]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits, workers=2)
+    c = valkey.client
+    n = 25
+    before = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    with ValkeyMonitor(valkey) as mon:
+        for _ in range(n):
+            assert get(gw).status == 200
+    after = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    assert after - before == n, f"{after - before} EVALSHA for {n} requests"
+    sent = [cmd[0].upper() for cmd in mon.commands()]
+    assert sent == ["EVALSHA"] * n, f"commands the gateway sent for {n} requests: {sent}"
+    # Every limit of a request in the one script call: 4 keys each.
+    assert all(cmd[2] == "4" for cmd in mon.commands()), mon.commands()[:2]
+
+
+def test_keys_start_with_key_prefix_and_scan_finds_them(sluice_factory, upstream, valkey):
+    limits = [limit_cfg("one", "fixed_window", 10, "1h"),
+              limit_cfg("two", "sliding_log", 10, "1h", by=["ip", "api_key"]),
+              limit_cfg("three", "sliding_window", 10, "1h", by=["header:X-Team", "method"]),
+              limit_cfg("four", "token_bucket", 10, "1h", by=["route", "query:user"])]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits,
+                            valkey_options={"key_prefix": "rl:test"})
+    assert gw.get("/status/200?user=ann", [("X-API-Key", "k9"), ("X-Team", "red")]).status == 200
+    c = valkey.client
+    every = limit_keys(c)
+    assert sorted(limit_keys(c, "rl:*")) == every and len(every) == 4
+    assert [k for k in every if not k.startswith("rl:test:")] == []
+    assert {k.split(":")[2] for k in every} == {"one", "two", "three", "four"}
+    assert any(k.startswith("rl:test:one:127.0.0.1:") for k in every), every
+    assert "rl:test:two:127.0.0.1:k9" in every
+    assert any(k.startswith("rl:test:three:red:GET:") for k in every), every
+    assert "rl:test:four:api:ann" in every
+    for k in every:
+        assert c.pttl(k) > 0, f"{k} without TTL"
