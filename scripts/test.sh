@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs every test: doctest unit tests, then the
 # integration tests (real redis-server, real upstreams, the real binary on loopback ports),
-# first on the normal build, then on the AddressSanitizer + UBSan build.
-#   SLUICE_SKIP_ASAN=1 scripts/test.sh   -> only the normal build
+# first on the normal build, then on the AddressSanitizer + UBSan build (leak checks on), and
+# last the libFuzzer targets for a bounded time (scripts/fuzz.sh).
+#   SLUICE_SKIP_ASAN=1 scripts/test.sh   -> without the sanitizer build
+#   SLUICE_SKIP_FUZZ=1 scripts/test.sh   -> without fuzzing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -23,5 +25,8 @@ if [ "${SLUICE_SKIP_ASAN:-0}" != "1" ]; then
   export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1
   export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   run_suite build-asan
+fi
+if [ "${SLUICE_SKIP_FUZZ:-0}" != "1" ]; then
+  scripts/fuzz.sh
 fi
 echo "== all tests passed"

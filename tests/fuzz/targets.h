@@ -1,0 +1,23 @@
+#pragma once
+
+// The fuzz targets' bodies, shared by the libFuzzer drivers (tests/fuzz/fuzz_*.cc, built with
+// clang when SLUICE_FUZZ=ON) and by a doctest that replays the corpus and every regression
+// input under the normal test build, so a crash found once stays a test forever.
+
+#include <cstddef>
+#include <cstdint>
+
+namespace sluice::fuzz {
+
+// The request path: head parsing and body framing (fed in pieces whose sizes come from the
+// input), target normalization and routing, header rewriting, identity extraction (trusted
+// proxies, key parts, form and JSON body fields), key encoding.
+void requestPath(const uint8_t* data, size_t size);
+
+// The configuration loader on arbitrary text.
+void configLoader(const uint8_t* data, size_t size);
+
+// The response parser of the upstream side, and the headers built from it for the client.
+void responsePath(const uint8_t* data, size_t size);
+
+}  // namespace sluice::fuzz
