@@ -46,6 +46,16 @@ config::ConfigPtr resolveEndpoints(const config::Config& loaded, std::string* er
   return config;
 }
 
+bool supported(const config::Config& config, std::string* error) {
+  if (!config.valkey.nodes.empty()) {
+    // Refused rather than run with every decision falling to on_error.
+    *error = "valkey.nodes: Valkey Cluster is not supported yet; set valkey.address to a "
+             "primary (or to a proxy in front of the cluster)";
+    return false;
+  }
+  return true;
+}
+
 bool makeGeneration(const config::ConfigPtr& config, Generation* out, std::string* error) {
   out->config = config;
   out->access_log.reset();
@@ -101,6 +111,10 @@ int Server::run() {
   }
   logging::configure(loaded.config->log.level, loaded.config->log.format);
   std::string error;
+  if (!supported(*loaded.config, &error)) {
+    SLUICE_LOG_ERROR("{}: {}", config_path_, error);
+    return 1;
+  }
   config_ = resolveEndpoints(*loaded.config, &error);
   if (!config_) {
     SLUICE_LOG_ERROR("{}", error);
@@ -168,7 +182,7 @@ void Server::reload() {
   config::LoadResult loaded = config::loadConfigFile(config_path_);
   std::string error;
   config::ConfigPtr config;
-  if (loaded.ok()) {
+  if (loaded.ok() && supported(*loaded.config, &error)) {
     config = resolveEndpoints(*loaded.config, &error);
   } else {
     for (const auto& e : loaded.errors) {

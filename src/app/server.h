@@ -21,6 +21,9 @@ namespace sluice::app {
 // null and says which endpoint in *error.
 config::ConfigPtr resolveEndpoints(const config::Config& config, std::string* error);
 
+// What this build cannot run although the configuration is well-formed (Valkey Cluster).
+bool supported(const config::Config& config, std::string* error);
+
 // Opens what a configuration needs beyond itself (the access log).
 bool makeGeneration(const config::ConfigPtr& config, Generation* out, std::string* error);
 

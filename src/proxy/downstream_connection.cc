@@ -59,6 +59,7 @@ void DownstreamConnection::armIdleTimer() {
 void DownstreamConnection::onRead(const char* data, size_t len) {
   switch (state_) {
     case State::Tunnel:
+      tunnelActivity();
       exchange_.onClientTunnelData(data, len);
       return;
     case State::Lingering:
@@ -221,10 +222,14 @@ void DownstreamConnection::resumeReading() {
   if (!paused_full_ && state_ != State::Closed) transport_->readStart();
 }
 
+void DownstreamConnection::tunnelActivity() {
+  timer_role_ = TimerRole::Tunnel;
+  timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
+}
+
 void DownstreamConnection::startTunnel() {
   state_ = State::Tunnel;
-  timer_role_ = TimerRole::None;
-  timer_.stop();
+  tunnelActivity();
   std::string early;
   early.swap(pending_);
   if (!early.empty()) exchange_.onClientTunnelData(early.data(), early.size());
@@ -252,6 +257,7 @@ void DownstreamConnection::onTimer(void* context) {
   switch (role) {
     case TimerRole::Idle:
     case TimerRole::Linger:
+    case TimerRole::Tunnel:
       self->closeNow();
       return;
     case TimerRole::Header:

@@ -48,6 +48,8 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   void startTunnel();
   // Both sides of the tunnel ended: close once the last bytes went out.
   void endTunnel();
+  // Bytes crossed the tunnel: a tunnel silent both ways for idle_timeout is closed.
+  void tunnelActivity();
   bool clientHalfClosed() const { return client_eof_; }
 
  private:
@@ -83,7 +85,8 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   DownstreamConnection* list_prev_ = nullptr;
   DownstreamConnection* list_next_ = nullptr;
   State state_ = State::Reading;
-  enum class TimerRole { None, Idle, Header, Body, Resume, Linger } timer_role_ = TimerRole::None;
+  enum class TimerRole { None, Idle, Header, Body, Resume, Linger, Tunnel };
+  TimerRole timer_role_ = TimerRole::None;
   bool in_parser_ = false;
   bool request_active_ = false;    // between the head of a request and the end of its response
   bool request_complete_ = false;  // its last byte was parsed

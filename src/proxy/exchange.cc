@@ -670,6 +670,7 @@ void Exchange::onClientTunnelData(const char* data, size_t len) {
 }
 
 void Exchange::onUpstreamTunnelData(const char* data, size_t len) {
+  conn_.tunnelActivity();
   send({data, len});
   if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
     upstream_paused_ = true;

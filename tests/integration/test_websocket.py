@@ -74,3 +74,16 @@ def test_upgrade_refused_by_upstream_is_a_normal_response(sluice, upstream):
         r = c.read_response()
         assert r.status == 200
         assert r.json()["path"] == "/echo"
+
+
+def test_silent_tunnel_closed_after_idle_timeout(sluice_factory, upstream):
+    """A tunnel with no byte either way for idle_timeout is closed; traffic keeps it open."""
+    gw = sluice_factory(upstream, server={"idle_timeout": "1s"})
+    with gw.client() as c:
+        _, r = handshake(c)
+        assert r.status == 101
+        for _ in range(4):  # 2 s of traffic every 0.5 s: never idle for 1 s
+            c.send(ws_frame(0x1, b"tick"))
+            assert read_ws_frame(c) == (0x1, b"tick")
+            assert not c.is_closed(0.5)
+        assert c.is_closed(2.5)
