@@ -6,13 +6,6 @@ namespace sluice::identity {
 
 namespace {
 
-int hexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 // Calls fn(name, value) for each `name=value` of a list separated by `separator`; stops when
 // fn returns true.
 template <typename Fn>
@@ -39,9 +32,9 @@ std::string formDecode(std::string_view text) {
     const char c = text[i];
     if (c == '+') {
       out.push_back(' ');
-    } else if (c == '%' && i + 2 < text.size() && hexValue(text[i + 1]) >= 0 &&
-               hexValue(text[i + 2]) >= 0) {
-      out.push_back(static_cast<char>(hexValue(text[i + 1]) * 16 + hexValue(text[i + 2])));
+    } else if (c == '%' && i + 2 < text.size() && http::hexDigit(text[i + 1]) >= 0 &&
+               http::hexDigit(text[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(http::hexDigit(text[i + 1]) * 16 + http::hexDigit(text[i + 2])));
       i += 2;
     } else {
       out.push_back(c);

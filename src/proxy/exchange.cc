@@ -29,9 +29,7 @@ Exchange::Exchange(DownstreamConnection& connection) : conn_(connection) {}
 
 Exchange::~Exchange() { abort(); }
 
-void Exchange::reset() {
-  out_pieces_.clear();
-  out_owned_.clear();
+void Exchange::detach() {
   if (upstream_) {
     upstream_->abort();
     upstream_ = nullptr;
@@ -40,6 +38,12 @@ void Exchange::reset() {
     snapshot_->valkey->cancel(call_);
     call_ = nullptr;
   }
+}
+
+void Exchange::reset() {
+  detach();
+  out_pieces_.clear();
+  out_owned_.clear();
   applied_.clear();
   client_ = identity::ClientAddress{};
   facts_ = identity::RequestFacts{};
@@ -69,14 +73,7 @@ void Exchange::reset() {
 }
 
 void Exchange::abort() {
-  if (upstream_) {
-    upstream_->abort();
-    upstream_ = nullptr;
-  }
-  if (call_) {
-    snapshot_->valkey->cancel(call_);
-    call_ = nullptr;
-  }
+  detach();
   if (phase_ != Phase::Idle && phase_ != Phase::Done) {
     // Like nginx's 499: the client went away before its response was complete.
     if (!*error_) error_ = "client closed the connection";

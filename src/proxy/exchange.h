@@ -64,6 +64,8 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   void onValkeyReply(valkey::Reply& reply) override;
   void onValkeyFailure(valkey::Failure failure) override;
 
+  // Lets go of the upstream connection and the pending Valkey call: no callback after this.
+  void detach();
   void startLimits();
   void resolveTenant();
   void onTenantRecord(bool known, const std::string& tenant, const std::string& plan);

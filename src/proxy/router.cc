@@ -9,13 +9,6 @@ namespace sluice::proxy {
 
 namespace {
 
-int hexValue(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 bool unreserved(unsigned char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
          c == '-' || c == '.' || c == '_' || c == '~';
@@ -36,8 +29,8 @@ bool decodeUnreserved(std::string_view in, std::string* out, std::string* error)
       *error = "truncated %-escape in path";
       return false;
     }
-    const int hi = hexValue(in[i + 1]);
-    const int lo = hexValue(in[i + 2]);
+    const int hi = http::hexDigit(in[i + 1]);
+    const int lo = http::hexDigit(in[i + 2]);
     if (hi < 0 || lo < 0) {
       *error = "malformed %-escape in path";
       return false;
