@@ -202,7 +202,7 @@ void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport) {
       net::TcpTransport::closeAndDestroy(transport.release());
       return;
     }
-    t = std::make_unique<net::TlsTransport>(std::move(transport), ssl, &loop_,
+    t = std::make_unique<net::TlsTransport>(std::move(transport), ssl, tls, &loop_,
                                             tls->handshakeTimeoutMs());
   } else {
     t = std::move(transport);

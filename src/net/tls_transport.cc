@@ -10,7 +10,10 @@ namespace sluice::net {
 namespace {
 
 constexpr size_t kChunk = 16 * 1024;
-thread_local char tl_buffer[64 * 1024];
+// Two buffers: decrypted bytes handed to the reader stay valid while it writes (a write
+// encrypts into the other one).
+thread_local char tl_plaintext[64 * 1024];
+thread_local char tl_ciphertext[64 * 1024];
 
 #define SLUICE_PLAIN_HTTP_BODY "This port speaks HTTPS; plain HTTP was sent to it.\n"
 constexpr std::string_view kPlainHttpBody = SLUICE_PLAIN_HTTP_BODY;
@@ -22,9 +25,11 @@ constexpr std::string_view kPlainHttpResponse =
 
 }  // namespace
 
-TlsTransport::TlsTransport(std::unique_ptr<TcpTransport> inner, SSL* ssl, uv_loop_t* loop,
+TlsTransport::TlsTransport(std::unique_ptr<TcpTransport> inner, SSL* ssl,
+                           std::shared_ptr<const void> context, uv_loop_t* loop,
                            uint64_t handshake_timeout_ms)
     : inner_(std::move(inner)),
+      context_(std::move(context)),
       ssl_(ssl),
       rbio_(BIO_new(BIO_s_mem())),
       wbio_(BIO_new(BIO_s_mem())),
@@ -124,9 +129,9 @@ void TlsTransport::readPlaintext() {
   while (!failed_ && !inner_->isClosing()) {
     size_t n = 0;
     ERR_clear_error();
-    const int rc = SSL_read_ex(ssl_, tl_buffer, sizeof tl_buffer, &n);
+    const int rc = SSL_read_ex(ssl_, tl_plaintext, sizeof tl_plaintext, &n);
     if (rc == 1) {
-      if (callbacks_) callbacks_->onRead(tl_buffer, n);
+      if (callbacks_) callbacks_->onRead(tl_plaintext, n);
       continue;
     }
     const int error = SSL_get_error(ssl_, rc);
@@ -147,9 +152,9 @@ void TlsTransport::readPlaintext() {
 
 void TlsTransport::flushCiphertext() {
   while (BIO_ctrl_pending(wbio_) > 0) {
-    const int n = BIO_read(wbio_, tl_buffer, sizeof tl_buffer);
+    const int n = BIO_read(wbio_, tl_ciphertext, sizeof tl_ciphertext);
     if (n <= 0) break;
-    inner_->write({tl_buffer, static_cast<size_t>(n)});
+    inner_->write({tl_ciphertext, static_cast<size_t>(n)});
   }
 }
 

@@ -17,10 +17,12 @@ namespace sluice::net {
 
 class TlsTransport final : public Transport, private TransportCallbacks {
  public:
-  // Takes `inner` (connected or accepted) and `ssl` (in accept or connect state). The
+  // Takes `inner` (connected or accepted) and `ssl` (in accept or connect state). `context`
+  // is what made the SSL (TlsServerContext, TlsClientContext): kept alive as long as the
+  // connection, since OpenSSL's callbacks (SNI) point into it and a reload may drop it. The
   // handshake must finish within `handshake_timeout_ms`, else the connection closes.
-  TlsTransport(std::unique_ptr<TcpTransport> inner, SSL* ssl, uv_loop_t* loop,
-               uint64_t handshake_timeout_ms);
+  TlsTransport(std::unique_ptr<TcpTransport> inner, SSL* ssl, std::shared_ptr<const void> context,
+               uv_loop_t* loop, uint64_t handshake_timeout_ms);
   ~TlsTransport() override;
 
   // Client side: sends the ClientHello; `done` runs from the loop with 0 once the handshake
@@ -56,6 +58,7 @@ class TlsTransport final : public Transport, private TransportCallbacks {
   bool looksLikePlainHttp(const char* data, size_t len) const;
 
   std::unique_ptr<TcpTransport> inner_;
+  std::shared_ptr<const void> context_;
   SSL* ssl_;
   BIO* rbio_;  // ciphertext in (owned by ssl_)
   BIO* wbio_;  // ciphertext out (owned by ssl_)

@@ -176,17 +176,12 @@ void DownstreamConnection::afterResponse() {
 
 void DownstreamConnection::failRequest(int status, const char* reason) {
   SLUICE_LOG_DEBUG("client request refused: {} {}", status, logging::sanitize(reason));
-  const bool started = exchange_.responseStarted();
-  exchange_.abort();
   request_active_ = false;
-  if (started) {
+  if (exchange_.refuse(status, reason)) {
+    closeAfterWrites();
+  } else {
     closeNow();
-    return;
   }
-  exchange_.countLocalResponse(status);
-  const http::LocalResponse response = http::problemResponse(status, reason);
-  transport_->write(http::renderLocalResponse(response, false, false, false));
-  closeAfterWrites();
 }
 
 void DownstreamConnection::closeAfterWrites() {
@@ -248,7 +243,10 @@ void DownstreamConnection::drain() {
   if (!request_active_ && !parser_.inMessage()) closeNow();
 }
 
-void DownstreamConnection::forceClose() { closeNow(); }
+void DownstreamConnection::forceClose() {
+  exchange_.abort(503, "cut at the end of drain_timeout");
+  closeNow();
+}
 
 void DownstreamConnection::onTimer(void* context) {
   auto* self = static_cast<DownstreamConnection*>(context);

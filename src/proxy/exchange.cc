@@ -72,14 +72,42 @@ void Exchange::reset() {
   tunnel_client_ended_ = tunnel_upstream_ended_ = false;
 }
 
-void Exchange::abort() {
+void Exchange::abort(int status, const char* why) {
   detach();
   if (phase_ != Phase::Idle && phase_ != Phase::Done) {
     // Like nginx's 499: the client went away before its response was complete.
-    if (!*error_) error_ = "client closed the connection";
-    complete(response_started_ ? status_ : 499);
+    if (!*error_) error_ = why;
+    complete(response_started_ ? status_ : status);
   }
   phase_ = Phase::Done;
+}
+
+bool Exchange::refuse(int status, const char* why) {
+  detach();
+  if (response_started_) {
+    if (phase_ != Phase::Idle && phase_ != Phase::Done) {
+      error_ = why;
+      complete(status_);
+    }
+    phase_ = Phase::Done;
+    return false;
+  }
+  if (phase_ == Phase::Idle) resolveClient();  // the head never parsed: the peer is all we know
+  error_ = why;
+  send(http::renderLocalResponse(http::problemResponse(status, why), false, false, false));
+  response_started_ = true;
+  phase_ = Phase::Done;
+  complete(status);
+  return true;
+}
+
+void Exchange::resolveClient() {
+  const sockaddr* peer = conn_.transport().peerAddress();
+  auto ip = peer ? IpAddress::fromSockaddr(peer) : std::nullopt;
+  if (!ip) return;
+  const auto& snapshot = snapshot_ ? snapshot_ : conn_.worker().snapshot();
+  client_ = identity::resolveClientAddress(*ip, request_.headers,
+                                           snapshot->config->identity.trusted_proxies);
 }
 
 void Exchange::complete(int status) {
@@ -89,11 +117,12 @@ void Exchange::complete(int status) {
   snapshot->requestCounter(conn_.worker().stats(), route_, status).inc();
   if (!snapshot->access_log) return;
   AccessRecord r;
+  if (request_id_.empty()) request_id_ = conn_.worker().nextRequestId();
   r.request_id = request_id_;
   if (const sockaddr* peer = conn_.transport().peerAddress()) {
     if (auto ip = IpAddress::fromSockaddr(peer)) r.peer = ip->unmapped().toString();
   }
-  r.client = phase_ == Phase::Idle ? r.peer : client_.address.toString();
+  r.client = client_.address.toString();
   if (facts_.tenant) r.tenant = *facts_.tenant;
   if (facts_.api_key) r.api_key_id = ratelimit::hashedPart(*facts_.api_key).substr(0, 17);
   r.method = request_.method;
@@ -116,8 +145,6 @@ void Exchange::complete(int status) {
   r.error = error_;
   snapshot->access_log->write(formatAccessRecord(r));
 }
-
-void Exchange::countLocalResponse(int status) { complete(status); }
 
 void Exchange::gatherOwned(std::string piece) {
   out_owned_.push_back(std::move(piece));
@@ -155,6 +182,7 @@ void Exchange::begin(http::MessageHead&& head) {
   snapshot_ = conn_.worker().snapshot();
   request_id_ = conn_.worker().nextRequestId();
   request_ = std::move(head);
+  resolveClient();
   head_request_ = request_.method == "HEAD";
   wants_upgrade_ = request_.upgrade;
   if (request_.chunked) {
@@ -186,12 +214,6 @@ void Exchange::begin(http::MessageHead&& head) {
   if (!route_) {
     respondLocal(http::problemResponse(404, "no route matches this request"));
     return;
-  }
-  if (const sockaddr* peer = conn_.transport().peerAddress()) {
-    if (auto ip = IpAddress::fromSockaddr(peer)) {
-      client_ = identity::resolveClientAddress(*ip, request_.headers,
-                                               snapshot_->config->identity.trusted_proxies);
-    }
   }
   if (route_->limit_indices.empty() && !snapshot_->config->identity.reject_unknown_api_keys) {
     forward();

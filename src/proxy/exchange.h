@@ -38,13 +38,16 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   void onClientDrained();
   void onClientTunnelData(const char* data, size_t len);
   void onClientTunnelEnd();
-  // The client left or the connection closes: release everything, answer nothing.
-  void abort();
+  // The client left or the connection closes: release everything, answer nothing. An
+  // exchange in progress is logged with `status` (499 when the client left) and why.
+  void abort(int status = 499, const char* why = "client closed the connection");
+  // The connection refuses the request (malformed, too large, too slow): answers `status` with
+  // a problem+json body and Connection: close, and logs it. False when a response had already
+  // started, so that only closing the connection is left.
+  bool refuse(int status, const char* why);
   // Back to empty between two requests (frees per-request memory).
   void reset();
   bool responseStarted() const { return response_started_; }
-  // A response the connection wrote itself (malformed request, timeout) is counted here.
-  void countLocalResponse(int status);
 
  private:
   enum class Phase { Idle, Deciding, Connecting, Upstream, Tunnel, Done };
@@ -66,6 +69,7 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
 
   // Lets go of the upstream connection and the pending Valkey call: no callback after this.
   void detach();
+  void resolveClient();
   void startLimits();
   void resolveTenant();
   void onTenantRecord(bool known, const std::string& tenant, const std::string& plan);

@@ -58,7 +58,7 @@ Cluster::Acquired Cluster::acquire(UpstreamCallbacks* owner, bool fresh) {
   auto* connection = new UpstreamConnection(shared_from_this(), index, loop_);
   connection->attach(owner);
   const int rc = connection->connect(reinterpret_cast<const sockaddr*>(&endpoint.address),
-                                     connect_timeout_ms_, tls_.get(), endpoint.host);
+                                     connect_timeout_ms_, tls_, endpoint.host);
   if (rc != 0) {
     SLUICE_LOG_WARN("upstream {}: cannot connect to {}: {}", name_, endpoint.name,
                     uv_strerror(rc));

@@ -41,9 +41,10 @@ UpstreamConnection::UpstreamConnection(std::shared_ptr<Cluster> cluster, size_t 
 UpstreamConnection::~UpstreamConnection() { delete transport_; }
 
 int UpstreamConnection::connect(const sockaddr* address, uint64_t timeout_ms,
-                                const net::TlsClientContext* tls, const std::string& host) {
+                                std::shared_ptr<const net::TlsClientContext> tls,
+                                const std::string& host) {
   state_ = State::Connecting;
-  tls_ = tls;
+  tls_ = std::move(tls);
   host_ = host;
   connect_timeout_ms_ = timeout_ms;
   const int rc = tcp_->connect(address, [this](int status) { onTcpConnected(status); });
@@ -61,7 +62,7 @@ void UpstreamConnection::onTcpConnected(int status) {
     onConnected(UV_ENOMEM);
     return;
   }
-  auto* tls = new net::TlsTransport(std::unique_ptr<net::TcpTransport>(tcp_), ssl, loop_,
+  auto* tls = new net::TlsTransport(std::unique_ptr<net::TcpTransport>(tcp_), ssl, tls_, loop_,
                                     connect_timeout_ms_);
   transport_ = tls;
   tls->setCallbacks(this);

@@ -65,8 +65,8 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
 
   // Cluster use. With `tls`, the connection is ready (onUpstreamReady) only once the TLS
   // handshake verified the upstream's certificate for `host`; connect_timeout covers both.
-  int connect(const sockaddr* address, uint64_t timeout_ms, const net::TlsClientContext* tls,
-              const std::string& host);
+  int connect(const sockaddr* address, uint64_t timeout_ms,
+              std::shared_ptr<const net::TlsClientContext> tls, const std::string& host);
   void attach(UpstreamCallbacks* owner) { owner_ = owner; }
   void makeIdle(uint64_t idle_timeout_ms);
 
@@ -116,7 +116,7 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
   uv_loop_t* loop_;
   net::TcpTransport* tcp_;        // the socket; owned by transport_
   net::Transport* transport_;     // tcp_, or TLS over it; owned, deleted after its onClosed
-  const net::TlsClientContext* tls_ = nullptr;
+  std::shared_ptr<const net::TlsClientContext> tls_;
   std::string host_;
   uint64_t connect_timeout_ms_ = 0;
   Timer timer_;
