@@ -9,25 +9,80 @@ namespace sluice::http {
 
 namespace {
 
-bool startsWithIgnoreCase(std::string_view text, std::string_view prefix) {
-  return text.size() >= prefix.size() && iequals(text.substr(0, prefix.size()), prefix);
+// The fields the proxy treats specially, recognized in one pass (by length, then bytes).
+enum class Field {
+  Other,
+  Connection,
+  KeepAlive,
+  Te,
+  Trailer,
+  TransferEncoding,
+  Upgrade,
+  Proxy,  // Proxy-*
+  ContentLength,
+  Expect,
+  Host,
+  Via,
+  XForwardedFor,
+  XForwardedProto,
+  XForwardedHost,
+  XRealIp,
+};
+
+Field classify(std::string_view name) {
+  switch (name.size()) {
+    case 2:
+      if (iequals(name, "te")) return Field::Te;
+      break;
+    case 3:
+      if (iequals(name, "via")) return Field::Via;
+      break;
+    case 4:
+      if (iequals(name, "host")) return Field::Host;
+      break;
+    case 6:
+      if (iequals(name, "expect")) return Field::Expect;
+      break;
+    case 7:
+      if (iequals(name, "trailer")) return Field::Trailer;
+      if (iequals(name, "upgrade")) return Field::Upgrade;
+      break;
+    case 9:
+      if (iequals(name, "x-real-ip")) return Field::XRealIp;
+      break;
+    case 10:
+      if (iequals(name, "connection")) return Field::Connection;
+      if (iequals(name, "keep-alive")) return Field::KeepAlive;
+      break;
+    case 14:
+      if (iequals(name, "content-length")) return Field::ContentLength;
+      break;
+    case 15:
+      if (iequals(name, "x-forwarded-for")) return Field::XForwardedFor;
+      break;
+    case 16:
+      if (iequals(name, "x-forwarded-host")) return Field::XForwardedHost;
+      break;
+    case 17:
+      if (iequals(name, "transfer-encoding")) return Field::TransferEncoding;
+      if (iequals(name, "x-forwarded-proto")) return Field::XForwardedProto;
+      break;
+    default:
+      break;
+  }
+  if (name.size() > 6 && iequals(name.substr(0, 6), "proxy-")) return Field::Proxy;
+  return Field::Other;
+}
+
+bool hopByHop(Field f) {
+  return f == Field::Connection || f == Field::KeepAlive || f == Field::Te ||
+         f == Field::Trailer || f == Field::TransferEncoding || f == Field::Upgrade ||
+         f == Field::Proxy;
 }
 
 bool listed(const std::vector<std::string>& names, std::string_view name) {
   return std::any_of(names.begin(), names.end(),
                      [&](const std::string& n) { return iequals(n, name); });
-}
-
-// Fields that Sluice writes itself on the way upstream, whatever the client sent.
-bool rewrittenUpstream(std::string_view name) {
-  return iequals(name, "content-length") || iequals(name, "expect") ||
-         iequals(name, "x-forwarded-for") || iequals(name, "x-real-ip") || iequals(name, "via");
-}
-
-// A Connection header may name only optional fields; these stay whatever it says.
-bool protectedFromConnection(std::string_view name) {
-  return iequals(name, "host") || iequals(name, "content-length") ||
-         iequals(name, "transfer-encoding");
 }
 
 void appendField(std::string& out, std::string_view name, std::string_view value) {
@@ -37,30 +92,35 @@ void appendField(std::string& out, std::string_view name, std::string_view value
   out.append("\r\n");
 }
 
-std::string viaValue(const HeaderMap& headers, int major, int minor) {
-  std::string via;
+void appendVia(std::string& out, const HeaderMap& headers, int major, int minor) {
+  out.append("Via: ");
   if (auto existing = headers.getJoined("via")) {
-    via = *existing;
-    via += ", ";
+    out.append(*existing);
+    out.append(", ");
   }
-  via += std::to_string(major) + "." + std::to_string(minor) + " sluice";
-  return via;
+  if (major == 1 && minor == 1) {
+    out.append("1.1 sluice\r\n");
+  } else {
+    out.append(std::to_string(major) + "." + std::to_string(minor) + " sluice\r\n");
+  }
 }
 
 }  // namespace
 
-bool isHopByHop(std::string_view name) {
-  return iequals(name, "connection") || iequals(name, "keep-alive") || iequals(name, "te") ||
-         iequals(name, "trailer") || iequals(name, "transfer-encoding") ||
-         iequals(name, "upgrade") || startsWithIgnoreCase(name, "proxy-");
-}
+bool isHopByHop(std::string_view name) { return hopByHop(classify(name)); }
 
 std::vector<std::string> connectionOptions(const HeaderMap& headers) {
   std::vector<std::string> out;
   for (const auto& field : headers) {
-    if (!iequals(field.name, "connection")) continue;
+    if (classify(field.name) != Field::Connection) continue;
     forEachListElement(field.value, [&](std::string_view token) {
-      if (!protectedFromConnection(token)) out.push_back(toLower(token));
+      // A Connection header may name only optional fields; framing and Host stay.
+      const Field kind = classify(token);
+      if (kind == Field::Host || kind == Field::ContentLength ||
+          kind == Field::TransferEncoding) {
+        return;
+      }
+      out.push_back(toLower(token));
     });
   }
   return out;
@@ -77,32 +137,39 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
   out.append(" HTTP/1.1\r\n");
   bool kept_proto = false;
   bool kept_host = false;
+  const std::string* host = nullptr;
   for (const auto& field : request.headers) {
-    if (context.tunnel && iequals(field.name, "upgrade")) {
-      appendField(out, field.name, field.value);
-      continue;
+    const Field kind = classify(field.name);
+    switch (kind) {
+      case Field::Upgrade:
+        if (context.tunnel) appendField(out, field.name, field.value);
+        continue;
+      case Field::ContentLength:
+      case Field::Expect:
+      case Field::XForwardedFor:
+      case Field::XRealIp:
+      case Field::Via:
+        continue;  // Sluice writes these itself
+      case Field::Host:
+        if (!host) host = &field.value;
+        break;
+      default:
+        if (hopByHop(kind)) continue;
+        break;
     }
-    if (isHopByHop(field.name) || rewrittenUpstream(field.name) || listed(options, field.name)) {
-      continue;
-    }
-    const bool proto = iequals(field.name, "x-forwarded-proto");
-    const bool host = iequals(field.name, "x-forwarded-host");
-    if (proto || host) {
+    if (!options.empty() && listed(options, field.name)) continue;
+    if (kind == Field::XForwardedProto || kind == Field::XForwardedHost) {
       if (!context.trusted_peer) continue;
-      kept_proto |= proto;
-      kept_host |= host;
+      kept_proto |= kind == Field::XForwardedProto;
+      kept_host |= kind == Field::XForwardedHost;
     }
     appendField(out, field.name, field.value);
   }
   if (!kept_proto) appendField(out, "X-Forwarded-Proto", context.scheme);
-  if (!kept_host) {
-    if (const std::string* host = request.headers.get("host")) {
-      appendField(out, "X-Forwarded-Host", *host);
-    }
-  }
+  if (!kept_host && host) appendField(out, "X-Forwarded-Host", *host);
   if (!context.forwarded_for.empty()) appendField(out, "X-Forwarded-For", context.forwarded_for);
   if (!context.real_ip.empty()) appendField(out, "X-Real-IP", context.real_ip);
-  appendField(out, "Via", viaValue(request.headers, request.version_major, request.version_minor));
+  appendVia(out, request.headers, request.version_major, request.version_minor);
   switch (context.body) {
     case Framing::ContentLength:
       appendField(out, "Content-Length", std::to_string(request.content_length.value_or(0)));
@@ -139,24 +206,22 @@ std::string buildClientResponseHead(const MessageHead& response,
   out.append(response.reason.empty() ? reasonPhrase(response.status)
                                      : std::string_view(response.reason));
   out.append("\r\n");
+  const bool reframed =
+      context.framing == Framing::Chunked || context.framing == Framing::CloseDelimited;
   for (const auto& field : response.headers) {
-    if (context.tunnel && iequals(field.name, "upgrade")) {
-      appendField(out, field.name, field.value);
+    const Field kind = classify(field.name);
+    if (kind == Field::Upgrade) {
+      if (context.tunnel) appendField(out, field.name, field.value);
       continue;
     }
-    if (isHopByHop(field.name) || listed(options, field.name) || iequals(field.name, "via")) {
-      continue;
-    }
+    if (hopByHop(kind) || kind == Field::Via) continue;
+    if (!options.empty() && listed(options, field.name)) continue;
     // Content-Length is kept as is when the body keeps it (and for HEAD and 304, where it
     // describes the representation); a re-framed body never carries it.
-    if (iequals(field.name, "content-length") &&
-        (context.framing == Framing::Chunked || context.framing == Framing::CloseDelimited)) {
-      continue;
-    }
+    if (kind == Field::ContentLength && reframed) continue;
     appendField(out, field.name, field.value);
   }
-  appendField(out, "Via", viaValue(response.headers, response.version_major,
-                                   response.version_minor));
+  appendVia(out, response.headers, response.version_major, response.version_minor);
   out.append(context.extra_headers);
   if (context.framing == Framing::Chunked) appendField(out, "Transfer-Encoding", "chunked");
   if (context.tunnel) {

@@ -70,15 +70,21 @@ std::optional<IpAddress> parseForwardedEntry(std::string_view entry) {
   return address;
 }
 
-ClientAddress resolveClientAddress(const IpAddress& peer_in, const http::HeaderMap& headers,
+ClientAddress resolveClientAddress(const IpAddress& peer, const http::HeaderMap& headers,
+                                   const std::vector<Cidr>& trusted_proxies) {
+  return resolveClientAddress(peer, peer.unmapped().toString(), headers, trusted_proxies);
+}
+
+ClientAddress resolveClientAddress(const IpAddress& peer_in, std::string_view peer_text,
+                                   const http::HeaderMap& headers,
                                    const std::vector<Cidr>& trusted_proxies) {
   ClientAddress out;
   const IpAddress peer = peer_in.unmapped();
   out.address = peer;
-  out.peer_trusted = trusted(peer, trusted_proxies);
+  out.text = std::string(peer_text);
+  out.peer_trusted = !trusted_proxies.empty() && trusted(peer, trusted_proxies);
   const std::optional<std::string> xff = headers.getJoined("x-forwarded-for");
-  out.forwarded_for = xff && !http::trim(*xff).empty() ? *xff + ", " + peer.toString()
-                                                       : peer.toString();
+  out.forwarded_for = xff && !http::trim(*xff).empty() ? *xff + ", " + out.text : out.text;
   if (!out.peer_trusted) return out;
 
   std::vector<std::string> hops;
@@ -94,6 +100,7 @@ ClientAddress resolveClientAddress(const IpAddress& peer_in, const http::HeaderM
     out.address = *hop;
     if (!trusted(*hop, trusted_proxies)) break;
   }
+  if (!(out.address == peer)) out.text = out.address.toString();
   return out;
 }
 

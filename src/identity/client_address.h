@@ -16,6 +16,7 @@ namespace sluice::identity {
 
 struct ClientAddress {
   IpAddress address;          // the client
+  std::string text;           // address.toString()
   bool peer_trusted = false;  // the connection comes from a trusted proxy
   // X-Forwarded-For to send upstream: every X-Forwarded-For field received, as one list, with
   // the peer appended (what nginx's $proxy_add_x_forwarded_for sends). Its left part is the
@@ -24,6 +25,10 @@ struct ClientAddress {
 };
 
 ClientAddress resolveClientAddress(const IpAddress& peer, const http::HeaderMap& headers,
+                                   const std::vector<Cidr>& trusted_proxies);
+// The same with the peer's text already known (a connection formats it once, not per request).
+ClientAddress resolveClientAddress(const IpAddress& peer, std::string_view peer_text,
+                                   const http::HeaderMap& headers,
                                    const std::vector<Cidr>& trusted_proxies);
 
 // One X-Forwarded-For or Forwarded `for=` entry: "1.2.3.4", "1.2.3.4:80", "[v6]:80", "v6",

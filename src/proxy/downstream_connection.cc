@@ -34,6 +34,13 @@ DownstreamConnection::DownstreamConnection(WorkerContext& worker,
               requestLimits(worker.snapshot()->config->server)),
       exchange_(*this) {
   transport_->setCallbacks(this);
+  if (const sockaddr* peer = transport_->peerAddress()) {
+    peer_ip_ = IpAddress::fromSockaddr(peer);
+    if (peer_ip_) {
+      peer_ip_ = peer_ip_->unmapped();
+      peer_text_ = peer_ip_->toString();
+    }
+  }
   worker_.add(this);
   worker_.stats().connections_open.add(1);
   worker_.stats().connections_total.inc();

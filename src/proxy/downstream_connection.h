@@ -7,8 +7,10 @@
 // Lifetime: created by the listener, destroyed in the transport's onClosed(), never earlier.
 
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "core/ip_address.h"
 #include "core/timer.h"
 #include "http/parser.h"
 #include "net/transport.h"
@@ -32,6 +34,9 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
 
   // Exchange use.
   WorkerContext& worker() { return worker_; }
+  // The peer, formatted once per connection.
+  const std::optional<IpAddress>& peerIp() const { return peer_ip_; }
+  const std::string& peerText() const { return peer_text_; }
   net::Transport& transport() { return *transport_; }
   void write(std::string_view data) { transport_->write(data); }
   void writev(const std::string_view* parts, size_t count) { transport_->writev(parts, count); }
@@ -82,6 +87,8 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   http::Parser parser_;
   Exchange exchange_;
   std::string pending_;  // received, not parsed yet (pipelined requests, tunnel bytes)
+  std::optional<IpAddress> peer_ip_;
+  std::string peer_text_;
   DownstreamConnection* list_prev_ = nullptr;
   DownstreamConnection* list_next_ = nullptr;
   State state_ = State::Reading;

@@ -29,6 +29,11 @@ Exchange::Exchange(DownstreamConnection& connection) : conn_(connection) {}
 
 Exchange::~Exchange() { abort(); }
 
+const std::string& Exchange::requestId() {
+  if (request_id_.empty()) request_id_ = conn_.worker().nextRequestId();
+  return request_id_;
+}
+
 void Exchange::detach() {
   if (upstream_) {
     upstream_->abort();
@@ -102,11 +107,9 @@ bool Exchange::refuse(int status, const char* why) {
 }
 
 void Exchange::resolveClient() {
-  const sockaddr* peer = conn_.transport().peerAddress();
-  auto ip = peer ? IpAddress::fromSockaddr(peer) : std::nullopt;
-  if (!ip) return;
+  if (!conn_.peerIp()) return;
   const auto& snapshot = snapshot_ ? snapshot_ : conn_.worker().snapshot();
-  client_ = identity::resolveClientAddress(*ip, request_.headers,
+  client_ = identity::resolveClientAddress(*conn_.peerIp(), conn_.peerText(), request_.headers,
                                            snapshot->config->identity.trusted_proxies);
 }
 
@@ -117,12 +120,9 @@ void Exchange::complete(int status) {
   snapshot->requestCounter(conn_.worker().stats(), route_, status).inc();
   if (!snapshot->access_log) return;
   AccessRecord r;
-  if (request_id_.empty()) request_id_ = conn_.worker().nextRequestId();
-  r.request_id = request_id_;
-  if (const sockaddr* peer = conn_.transport().peerAddress()) {
-    if (auto ip = IpAddress::fromSockaddr(peer)) r.peer = ip->unmapped().toString();
-  }
-  r.client = client_.address.toString();
+  r.request_id = requestId();
+  r.peer = conn_.peerText();
+  r.client = client_.text.empty() ? r.peer : client_.text;
   if (facts_.tenant) r.tenant = *facts_.tenant;
   if (facts_.api_key) r.api_key_id = ratelimit::hashedPart(*facts_.api_key).substr(0, 17);
   r.method = request_.method;
@@ -180,7 +180,6 @@ void Exchange::begin(http::MessageHead&& head) {
   start_ns_ = uv_hrtime();
   phase_ = Phase::Deciding;
   snapshot_ = conn_.worker().snapshot();
-  request_id_ = conn_.worker().nextRequestId();
   request_ = std::move(head);
   resolveClient();
   head_request_ = request_.method == "HEAD";
@@ -244,7 +243,9 @@ void Exchange::startLimits() {
   facts_.head = &request_;
   facts_.route = route_->name;
   facts_.query = target_.query;
-  facts_.client_key = identity::clientKeyText(client_.address, config.identity.ipv6_prefix);
+  facts_.client_key = client_.address.isV4()
+                          ? client_.text
+                          : identity::clientKeyText(client_.address, config.identity.ipv6_prefix);
   identity::FieldValue api_key = identity::headerField(request_.headers, config.identity.api_key_header);
   if (api_key.ambiguous) {
     respondLocal(http::problemResponse(400, "several different API keys in one request"));
@@ -346,7 +347,7 @@ void Exchange::decide() {
     }
   }
   std::vector<std::string> keys, args;
-  ratelimit::scriptArguments(applied_, request_id_, &keys, &args);
+  ratelimit::scriptArguments(applied_, requestId(), &keys, &args);
   decide_sent_ms_ = now;
   decide_sent_ns_ = uv_hrtime();
   valkey::Client* client = snapshot_->valkey.get();
@@ -470,9 +471,8 @@ void Exchange::sendRequestHead() {
   const std::string target = target_.originForm();
   http::UpstreamRequestContext context;
   context.target = target;
-  const std::string real_ip = client_.address.toString();
   context.forwarded_for = client_.forwarded_for;
-  context.real_ip = real_ip;
+  context.real_ip = client_.text;
   context.trusted_peer = client_.peer_trusted;
   context.scheme = conn_.transport().scheme();
   context.tunnel = wants_upgrade_;

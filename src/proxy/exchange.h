@@ -70,6 +70,8 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   // Lets go of the upstream connection and the pending Valkey call: no callback after this.
   void detach();
   void resolveClient();
+  // Made when first needed (the access log, sliding_log members): not for every request.
+  const std::string& requestId();
   void startLimits();
   void resolveTenant();
   void onTenantRecord(bool known, const std::string& tenant, const std::string& plan);
