@@ -25,7 +25,8 @@ constexpr size_t kHighWater = 128 * 1024;
 
 }  // namespace
 
-Exchange::Exchange(DownstreamConnection& connection) : conn_(connection) {}
+Exchange::Exchange(DownstreamConnection& connection)
+    : conn_(connection), admission_(connection.worker(), *this) {}
 
 Exchange::~Exchange() { abort(); }
 
@@ -39,23 +40,14 @@ void Exchange::detach() {
     upstream_->abort();
     upstream_ = nullptr;
   }
-  if (call_) {
-    snapshot_->valkey->cancel(call_);
-    call_ = nullptr;
-  }
+  admission_.reset();
 }
 
 void Exchange::reset() {
   detach();
   out_pieces_.clear();
   out_owned_.clear();
-  applied_.clear();
   client_ = identity::ClientAddress{};
-  facts_ = identity::RequestFacts{};
-  std::string().swap(inspect_body_);
-  needs_body_ = waiting_body_ = tenant_pending_ = false;
-  std::string().swap(rate_headers_);
-  decide_sent_ms_ = 0;
   phase_ = Phase::Idle;
   snapshot_.reset();
   route_ = nullptr;
@@ -65,10 +57,9 @@ void Exchange::reset() {
   std::string().swap(body_buffer_);
   request_framing_ = response_framing_ = http::Framing::None;
   status_ = attempts_ = 0;
-  start_ns_ = upstream_sent_ns_ = upstream_head_ns_ = valkey_ns_ = decide_sent_ns_ = 0;
+  start_ns_ = upstream_sent_ns_ = upstream_head_ns_ = 0;
   bytes_in_ = bytes_out_ = 0;
   endpoint_ = SIZE_MAX;
-  decision_.clear();
   error_ = "";
   request_id_.clear();
   head_request_ = wants_upgrade_ = expect_continue_ = continue_sent_ = false;
@@ -123,8 +114,9 @@ void Exchange::complete(int status) {
   r.request_id = requestId();
   r.peer = conn_.peerText();
   r.client = client_.text.empty() ? r.peer : client_.text;
-  if (facts_.tenant) r.tenant = *facts_.tenant;
-  if (facts_.api_key) r.api_key_id = ratelimit::hashedPart(*facts_.api_key).substr(0, 17);
+  const identity::RequestFacts& facts = admission_.facts();
+  if (facts.tenant) r.tenant = *facts.tenant;
+  if (facts.api_key) r.api_key_id = ratelimit::hashedPart(*facts.api_key).substr(0, 17);
   r.method = request_.method;
   r.path = target_.path.empty() ? std::string_view(request_.target) : target_.path;
   if (route_) r.route = route_->name;
@@ -138,10 +130,10 @@ void Exchange::complete(int status) {
   if (upstream_sent_ns_ && upstream_head_ns_) {
     r.upstream_ms = static_cast<double>(upstream_head_ns_ - upstream_sent_ns_) / 1e6;
   }
-  if (valkey_ns_) r.valkey_ms = static_cast<double>(valkey_ns_) / 1e6;
+  if (admission_.valkeyNs()) r.valkey_ms = static_cast<double>(admission_.valkeyNs()) / 1e6;
   r.bytes_in = bytes_in_;
   r.bytes_out = bytes_out_;
-  r.limits = &decision_;
+  r.limits = &admission_.results();
   r.error = error_;
   snapshot->access_log->write(formatAccessRecord(r));
 }
@@ -217,227 +209,18 @@ void Exchange::begin(http::MessageHead&& head) {
   if (route_->limit_indices.empty() && !snapshot_->config->identity.reject_unknown_api_keys) {
     forward();
   } else {
-    startLimits();
+    admission_.start(*snapshot_, *route_, request_, target_, client_);
   }
 }
 
-namespace {
+void Exchange::onAdmitted() { forward(); }
 
-bool readsBody(const config::Config& config, const config::RouteConfig& route) {
-  for (size_t index : route.limit_indices) {
-    for (const auto& part : config.limits[index].by) {
-      if (part.kind == config::KeyPartKind::Form || part.kind == config::KeyPartKind::Json) {
-        return true;
-      }
-    }
-  }
-  return false;
-}
+void Exchange::onRefused(const http::LocalResponse& response) { respondLocal(response); }
 
-}  // namespace
-
-// Deciding takes up to three steps, each of which may wait: the tenant of the API key (a
-// lookup in Valkey on a cache miss), the body (for form: and json: key parts), the decision.
-void Exchange::startLimits() {
-  const config::Config& config = *snapshot_->config;
-  facts_.head = &request_;
-  facts_.route = route_->name;
-  facts_.query = target_.query;
-  facts_.client_key = client_.address.isV4()
-                          ? client_.text
-                          : identity::clientKeyText(client_.address, config.identity.ipv6_prefix);
-  identity::FieldValue api_key = identity::headerField(request_.headers, config.identity.api_key_header);
-  if (api_key.ambiguous) {
-    respondLocal(http::problemResponse(400, "several different API keys in one request"));
-    return;
-  }
-  if (api_key.value && !api_key.value->empty()) facts_.api_key = std::move(api_key.value);
-  facts_.session = identity::cookieValue(request_.headers, config.identity.session_cookie);
-  if (const std::string* type = request_.headers.get("content-type")) facts_.content_type = *type;
-  needs_body_ = readsBody(config, *route_);
-  if (needs_body_) {
-    if (request_.content_length && *request_.content_length > route_->max_buffered_body_bytes) {
-      respondLocal(http::problemResponse(413, "this route reads the body to decide; it is larger "
-                                              "than max_buffered_body_bytes"));
-      return;
-    }
-    // The body is needed before deciding: a client waiting for 100 Continue gets it now.
-    if (expect_continue_ && !continue_sent_) {
-      continue_sent_ = true;
-      send(http::continueResponse());
-    }
-  }
-  resolveTenant();
-  if (phase_ == Phase::Deciding && !tenant_pending_) continueLimits();
-}
-
-void Exchange::resolveTenant() {
-  if (!facts_.api_key) return;
-  const config::Config& config = *snapshot_->config;
-  auto owned = config.tenant_by_api_key.find(*facts_.api_key);
-  if (owned != config.tenant_by_api_key.end()) {
-    const config::TenantConfig& tenant = config.tenants[owned->second];
-    facts_.tenant = tenant.name;
-    facts_.plan = tenant.plan.empty() ? nullptr : config.findPlan(tenant.plan);
-    return;
-  }
-  valkey::Client* client = snapshot_->valkey.get();
-  if (config.identity.valkey_tenants && client) {
-    const uint64_t now = uv_now(conn_.worker().loop());
-    if (auto record = snapshot_->tenant_cache->find(*facts_.api_key, now)) {
-      onTenantRecord(record->known, record->tenant, record->plan);
-      return;
-    }
-    call_ = client->command(
-        {"HMGET", config.identity.tenant_key_prefix + ":" + *facts_.api_key, "tenant", "plan"},
-        this);
-    if (call_) {
-      tenant_pending_ = true;
-      return;
-    }
-    if (config.identity.reject_unknown_api_keys) {
-      respondLocal(http::problemResponse(503, "the owner of this API key cannot be looked up now"));
-      return;
-    }
-  }
-  onTenantRecord(false, {}, {});
-}
-
-void Exchange::onTenantRecord(bool known, const std::string& tenant, const std::string& plan) {
-  if (!known) {
-    if (snapshot_->config->identity.reject_unknown_api_keys) {
-      respondLocal(http::problemResponse(401, "no tenant owns this API key"));
-    }
-    return;
-  }
-  facts_.tenant = tenant;
-  facts_.plan = plan.empty() ? nullptr : snapshot_->config->findPlan(plan);
-}
-
-void Exchange::continueLimits() {
-  if (needs_body_ && !request_complete_) {
-    waiting_body_ = true;
-    return;
-  }
-  facts_.body = inspect_body_;
-  decide();
-}
-
-void Exchange::decide() {
-  const config::Config& config = *snapshot_->config;
-  std::string ambiguous;
-  applied_ = ratelimit::appliedLimits(config, *route_, facts_, &ambiguous);
-  if (!ambiguous.empty()) {
-    respondLocal(http::problemResponse(400, "several different values for " + ambiguous +
-                                                ", which a rate limit is keyed on"));
-    return;
-  }
-  if (applied_.empty()) {
-    forward();
-    return;
-  }
-  const uint64_t now = uv_now(conn_.worker().loop());
-  ratelimit::DenyCache& cache = *snapshot_->deny_cache;
-  for (size_t i = 0; i < applied_.size(); ++i) {
-    const config::LimitConfig& limit = *applied_[i].config;
-    if (limit.shadow || limit.count_denied) continue;
-    if (const uint64_t left = cache.remaining(ratelimit::denyCacheKey(applied_[i]), now)) {
-      applyDecision(ratelimit::decisionFromCache(applied_, i, static_cast<int64_t>(left)));
-      return;
-    }
-  }
-  std::vector<std::string> keys, args;
-  ratelimit::scriptArguments(applied_, requestId(), &keys, &args);
-  decide_sent_ms_ = now;
-  decide_sent_ns_ = uv_hrtime();
-  valkey::Client* client = snapshot_->valkey.get();
-  call_ = client ? client->evalScript(keys, args, this) : nullptr;
-  if (!call_) applyDecision(ratelimit::decisionOnError(applied_));
-}
-
-void Exchange::onValkeyReply(valkey::Reply& reply) {
-  call_ = nullptr;
-  if (!tenant_pending_) valkey_ns_ = uv_hrtime() - decide_sent_ns_;
-  if (tenant_pending_) {
-    if (reply.isError()) {
-      onValkeyFailure(valkey::Failure::Disconnected);  // still tenant_pending_: that path
-      return;
-    }
-    tenant_pending_ = false;
-    identity::TenantRecord record;
-    if (reply.type == valkey::Reply::Type::Array && reply.elements.size() == 2 &&
-        reply.elements[0].type == valkey::Reply::Type::String &&
-        !reply.elements[0].text.empty()) {
-      record.known = true;
-      record.tenant = reply.elements[0].text;
-      if (reply.elements[1].type == valkey::Reply::Type::String) record.plan = reply.elements[1].text;
-    }
-    const uint64_t now = uv_now(conn_.worker().loop());
-    const auto ttl = static_cast<uint64_t>(snapshot_->config->identity.tenant_cache_ttl.count());
-    snapshot_->tenant_cache->store(*facts_.api_key, record, now + ttl, now);
-    onTenantRecord(record.known, record.tenant, record.plan);
-    if (phase_ == Phase::Deciding) continueLimits();
-    return;
-  }
-  std::optional<ratelimit::Decision> decision = ratelimit::decisionFromReply(applied_, reply);
-  if (!decision) {
-    SLUICE_LOG_WARN("valkey: unexpected decision reply: {}",
-                    logging::sanitize(reply.isError() ? reply.text : "wrong shape"));
-    applyDecision(ratelimit::decisionOnError(applied_));
-    return;
-  }
-  // Remember refusals from the time the question was asked: never longer than Valkey's own.
-  ratelimit::DenyCache& cache = *snapshot_->deny_cache;
-  for (const auto& r : decision->limits) {
-    if (r.outcome != ratelimit::Outcome::Denied || r.config->count_denied) continue;
-    for (const auto& a : applied_) {
-      if (a.config == r.config) {
-        cache.remember(ratelimit::denyCacheKey(a),
-                       decide_sent_ms_ + static_cast<uint64_t>(r.retry_ms),
-                       uv_now(conn_.worker().loop()));
-      }
-    }
-  }
-  applyDecision(*decision);
-}
-
-void Exchange::onValkeyFailure(valkey::Failure failure) {
-  call_ = nullptr;
-  if (tenant_pending_) {
-    // The tenant stays unknown for this request (and is not cached).
-    tenant_pending_ = false;
-    if (snapshot_->config->identity.reject_unknown_api_keys) {
-      respondLocal(http::problemResponse(503, "the owner of this API key cannot be looked up now"));
-      return;
-    }
-    continueLimits();
-    return;
-  }
-  SLUICE_LOG_DEBUG("valkey: decision failed ({}), on_error decides", valkey::toString(failure));
-  applyDecision(ratelimit::decisionOnError(applied_));
-}
-
-void Exchange::applyDecision(const ratelimit::Decision& decision) {
-  auto& stats = conn_.worker().stats();
-  decision_ = decision.limits;
-  for (const auto& r : decision.limits) {
-    if (!r.decided) continue;
-    snapshot_->decisionCounter(stats, r.config, static_cast<int>(r.outcome),
-                               ratelimit::toString(r.outcome))
-        .inc();
-  }
-  const config::RateLimitHeaders mode = snapshot_->config->server.rate_limit_headers;
-  switch (decision.verdict) {
-    case ratelimit::Decision::Verdict::Allow:
-      rate_headers_ = ratelimit::rateLimitHeaders(mode, decision);
-      forward();
-      return;
-    case ratelimit::Decision::Verdict::Deny:
-      respondLocal(ratelimit::quotaExceededResponse(mode, decision));
-      return;
-    case ratelimit::Decision::Verdict::Unavailable:
-      respondLocal(ratelimit::limiterUnavailableResponse(decision));
-      return;
+void Exchange::onBodyNeeded() {
+  if (expect_continue_ && !continue_sent_) {
+    continue_sent_ = true;
+    send(http::continueResponse());
   }
 }
 
@@ -501,13 +284,9 @@ void Exchange::sendRequestHead() {
 void Exchange::onRequestBody(const char* data, size_t len) {
   if (phase_ == Phase::Done || phase_ == Phase::Idle || len == 0) return;
   bytes_in_ += len;
-  if (needs_body_ && phase_ == Phase::Deciding) {
-    inspect_body_.append(data, len);
-    if (inspect_body_.size() > route_->max_buffered_body_bytes) {
-      respondLocal(http::problemResponse(413, "this route reads the body to decide; it is larger "
-                                              "than max_buffered_body_bytes"));
-      return;
-    }
+  if (admission_.pending()) {
+    admission_.onBody(data, len);
+    if (phase_ == Phase::Done) return;  // refused: too large
   }
   const bool chunked = request_framing_ == http::Framing::Chunked;
   if (request_head_sent_ && upstream_) {
@@ -536,9 +315,8 @@ void Exchange::onRequestBody(const char* data, size_t len) {
 void Exchange::onRequestComplete() {
   request_complete_ = true;
   if (phase_ == Phase::Done || phase_ == Phase::Idle) return;
-  if (waiting_body_) {
-    waiting_body_ = false;
-    continueLimits();
+  if (admission_.pending()) {
+    admission_.onBodyComplete();
     return;
   }
   if (request_head_sent_ && upstream_) {
@@ -593,7 +371,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
                 response_framing_ != http::Framing::CloseDelimited;
   context.keep_alive = keep_alive_;
   context.framing = response_framing_;
-  context.extra_headers = rate_headers_;
+  context.extra_headers = admission_.rateLimitHeaders();
   gatherOwned(http::buildClientResponseHead(head, context));
   return 0;
 }

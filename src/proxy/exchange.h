@@ -12,9 +12,7 @@
 
 #include "http/forwarding.h"
 #include "identity/client_address.h"
-#include "identity/request_facts.h"
-#include "ratelimit/decision.h"
-#include "valkey/client.h"
+#include "proxy/admission.h"
 #include "http/message.h"
 #include "http/responses.h"
 #include "proxy/router.h"
@@ -25,7 +23,7 @@ namespace sluice::proxy {
 
 class DownstreamConnection;
 
-class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTarget {
+class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCallbacks {
  public:
   explicit Exchange(DownstreamConnection& connection);
   ~Exchange() override;
@@ -63,21 +61,15 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   void onUpstreamDrained() override;
   void onUpstreamReadDone() override;
 
-  // valkey::CallTarget
-  void onValkeyReply(valkey::Reply& reply) override;
-  void onValkeyFailure(valkey::Failure failure) override;
+  // AdmissionCallbacks
+  void onAdmitted() override;
+  void onRefused(const http::LocalResponse& response) override;
+  void onBodyNeeded() override;
+  const std::string& requestId() override;
 
   // Lets go of the upstream connection and the pending Valkey call: no callback after this.
   void detach();
   void resolveClient();
-  // Made when first needed (the access log, sliding_log members): not for every request.
-  const std::string& requestId();
-  void startLimits();
-  void resolveTenant();
-  void onTenantRecord(bool known, const std::string& tenant, const std::string& plan);
-  void continueLimits();
-  void decide();
-  void applyDecision(const ratelimit::Decision& decision);
   void forward();
   void connectUpstream(bool fresh);
   void sendRequestHead();
@@ -107,24 +99,16 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   std::vector<std::string_view> out_pieces_;
   std::deque<std::string> out_owned_;  // stable addresses for out_pieces_
   identity::ClientAddress client_;
-  identity::RequestFacts facts_;  // views into request_ and target_
-  std::string inspect_body_;      // raw body read for form: / json: key parts
-  std::vector<ratelimit::AppliedLimit> applied_;
-  valkey::Call* call_ = nullptr;  // pending decision; cancelled on reset/abort
-  uint64_t decide_sent_ms_ = 0;  // loop time, for the deny cache
-  uint64_t decide_sent_ns_ = 0;
-  std::string rate_headers_;  // RateLimit fields for the upstream's response
+  Admission admission_;
   http::Framing request_framing_ = http::Framing::None;
   http::Framing response_framing_ = http::Framing::None;
   std::string request_id_;
   uint64_t start_ns_ = 0;
   uint64_t upstream_sent_ns_ = 0;
   uint64_t upstream_head_ns_ = 0;
-  uint64_t valkey_ns_ = 0;     // decision round trip
   uint64_t bytes_in_ = 0;
   uint64_t bytes_out_ = 0;
   size_t endpoint_ = SIZE_MAX;  // of cluster_, for the log
-  std::vector<ratelimit::LimitResult> decision_;  // for the log
   const char* error_ = "";
   int status_ = 0;
   int attempts_ = 0;
@@ -139,9 +123,6 @@ class Exchange final : public upstream::UpstreamCallbacks, public valkey::CallTa
   bool keep_alive_ = false;
   bool client_paused_ = false;
   bool upstream_paused_ = false;
-  bool needs_body_ = false;     // a limit of the route reads the body
-  bool waiting_body_ = false;   // deciding waits for the end of the body
-  bool tenant_pending_ = false;  // call_ is a tenant lookup
   bool tunnel_client_ended_ = false;
   bool tunnel_upstream_ended_ = false;
 };

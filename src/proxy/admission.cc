@@ -1,0 +1,284 @@
+#include "proxy/admission.h"
+
+#include <uv.h>
+
+#include "core/logging.h"
+#include "identity/tenant_cache.h"
+#include "ratelimit/applied_limits.h"
+#include "ratelimit/deny_cache.h"
+#include "ratelimit/headers.h"
+#include "stats/stats.h"
+
+namespace sluice::proxy {
+
+namespace {
+
+bool readsBody(const config::Config& config, const config::RouteConfig& route) {
+  for (size_t index : route.limit_indices) {
+    for (const auto& part : config.limits[index].by) {
+      if (part.kind == config::KeyPartKind::Form || part.kind == config::KeyPartKind::Json) {
+        return true;
+      }
+    }
+  }
+  return false;
+}
+
+http::LocalResponse bodyTooLarge() {
+  return http::problemResponse(
+      413, "this route reads the body to decide; it is larger than max_buffered_body_bytes");
+}
+
+}  // namespace
+
+Admission::Admission(WorkerContext& worker, AdmissionCallbacks& owner)
+    : worker_(worker), owner_(owner) {}
+
+Admission::~Admission() { reset(); }
+
+void Admission::reset() {
+  if (call_) {
+    snapshot_->valkey->cancel(call_);
+    call_ = nullptr;
+  }
+  snapshot_ = nullptr;
+  route_ = nullptr;
+  facts_ = identity::RequestFacts{};
+  applied_.clear();
+  results_.clear();
+  std::string().swap(body_);
+  std::string().swap(rate_headers_);
+  sent_ms_ = sent_ns_ = valkey_ns_ = 0;
+  started_ = done_ = needs_body_ = body_complete_ = waiting_body_ = tenant_pending_ = false;
+}
+
+void Admission::start(Snapshot& snapshot, const config::RouteConfig& route,
+                      const http::MessageHead& head, const Target& target,
+                      const identity::ClientAddress& client) {
+  started_ = true;
+  snapshot_ = &snapshot;
+  route_ = &route;
+  const config::Config& config = *snapshot.config;
+  facts_.head = &head;
+  facts_.route = route.name;
+  facts_.query = target.query;
+  facts_.client_key = client.address.isV4()
+                          ? client.text
+                          : identity::clientKeyText(client.address, config.identity.ipv6_prefix);
+  identity::FieldValue api_key = identity::headerField(head.headers, config.identity.api_key_header);
+  if (api_key.ambiguous) {
+    refuse(http::problemResponse(400, "several different API keys in one request"));
+    return;
+  }
+  if (api_key.value && !api_key.value->empty()) facts_.api_key = std::move(api_key.value);
+  facts_.session = identity::cookieValue(head.headers, config.identity.session_cookie);
+  if (const std::string* type = head.headers.get("content-type")) facts_.content_type = *type;
+  needs_body_ = readsBody(config, route);
+  body_complete_ = !head.hasBody();
+  if (needs_body_) {
+    if (head.content_length && *head.content_length > route.max_buffered_body_bytes) {
+      refuse(bodyTooLarge());
+      return;
+    }
+    owner_.onBodyNeeded();
+  }
+  if (resolveTenant()) continueAfterTenant();
+}
+
+void Admission::onBody(const char* data, size_t len) {
+  if (!needs_body_ || done_) return;
+  body_.append(data, len);
+  if (body_.size() > route_->max_buffered_body_bytes) refuse(bodyTooLarge());
+}
+
+void Admission::onBodyComplete() {
+  body_complete_ = true;
+  if (waiting_body_ && !done_) {
+    waiting_body_ = false;
+    continueAfterTenant();
+  }
+}
+
+bool Admission::resolveTenant() {
+  if (!facts_.api_key) return true;
+  const config::Config& config = *snapshot_->config;
+  auto owned = config.tenant_by_api_key.find(*facts_.api_key);
+  if (owned != config.tenant_by_api_key.end()) {
+    const config::TenantConfig& tenant = config.tenants[owned->second];
+    return onTenant(true, tenant.name, tenant.plan);
+  }
+  valkey::Client* client = snapshot_->valkey.get();
+  if (config.identity.valkey_tenants && client) {
+    const uint64_t now = uv_now(worker_.loop());
+    if (auto record = snapshot_->tenant_cache->find(*facts_.api_key, now)) {
+      return onTenant(record->known, record->tenant, record->plan);
+    }
+    call_ = client->command(
+        {"HMGET", config.identity.tenant_key_prefix + ":" + *facts_.api_key, "tenant", "plan"},
+        this);
+    if (call_) {
+      tenant_pending_ = true;
+      return false;
+    }
+    if (config.identity.reject_unknown_api_keys) {
+      refuse(http::problemResponse(503, "the owner of this API key cannot be looked up now"));
+      return false;
+    }
+  }
+  return onTenant(false, {}, {});
+}
+
+bool Admission::onTenant(bool known, const std::string& tenant, const std::string& plan) {
+  if (!known) {
+    if (snapshot_->config->identity.reject_unknown_api_keys) {
+      refuse(http::problemResponse(401, "no tenant owns this API key"));
+      return false;
+    }
+    return true;
+  }
+  facts_.tenant = tenant;
+  facts_.plan = plan.empty() ? nullptr : snapshot_->config->findPlan(plan);
+  return true;
+}
+
+void Admission::onTenantReply(valkey::Reply& reply) {
+  identity::TenantRecord record;
+  if (reply.type == valkey::Reply::Type::Array && reply.elements.size() == 2 &&
+      reply.elements[0].type == valkey::Reply::Type::String && !reply.elements[0].text.empty()) {
+    record.known = true;
+    record.tenant = reply.elements[0].text;
+    if (reply.elements[1].type == valkey::Reply::Type::String) record.plan = reply.elements[1].text;
+  }
+  const uint64_t now = uv_now(worker_.loop());
+  const auto ttl = static_cast<uint64_t>(snapshot_->config->identity.tenant_cache_ttl.count());
+  snapshot_->tenant_cache->store(*facts_.api_key, record, now + ttl, now);
+  if (onTenant(record.known, record.tenant, record.plan)) continueAfterTenant();
+}
+
+void Admission::continueAfterTenant() {
+  if (needs_body_ && !body_complete_) {
+    waiting_body_ = true;
+    return;
+  }
+  facts_.body = body_;
+  decide();
+}
+
+void Admission::decide() {
+  const config::Config& config = *snapshot_->config;
+  std::string ambiguous;
+  applied_ = ratelimit::appliedLimits(config, *route_, facts_, &ambiguous);
+  if (!ambiguous.empty()) {
+    refuse(http::problemResponse(400, "several different values for " + ambiguous +
+                                          ", which a rate limit is keyed on"));
+    return;
+  }
+  if (applied_.empty()) {
+    admit();
+    return;
+  }
+  const uint64_t now = uv_now(worker_.loop());
+  ratelimit::DenyCache& cache = *snapshot_->deny_cache;
+  for (size_t i = 0; i < applied_.size(); ++i) {
+    const config::LimitConfig& limit = *applied_[i].config;
+    if (limit.shadow || limit.count_denied) continue;
+    if (const uint64_t left = cache.remaining(ratelimit::denyCacheKey(applied_[i]), now)) {
+      apply(ratelimit::decisionFromCache(applied_, i, static_cast<int64_t>(left)));
+      return;
+    }
+  }
+  std::vector<std::string> keys, args;
+  ratelimit::scriptArguments(applied_, owner_.requestId(), &keys, &args);
+  sent_ms_ = now;
+  sent_ns_ = uv_hrtime();
+  valkey::Client* client = snapshot_->valkey.get();
+  call_ = client ? client->evalScript(keys, args, this) : nullptr;
+  if (!call_) apply(ratelimit::decisionOnError(applied_));
+}
+
+void Admission::onValkeyReply(valkey::Reply& reply) {
+  call_ = nullptr;
+  if (tenant_pending_) {
+    if (reply.isError()) {
+      onValkeyFailure(valkey::Failure::Disconnected);  // still tenant_pending_: that path
+      return;
+    }
+    tenant_pending_ = false;
+    onTenantReply(reply);
+    return;
+  }
+  valkey_ns_ = uv_hrtime() - sent_ns_;
+  onDecisionReply(reply);
+}
+
+void Admission::onDecisionReply(valkey::Reply& reply) {
+  std::optional<ratelimit::Decision> decision = ratelimit::decisionFromReply(applied_, reply);
+  if (!decision) {
+    SLUICE_LOG_WARN("valkey: unexpected decision reply: {}",
+                    logging::sanitize(reply.isError() ? reply.text : "wrong shape"));
+    apply(ratelimit::decisionOnError(applied_));
+    return;
+  }
+  // Remember refusals from the time the question was asked: never longer than Valkey's own.
+  ratelimit::DenyCache& cache = *snapshot_->deny_cache;
+  const uint64_t now = uv_now(worker_.loop());
+  for (size_t i = 0; i < decision->limits.size(); ++i) {
+    const ratelimit::LimitResult& r = decision->limits[i];
+    if (r.outcome != ratelimit::Outcome::Denied || r.config->count_denied) continue;
+    cache.remember(ratelimit::denyCacheKey(applied_[i]),
+                   sent_ms_ + static_cast<uint64_t>(r.retry_ms), now);
+  }
+  apply(*decision);
+}
+
+void Admission::onValkeyFailure(valkey::Failure failure) {
+  call_ = nullptr;
+  if (tenant_pending_) {
+    // The tenant stays unknown for this request (and is not cached).
+    tenant_pending_ = false;
+    if (snapshot_->config->identity.reject_unknown_api_keys) {
+      refuse(http::problemResponse(503, "the owner of this API key cannot be looked up now"));
+      return;
+    }
+    continueAfterTenant();
+    return;
+  }
+  SLUICE_LOG_DEBUG("valkey: decision failed ({}), on_error decides", valkey::toString(failure));
+  apply(ratelimit::decisionOnError(applied_));
+}
+
+void Admission::apply(const ratelimit::Decision& decision) {
+  results_ = decision.limits;
+  for (const auto& r : decision.limits) {
+    if (!r.decided) continue;
+    snapshot_->decisionCounter(worker_.stats(), r.config, static_cast<int>(r.outcome),
+                               ratelimit::toString(r.outcome))
+        .inc();
+  }
+  const config::RateLimitHeaders mode = snapshot_->config->server.rate_limit_headers;
+  switch (decision.verdict) {
+    case ratelimit::Decision::Verdict::Allow:
+      rate_headers_ = ratelimit::rateLimitHeaders(mode, decision);
+      admit();
+      return;
+    case ratelimit::Decision::Verdict::Deny:
+      refuse(ratelimit::quotaExceededResponse(mode, decision));
+      return;
+    case ratelimit::Decision::Verdict::Unavailable:
+      refuse(ratelimit::limiterUnavailableResponse(decision));
+      return;
+  }
+}
+
+// Both end the admission, and the owner may reset it from inside: nothing follows them.
+void Admission::refuse(const http::LocalResponse& response) {
+  done_ = true;
+  owner_.onRefused(response);
+}
+
+void Admission::admit() {
+  done_ = true;
+  owner_.onAdmitted();
+}
+
+}  // namespace sluice::proxy

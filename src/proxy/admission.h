@@ -1,0 +1,96 @@
+#pragma once
+
+// Whether one request may go upstream: who the client is (API key, tenant and plan, body
+// fields) and what the rate limits say. Up to three steps may wait: the tenant of an API key
+// that the TOML does not list (a Valkey lookup on a cache miss), the body (form: and json: key
+// parts), and the decision (one EVALSHA). Lives in its Exchange and is reset with it; the
+// pending Valkey call is cancelled on reset, so no reply reaches a later request.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "http/message.h"
+#include "http/responses.h"
+#include "identity/client_address.h"
+#include "identity/request_facts.h"
+#include "proxy/router.h"
+#include "proxy/worker_context.h"
+#include "ratelimit/decision.h"
+#include "valkey/client.h"
+
+namespace sluice::proxy {
+
+class AdmissionCallbacks {
+ public:
+  virtual ~AdmissionCallbacks() = default;
+  // Forward the request (rateLimitHeaders() go on its response). May run inline from start().
+  virtual void onAdmitted() = 0;
+  // Answer this instead. May run inline from start() or onBody().
+  virtual void onRefused(const http::LocalResponse& response) = 0;
+  // The body is read before deciding: a client that expects 100 Continue must get it now.
+  virtual void onBodyNeeded() = 0;
+  // Unique id of the request (sliding_log members).
+  virtual const std::string& requestId() = 0;
+};
+
+class Admission final : public valkey::CallTarget {
+ public:
+  Admission(WorkerContext& worker, AdmissionCallbacks& owner);
+  ~Admission() override;
+
+  // The pointers stay valid until reset() (they are the Exchange's own).
+  void start(Snapshot& snapshot, const config::RouteConfig& route, const http::MessageHead& head,
+             const Target& target, const identity::ClientAddress& client);
+  // Request body bytes, while waiting for them; refuses a body over max_buffered_body_bytes.
+  void onBody(const char* data, size_t len);
+  void onBodyComplete();
+  // Cancels what is pending and forgets the request.
+  void reset();
+  bool pending() const { return started_ && !done_; }
+
+  // For the response and the access log.
+  const std::string& rateLimitHeaders() const { return rate_headers_; }
+  const std::vector<ratelimit::LimitResult>& results() const { return results_; }
+  const identity::RequestFacts& facts() const { return facts_; }
+  uint64_t valkeyNs() const { return valkey_ns_; }
+
+ private:
+  // valkey::CallTarget
+  void onValkeyReply(valkey::Reply& reply) override;
+  void onValkeyFailure(valkey::Failure failure) override;
+
+  // Both return whether to go on (false: waiting for Valkey, or refused). After a refusal the
+  // owner may already have reset this admission, so the caller must touch nothing.
+  bool resolveTenant();
+  bool onTenant(bool known, const std::string& tenant, const std::string& plan);
+  void onTenantReply(valkey::Reply& reply);
+  void continueAfterTenant();
+  void decide();
+  void onDecisionReply(valkey::Reply& reply);
+  void apply(const ratelimit::Decision& decision);
+  void refuse(const http::LocalResponse& response);
+  void admit();
+
+  WorkerContext& worker_;
+  AdmissionCallbacks& owner_;
+  Snapshot* snapshot_ = nullptr;
+  const config::RouteConfig* route_ = nullptr;
+  identity::RequestFacts facts_;
+  std::vector<ratelimit::AppliedLimit> applied_;
+  std::vector<ratelimit::LimitResult> results_;
+  std::string body_;  // raw body read for form: / json: key parts
+  std::string rate_headers_;
+  valkey::Call* call_ = nullptr;
+  uint64_t sent_ms_ = 0;  // loop time of the decision call, for the deny cache
+  uint64_t sent_ns_ = 0;
+  uint64_t valkey_ns_ = 0;
+  bool started_ = false;
+  bool done_ = false;
+  bool needs_body_ = false;
+  bool body_complete_ = false;
+  bool waiting_body_ = false;
+  bool tenant_pending_ = false;  // call_ is a tenant lookup
+};
+
+}  // namespace sluice::proxy
