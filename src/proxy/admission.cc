@@ -13,7 +13,7 @@ namespace sluice::proxy {
 
 namespace {
 
-bool readsBody(const config::Config& config, const config::RouteConfig& route) {
+bool routeReadsBody(const config::Config& config, const config::RouteConfig& route) {
   for (size_t index : route.limit_indices) {
     for (const auto& part : config.limits[index].by) {
       if (part.kind == config::KeyPartKind::Form || part.kind == config::KeyPartKind::Json) {
@@ -73,7 +73,7 @@ void Admission::start(Snapshot& snapshot, const config::RouteConfig& route,
   if (api_key.value && !api_key.value->empty()) facts_.api_key = std::move(api_key.value);
   facts_.session = identity::cookieValue(head.headers, config.identity.session_cookie);
   if (const std::string* type = head.headers.get("content-type")) facts_.content_type = *type;
-  needs_body_ = readsBody(config, route);
+  needs_body_ = routeReadsBody(config, route);
   body_complete_ = !head.hasBody();
   if (needs_body_) {
     if (head.content_length && *head.content_length > route.max_buffered_body_bytes) {

@@ -48,6 +48,8 @@ class Admission final : public valkey::CallTarget {
   // Cancels what is pending and forgets the request.
   void reset();
   bool pending() const { return started_ && !done_; }
+  // Waiting for the rest of the body, which it needs to decide.
+  bool readsBody() const { return pending() && needs_body_ && !body_complete_; }
 
   // For the response and the access log.
   const std::string& rateLimitHeaders() const { return rate_headers_; }

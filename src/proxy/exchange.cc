@@ -306,7 +306,9 @@ void Exchange::onRequestBody(const char* data, size_t len) {
   if (chunked) body_buffer_ += http::chunkHeader(len);
   body_buffer_.append(data, len);
   if (chunked) body_buffer_ += http::kChunkEnd;
-  if (body_buffer_.size() > kHighWater && !client_paused_) {
+  // While the admission reads the body it must get all of it (max_buffered_body_bytes bounds
+  // that); otherwise the client waits until the upstream takes what is buffered.
+  if (body_buffer_.size() > kHighWater && !client_paused_ && !admission_.readsBody()) {
     client_paused_ = true;
     conn_.pauseReading();
   }
