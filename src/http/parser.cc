@@ -166,7 +166,16 @@ int Parser::onBody(llhttp_t* p, const char* at, size_t len) {
 }
 
 int Parser::onChunkHeader(llhttp_t* p) {
-  if (p->content_length != 0) return 0;
+  if (p->content_length != 0) {
+    // A chunk that announces more than the cap is refused at its size line, not after the
+    // client has kept the connection (and the upstream) waiting for it.
+    Parser* s = self(p);
+    if (s->type_ == Type::Request && s->limits_.max_body_bytes > 0 &&
+        s->body_bytes_ + p->content_length > s->limits_.max_body_bytes) {
+      return s->fail(413, "request body too large");
+    }
+    return 0;
+  }
   // The last chunk: stop so that execute() scans the trailer section before llhttp reads it.
   Parser* s = self(p);
   s->last_chunk_ = true;

@@ -23,6 +23,11 @@ namespace {
 // Above this many unsent bytes towards one side, stop reading from the other side.
 constexpr size_t kHighWater = 128 * 1024;
 
+bool idempotent(std::string_view method) {
+  return method == "GET" || method == "HEAD" || method == "OPTIONS" || method == "TRACE" ||
+         method == "PUT" || method == "DELETE";
+}
+
 }  // namespace
 
 Exchange::Exchange(DownstreamConnection& connection)
@@ -420,12 +425,17 @@ void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_star
   const bool nothing_sent =
       error == upstream::UpstreamError::ConnectFailed ||
       error == upstream::UpstreamError::ConnectTimeout;
-  const bool stale_pooled = error == upstream::UpstreamError::Reset && upstream_reused_ &&
-                            !response_started && !request_.hasBody();
-  if ((nothing_sent || stale_pooled) &&
-      attempts_ < static_cast<int>(cluster_->endpointCount()) + (stale_pooled ? 1 : 0)) {
+  // A request the upstream closed on before answering is sent again when that cannot do harm:
+  // no body (so nothing was consumed from the client) and an idempotent method. A pooled
+  // connection the upstream had closed gets one extra, fresh try; an endpoint that died gets
+  // the next endpoint (as nginx's proxy_next_upstream error does).
+  const bool resendable = error == upstream::UpstreamError::Reset && !response_started &&
+                          !request_.hasBody() && idempotent(request_.method);
+  if (resendable && !upstream_reused_) cluster_->reportFailure(endpoint_);
+  if ((nothing_sent || resendable) &&
+      attempts_ < static_cast<int>(cluster_->endpointCount()) + (upstream_reused_ ? 1 : 0)) {
     request_head_sent_ = false;
-    connectUpstream(stale_pooled);
+    connectUpstream(resendable && upstream_reused_);
     return;
   }
   SLUICE_LOG_WARN("upstream {}: {} ({} {})", cluster_->name(), upstream::toString(error),

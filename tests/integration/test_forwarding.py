@@ -143,3 +143,15 @@ def test_hop_by_hop_response_headers_removed(sluice, upstream):
         # the upstream's Connection option did not break the client connection
         c.request("GET", "/echo?after")
         assert c.read_response().status == 200
+
+
+def test_invalid_host_is_refused(sluice, upstream):
+    """A Host that is not an authority (spaces, quotes, a slash) is 400, never forwarded."""
+    for host in [b"a b", b"x\"y", b"x/y", b"\xff"]:
+        with sluice.client() as c:
+            c.send(b"GET /echo HTTP/1.1\r\nHost: " + host + b"\r\n\r\n")
+            r = c.read_response()
+        assert r.status == 400, (host, r)
+    for host in ["example.com:8080", "[::1]:80", "EXAMPLE.com"]:
+        r = sluice.get("/echo", host=host)
+        assert r.status == 200, (host, r)
