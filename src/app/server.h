@@ -21,9 +21,6 @@ namespace sluice::app {
 // null and says which endpoint in *error.
 config::ConfigPtr resolveEndpoints(const config::Config& config, std::string* error);
 
-// What this build cannot run although the configuration is well-formed (Valkey Cluster).
-bool supported(const config::Config& config, std::string* error);
-
 // Opens what a configuration needs beyond itself (the access log).
 bool makeGeneration(const config::ConfigPtr& config, Generation* out, std::string* error);
 
@@ -43,6 +40,8 @@ class Server {
   void reload();
   void beginDrain();
   static void onWorkersPoll(void* self);
+  static void onTrimTimer(void* self);
+  static constexpr uint64_t kTrimIntervalMs = 10'000;
   admin::AdminResponse handleAdmin(std::string_view path);
   bool ready(std::string* why) const;
 
@@ -54,6 +53,7 @@ class Server {
   std::vector<std::unique_ptr<admin::AdminServer>> retired_admins_;  // closing after a rebind
   std::vector<uv_signal_t*> signals_;
   std::unique_ptr<Timer> workers_poll_;
+  std::unique_ptr<Timer> trim_timer_;
   admin::ProcessStats process_stats_;
   bool draining_ = false;
 };

@@ -12,6 +12,7 @@
 #include "ratelimit/scripts.h"
 #include "upstream/cluster.h"
 #include "valkey/client.h"
+#include "valkey/cluster_client.h"
 
 namespace sluice::app {
 
@@ -29,15 +30,20 @@ std::string clusterSignature(const config::UpstreamConfig& u) {
 }
 
 bool sameValkey(const config::ValkeyConfig& a, const config::ValkeyConfig& b) {
+  auto texts = [](const config::ValkeyConfig& v) {
+    std::vector<std::string> out;
+    for (const auto& n : v.nodes) out.push_back(n.text);
+    return out;
+  };
   return a.address.has_value() == b.address.has_value() &&
-         (!a.address || a.address->text == b.address->text) &&
+         (!a.address || a.address->text == b.address->text) && texts(a) == texts(b) &&
          a.password_env == b.password_env && a.timeout == b.timeout &&
          a.connect_timeout == b.connect_timeout;
 }
 
 valkey::ClientOptions clientOptions(const config::ValkeyConfig& c) {
   valkey::ClientOptions options;
-  options.address = *c.address;
+  if (c.address) options.address = *c.address;
   if (!c.password_env.empty()) {
     if (const char* password = std::getenv(c.password_env.c_str())) options.password = password;
   }
@@ -150,9 +156,13 @@ void Worker::applyConfig(Generation generation) {
       if (!kept) cluster->retire();
     }
   }
-  if (config->hasValkey() && config->valkey.address) {
+  if (config->hasValkey()) {
     if (old && old->valkey && sameValkey(old->config->valkey, config->valkey)) {
       snapshot->valkey = old->valkey;
+    } else if (!config->valkey.nodes.empty()) {
+      snapshot->valkey = std::make_shared<valkey::ClusterClient>(
+          &loop_, config->valkey.nodes, clientOptions(config->valkey), stats_);
+      snapshot->valkey->start();
     } else {
       snapshot->valkey = std::make_shared<valkey::Client>(&loop_, clientOptions(config->valkey),
                                                           stats_);

@@ -107,7 +107,7 @@ bool Admission::resolveTenant() {
     const config::TenantConfig& tenant = config.tenants[owned->second];
     return onTenant(true, tenant.name, tenant.plan);
   }
-  valkey::Client* client = snapshot_->valkey.get();
+  valkey::Store* client = snapshot_->valkey.get();
   if (config.identity.valkey_tenants && client) {
     const uint64_t now = uv_now(worker_.loop());
     if (auto record = snapshot_->tenant_cache->find(*facts_.api_key, now)) {
@@ -191,7 +191,7 @@ void Admission::decide() {
   ratelimit::scriptArguments(applied_, owner_.requestId(), &keys, &args);
   sent_ms_ = now;
   sent_ns_ = uv_hrtime();
-  valkey::Client* client = snapshot_->valkey.get();
+  valkey::Store* client = snapshot_->valkey.get();
   call_ = client ? client->evalScript(keys, args, this) : nullptr;
   if (!call_) apply(ratelimit::decisionOnError(applied_));
 }

@@ -17,7 +17,7 @@
 #include "proxy/router.h"
 #include "proxy/worker_context.h"
 #include "ratelimit/decision.h"
-#include "valkey/client.h"
+#include "valkey/store.h"
 
 namespace sluice::proxy {
 
@@ -83,7 +83,7 @@ class Admission final : public valkey::CallTarget {
   std::vector<ratelimit::LimitResult> results_;
   std::string body_;  // raw body read for form: / json: key parts
   std::string rate_headers_;
-  valkey::Call* call_ = nullptr;
+  valkey::PendingCall* call_ = nullptr;
   uint64_t sent_ms_ = 0;  // loop time of the decision call, for the deny cache
   uint64_t sent_ns_ = 0;
   uint64_t valkey_ns_ = 0;

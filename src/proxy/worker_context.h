@@ -26,7 +26,7 @@ class Cluster;
 }
 
 namespace sluice::valkey {
-class Client;
+class Store;
 }
 
 namespace sluice::ratelimit {
@@ -50,7 +50,7 @@ class DownstreamConnection;
 struct Snapshot {
   config::ConfigPtr config;
   std::vector<std::shared_ptr<upstream::Cluster>> clusters;  // by upstream index
-  std::shared_ptr<valkey::Client> valkey;                    // null without [valkey]
+  std::shared_ptr<valkey::Store> valkey;                     // null without [valkey]
   std::shared_ptr<ratelimit::DenyCache> deny_cache;          // per configuration generation
   std::shared_ptr<identity::TenantCache> tenant_cache;       // per configuration generation
   std::shared_ptr<stats::AccessLog> access_log;              // null: access_log = "off"

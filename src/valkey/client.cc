@@ -24,7 +24,7 @@ uint64_t stallAfterMs(uint64_t timeout_ms) { return std::max<uint64_t>(250, 10 *
 
 }  // namespace
 
-struct Call {
+struct Call final : PendingCall {
   Client* client = nullptr;
   CallTarget* target = nullptr;
   uint64_t deadline_ms = 0;
@@ -32,6 +32,7 @@ struct Call {
   uint64_t sent_ns = 0;
   std::vector<std::string> argv;  // kept for the retry after NOSCRIPT
   bool is_script = false;
+  bool asking = false;  // send ASKING first (and again on a NOSCRIPT retry)
   bool done = false;  // the target was told, or cancelled
   bool retried = false;
 };
@@ -58,9 +59,14 @@ void Client::start() {
   if (state_ == State::Idle) connect();
 }
 
+void Client::publishReady(bool ready) {
+  if (!options_.publish_ready) return;
+  stats_.valkey_connected.add((ready ? 1 : 0) - stats_.valkey_connected.value());
+}
+
 void Client::stop() {
   state_ = State::Stopped;
-  stats_.valkey_connected.add(-stats_.valkey_connected.value());
+  publishReady(false);
   deadline_timer_.stop();
   reconnect_timer_.stop();
   if (redisAsyncContext* context = context_) {
@@ -143,7 +149,7 @@ void Client::onHandshakeReply(bool ok, const std::string& error) {
   suspect_ = false;
   reconnect_timer_.stop();
   backoff_ms_ = 0;
-  stats_.valkey_connected.add(1 - stats_.valkey_connected.value());
+  publishReady(true);
   if (ever_ready_) stats_.valkey_reconnects.inc();
   ever_ready_ = true;
   SLUICE_LOG_INFO("valkey {}: connected", options_.address.text);
@@ -155,14 +161,14 @@ void Client::onDisconnect(const redisAsyncContext* context, int) {
   SLUICE_LOG_WARN("valkey {}: connection lost: {}", self->options_.address.text,
                   context->errstr ? context->errstr : "closed");
   self->context_ = nullptr;
-  self->stats_.valkey_connected.add(-self->stats_.valkey_connected.value());
+  self->publishReady(false);
   self->state_ = State::Backoff;
   self->scheduleReconnect();
 }
 
 void Client::drop(const char* why) {
   SLUICE_LOG_WARN("valkey {}: dropping the connection: {}", options_.address.text, why);
-  stats_.valkey_connected.add(-stats_.valkey_connected.value());
+  publishReady(false);
   state_ = State::Backoff;  // first, so that callers woken below fail fast
   handshake_pending_ = 0;
   if (redisAsyncContext* context = context_) {
@@ -195,8 +201,8 @@ void Client::onReconnectTimer(void* context) {
   }
 }
 
-Call* Client::evalScript(const std::vector<std::string>& keys,
-                         const std::vector<std::string>& args, CallTarget* target) {
+PendingCall* Client::evalScript(const std::vector<std::string>& keys,
+                                const std::vector<std::string>& args, CallTarget* target) {
   std::vector<std::string> argv;
   argv.reserve(3 + keys.size() + args.size());
   argv.emplace_back("EVALSHA");
@@ -204,12 +210,15 @@ Call* Client::evalScript(const std::vector<std::string>& keys,
   argv.push_back(std::to_string(keys.size()));
   argv.insert(argv.end(), keys.begin(), keys.end());
   argv.insert(argv.end(), args.begin(), args.end());
-  Call* call = command(std::move(argv), target);
-  if (call) call->is_script = true;
-  return call;
+  return submit(std::move(argv), target, true, false);
 }
 
-Call* Client::command(std::vector<std::string> argv, CallTarget* target) {
+PendingCall* Client::command(std::vector<std::string> argv, CallTarget* target) {
+  return submit(std::move(argv), target, false, false);
+}
+
+PendingCall* Client::submit(std::vector<std::string> argv, CallTarget* target, bool script,
+                            bool asking) {
   if (state_ != State::Ready || suspect_) {
     stats_.valkey_errors.get(suspect_ && state_ == State::Ready ? "kind=\"unresponsive\""
                                                                 : "kind=\"not_connected\"")
@@ -220,6 +229,8 @@ Call* Client::command(std::vector<std::string> argv, CallTarget* target) {
   call->client = this;
   call->target = target;
   call->argv = std::move(argv);
+  call->is_script = script;
+  call->asking = asking;
   call->sent_ms = uv_now(loop_);
   call->deadline_ms = call->sent_ms + options_.timeout_ms;
   call->sent_ns = uv_hrtime();
@@ -234,6 +245,13 @@ Call* Client::command(std::vector<std::string> argv, CallTarget* target) {
 
 bool Client::send(Call* call) {
   if (!context_) return false;
+  if (call->asking) {
+    const char* asking[] = {"ASKING"};
+    const size_t len[] = {6};
+    if (redisAsyncCommandArgv(context_, onInternalReply, this, 1, asking, len) != REDIS_OK) {
+      return false;
+    }
+  }
   std::vector<const char*> argv;
   std::vector<size_t> lens;
   argv.reserve(call->argv.size());
@@ -253,8 +271,9 @@ bool Client::send(Call* call) {
   return true;
 }
 
-void Client::cancel(Call* call) {
-  if (!call) return;
+void Client::cancel(PendingCall* pending) {
+  if (!pending) return;
+  auto* call = static_cast<Call*>(pending);
   call->target = nullptr;
   call->done = true;
 }
@@ -266,7 +285,11 @@ void Client::finish(Call* call, Reply* reply, Failure failure) {
   call->target = nullptr;
   if (reply) {
     stats_.valkey_latency.observeMicros((uv_hrtime() - call->sent_ns) / 1000);
-    if (reply->isError()) stats_.valkey_errors.get("kind=\"error\"").inc();
+    if (reply->isError()) {
+      // A cluster's redirections are followed by the cluster client, not failures.
+      const bool redirect = reply->text.rfind("MOVED ", 0) == 0 || reply->text.rfind("ASK ", 0) == 0;
+      stats_.valkey_errors.get(redirect ? "kind=\"redirect\"" : "kind=\"error\"").inc();
+    }
   } else {
     stats_.valkey_errors.get(std::string("kind=\"") + toString(failure) + "\"").inc();
   }

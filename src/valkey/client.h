@@ -21,6 +21,7 @@
 #include "config/address.h"
 #include "core/timer.h"
 #include "valkey/reply.h"
+#include "valkey/store.h"
 
 struct redisAsyncContext;
 
@@ -29,18 +30,6 @@ struct WorkerStats;
 }
 
 namespace sluice::valkey {
-
-enum class Failure { NotConnected, Timeout, Disconnected };
-const char* toString(Failure failure);
-
-class CallTarget {
- public:
-  virtual ~CallTarget() = default;
-  // Exactly one of these runs for an accepted call, from the loop (never inline from the
-  // call that sent it), unless the call was cancelled first. Error replies come as replies.
-  virtual void onValkeyReply(Reply& reply) = 0;
-  virtual void onValkeyFailure(Failure failure) = 0;
-};
 
 struct Call;
 
@@ -51,30 +40,34 @@ struct ClientOptions {
   uint64_t connect_timeout_ms = 1000;
   std::string script;       // loaded with SCRIPT LOAD on every (re)connection
   std::string script_sha;
+  // Published as the worker's valkey_connected gauge (a cluster publishes its own instead).
+  bool publish_ready = true;
 };
 
-class Client {
+class Client final : public Store {
  public:
   Client(uv_loop_t* loop, ClientOptions options, stats::WorkerStats& stats);
-  ~Client();  // stop()
+  ~Client() override;  // stop()
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  void start();
-  // Disconnects; calls still pending fail with Disconnected. No reconnection afterwards.
-  void stop();
+  void start() override;
+  void stop() override;
   bool ready() const { return state_ == State::Ready; }
   // Ready and not waiting for a late reply: calls are being sent.
   bool answering() const { return state_ == State::Ready && !suspect_; }
 
   // EVALSHA of the script; NOSCRIPT (a restarted or flushed server) loads it again and retries
   // at once, within the same deadline. Returns null when not connected: decide now.
-  Call* evalScript(const std::vector<std::string>& keys, const std::vector<std::string>& args,
-                   CallTarget* target);
+  PendingCall* evalScript(const std::vector<std::string>& keys,
+                          const std::vector<std::string>& args, CallTarget* target) override;
   // Any other command. Returns null when not connected.
-  Call* command(std::vector<std::string> argv, CallTarget* target);
-  // The target will not be called for this call. The handle is invalid afterwards.
-  void cancel(Call* call);
+  PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
+  void cancel(PendingCall* call) override;
+  // What both use. `script`: argv is an EVALSHA of the script (NOSCRIPT reloads it);
+  // `asking`: sent after ASKING (a cluster's ASK redirection).
+  PendingCall* submit(std::vector<std::string> argv, CallTarget* target, bool script, bool asking);
+  const std::string& scriptSha() const { return options_.script_sha; }
 
   const ClientOptions& options() const { return options_; }
 
@@ -87,6 +80,7 @@ class Client {
   void scheduleReconnect();
   bool send(Call* call);
   void onHandshakeReply(bool ok, const std::string& error);
+  void publishReady(bool ready);
   void finish(Call* call, Reply* reply, Failure failure);
   // Finishes the calls whose deadline passed, drops a stalled connection, re-arms the timer.
   void armDeadline();

@@ -259,7 +259,7 @@ TEST_SUITE("config loader: good files") {
     CHECK(c.hasValkey());
     CHECK(c.valkey.timeout == 1500ms);
     CHECK(c.valkey.connect_timeout == 250ms);
-    CHECK(c.valkey.key_prefix == "sluice:test");
+    CHECK(c.valkey.key_prefix == "{sluice}:test");
 
     REQUIRE(c.identity.trusted_proxies.size() == 2);
     CHECK(c.identity.trusted_proxies[1].toString() == "192.0.2.7/32");
@@ -355,7 +355,8 @@ TEST_SUITE("config loader: good files") {
       CHECK(c.valkey.address->text == "127.0.0.1:6379");
     }
     SUBCASE("but not when nodes are given") {
-      const ConfigPtr config = load("[valkey]\nnodes = [\"10.0.0.1:7000\"]\n");
+      const ConfigPtr config =
+          load("[valkey]\nnodes = [\"10.0.0.1:7000\"]\nkey_prefix = \"{rl}:v1\"\n");
       const Config& c = *config;
       CHECK_FALSE(c.valkey.address.has_value());
     }
@@ -614,7 +615,7 @@ window = "0s")") == "t.toml:5:10: limit[0].window: must be greater than zero");
     CHECK(errorsOf("[valkey]\naddress = \"unix:run/valkey.sock\"\n") ==
           "t.toml:2:11: valkey.address: bad address 'unix:run/valkey.sock': expected "
           "unix:/absolute/path");
-    CHECK(errorsOf("[valkey]\nnodes = [\"10.0.0.1:7000\", \"[10.0.0.2]:7000\"]\n") ==
+    CHECK(errorsOf("[valkey]\nnodes = [\"10.0.0.1:7000\", \"[10.0.0.2]:7000\"]\nkey_prefix = \"{x}\"\n") ==
           "t.toml:2:27: valkey.nodes[1]: bad address '[10.0.0.2]:7000': not an IPv6 address "
           "inside [ ]");
     CHECK(errorsOf("[valkey]\naddress = \"10.0.0.1:0\"\n") ==
@@ -832,6 +833,15 @@ api_keys = []
           "t.toml:3:13: upstream[0].endpoints: must not be empty");
     CHECK(errorsOf("[[limit]]\nname = \"l\"\nby = []\nlimit = 1\nwindow = \"1s\"\n") ==
           "t.toml:3:6: limit[0].by: must name at least one key part, such as [\"ip\"]");
+    // Cluster mode: one slot for all the keys of a request, through the prefix's hash tag.
+    CHECK(errorsOf("[valkey]\nnodes = [\"10.0.0.1:7000\"]\n") ==
+          "t.toml:2:9: valkey.nodes: with Valkey Cluster nodes, key_prefix needs a hash tag, "
+          "such as \"{rl}:v1\", so that every key of a request is in one slot and decided in "
+          "one atomic script");
+    CHECK(errorsOf("[valkey]\nnodes = [\"10.0.0.1:7000\"]\nkey_prefix = \"rl:{}:v1\"\n") ==
+          "t.toml:3:14: valkey.key_prefix: with Valkey Cluster nodes, key_prefix needs a hash "
+          "tag, such as \"{rl}:v1\", so that every key of a request is in one slot and decided "
+          "in one atomic script");
     CHECK(errorsOf("[valkey]\nnodes = []\n") ==
           "t.toml:2:9: valkey.nodes: must list at least one node (or use address)");
     CHECK(errorsOf("[[tenant]]\nname = \"t\"\napi_keys = [\"\"]\n") ==

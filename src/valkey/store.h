@@ -1,0 +1,50 @@
+#pragma once
+
+// What the request path asks Valkey through: one node (Client) or a Valkey Cluster
+// (ClusterClient). Single-threaded, on one worker's loop.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "valkey/reply.h"
+
+namespace sluice::valkey {
+
+enum class Failure { NotConnected, Timeout, Disconnected };
+const char* toString(Failure failure);
+
+class CallTarget {
+ public:
+  virtual ~CallTarget() = default;
+  // Exactly one of these runs for an accepted call, from the loop (never inline from the
+  // call that sent it), unless the call was cancelled first. Error replies come as replies.
+  virtual void onValkeyReply(Reply& reply) = 0;
+  virtual void onValkeyFailure(Failure failure) = 0;
+};
+
+// A call in flight, as its caller holds it: only to cancel it.
+class PendingCall {
+ public:
+  virtual ~PendingCall() = default;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  virtual void start() = 0;
+  // Disconnects; calls still pending fail with Disconnected. No reconnection afterwards.
+  virtual void stop() = 0;
+
+  // EVALSHA of the decide script. Every key must hash to the same slot (one node). Returns null
+  // when it cannot be sent now: decide at once.
+  virtual PendingCall* evalScript(const std::vector<std::string>& keys,
+                                  const std::vector<std::string>& args, CallTarget* target) = 0;
+  // A command whose key, if any, is argv[1]. Returns null when it cannot be sent now.
+  virtual PendingCall* command(std::vector<std::string> argv, CallTarget* target) = 0;
+  // The target will not be called for this call. The handle is invalid afterwards.
+  virtual void cancel(PendingCall* call) = 0;
+};
+
+}  // namespace sluice::valkey
