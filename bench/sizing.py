@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Valkey memory per client for each algorithm, measured on a private redis-server with the
+real scripts (lua/*.lua composed as lua/decide.lua documents). For each case, N clients each
+make `requests` allowed requests; the table shows used_memory growth per client, MEMORY USAGE
+of one client's keys, and the projection for 100,000 active clients.
+
+    /usr/bin/python3 bench/sizing.py            # N = 20,000 clients per case
+"""
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import redis
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N = int(os.environ.get("SIZING_CLIENTS", "20000"))
+
+
+def decide_script():
+    parts = ["local ALGORITHMS = {}"]
+    for path in sorted(glob.glob(os.path.join(ROOT, "lua", "*.lua"))):
+        name = os.path.basename(path)[:-4]
+        if name == "decide":
+            continue
+        with open(path) as f:
+            parts.append(f"ALGORITHMS['{name}'] = (function(KEYS, ARGV)\n{f.read()}\nend)(nil, nil)")
+    with open(os.path.join(ROOT, "lua", "decide.lua")) as f:
+        parts.append(f.read())
+    return "\n".join(parts) + "\n"
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+CASES = [
+    # name, algorithm, limit, window_ms, requests per client
+    ("fixed_window", "fixed_window", 100, 60_000, 1),
+    ("sliding_window", "sliding_window", 100, 60_000, 1),
+    ("token_bucket", "token_bucket", 100, 60_000, 1),
+    ("sliding_log, 1 request", "sliding_log", 100, 60_000, 1),
+    ("sliding_log, 10 requests", "sliding_log", 100, 60_000, 10),
+    ("sliding_log, 100 requests (full)", "sliding_log", 100, 60_000, 100),
+]
+
+
+def main():
+    server = shutil.which("redis-server")
+    if not server:
+        sys.exit("redis-server is required")
+    work = tempfile.mkdtemp()
+    port = free_port()
+    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", work],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = redis.Redis(port=port)
+        for _ in range(100):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        sha = r.script_load(decide_script())
+        print(f"{N} clients per case, keys like rl:v1:<limit>:203.0.113.7 (IPv4 text)\n")
+        print(f"{'algorithm':34} {'bytes/client':>13} {'MEMORY USAGE':>13} {'per 100k clients':>17}")
+        for name, algorithm, limit, window, requests in CASES:
+            r.flushall()
+            time.sleep(0.2)
+            before = r.info("memory")["used_memory"]
+            pipe = r.pipeline(transaction=False)
+            for i in range(N):
+                key = f"rl:v1:lim:10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
+                for j in range(requests):
+                    pipe.evalsha(sha, 1, key, f"w-{i}-{j}", algorithm, limit, window, limit, 1,
+                                 "0", "0")
+                if len(pipe) >= 2000:
+                    pipe.execute()
+            pipe.execute()
+            after = r.info("memory")["used_memory"]
+            per_client = (after - before) / N
+            sample = [k for k in r.scan_iter(match="rl:v1:lim:10.0.0.1:*")]
+            sample += [k for k in [b"rl:v1:lim:10.0.0.1"] if r.exists(k)]
+            usage = sum(r.memory_usage(k, samples=0) or 0 for k in sample)
+            print(f"{name:34} {per_client:13.0f} {usage:13d} {per_client * 100_000 / 2**20:14.1f} MiB")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
