@@ -2,8 +2,11 @@
 # Sluice benchmark: Sluice against a reference nginx reverse proxy, same upstream, same load.
 # See bench/README.md. Everything runs on 127.0.0.1 and stops by itself.
 #
-#   bench/run.sh                      # full run: idle-connection memory, then throughput
-#   bench/run.sh --mode throughput    # only wrk      (--mode idle: only the memory test)
+#   bench/run.sh                      # full run: idle-connection memory, keep-alive throughput,
+#                                     # then new TLS connections per second
+#   bench/run.sh --mode throughput    # only wrk keep-alive  (--mode idle: only the memory test;
+#                                     # --mode handshake: only new TLS connections)
+#   bench/run.sh --variants "nginx sluice sluice+limit"
 #   BENCH_DURATION=30s BENCH_CONNECTIONS=100 bench/run.sh
 #
 # Settings (environment):
@@ -14,10 +17,22 @@
 #   BENCH_WARMUP=3s          wrk warm-up per gateway before the measured runs (0 = none)
 #   BENCH_ROUNDS=3           measured runs per gateway, alternating order; the median is reported
 #   BENCH_IDLE_CONNECTIONS=5000  idle keep-alive connections for the memory test
-#   BENCH_MODE=all           all | throughput | idle
-#   BENCH_VARIANTS="nginx sluice"   gateways to compare (columns); see "Variants" in README.md
-#   BENCH_REFERENCE=nginx    the variant the ratios are computed against
-#   BENCH_PIN=0              1: gateways on CPU 1, wrk + upstream on CPU 0 (taskset)
+#   BENCH_MODE=all           all | throughput | idle | handshake
+#   BENCH_VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
+#                            gateways to compare (columns); see "Variants" in README.md
+#   BENCH_IDLE_VARIANTS=     variants of the idle-connection memory test (default: all of them)
+#   BENCH_REFERENCE=nginx    the variant plain Sluice is compared with (sluice+limit is compared
+#                            with sluice, sluice-tls with nginx-tls)
+#   BENCH_HANDSHAKE_DURATION=$BENCH_DURATION   one measured run of new TLS connections
+#   BENCH_HANDSHAKE_CONNECTIONS=$BENCH_CONNECTIONS  concurrent connections of that run
+#   BENCH_HANDSHAKE_TOOL=wrk wrk (-H "Connection: close", session reuse disabled) | s_time
+#                            (openssl s_time -new, BENCH_HANDSHAKE_CLIENTS processes, handshakes
+#                            without a request)
+#   BENCH_TLS_KEY=ec         certificate key: ec (ECDSA P-256) | rsa (RSA 2048)
+#   BENCH_MONITOR_DURATION=3s  extra run of each variant with limits, watched with Valkey
+#                            MONITOR, to count the commands Sluice sends per request
+#   BENCH_IDLE_CYCLES=3      open/measure/close cycles of the idle-connection test
+#   BENCH_PIN=0              1: gateways on CPU 1, wrk + upstream + Valkey on CPU 0 (taskset)
 #   BENCH_STRICT=0           1: exit 1 when a target is missed
 #   BENCH_RESULTS_DIR=bench/results
 set -Eeuo pipefail
@@ -32,16 +47,26 @@ WARMUP=${BENCH_WARMUP:-3s}
 ROUNDS=${BENCH_ROUNDS:-3}
 IDLE_CONNECTIONS=${BENCH_IDLE_CONNECTIONS:-5000}
 MODE=${BENCH_MODE:-all}
-VARIANTS=${BENCH_VARIANTS:-nginx sluice}
+VARIANTS=${BENCH_VARIANTS:-nginx sluice sluice+limit nginx-tls sluice-tls}
+IDLE_VARIANTS=${BENCH_IDLE_VARIANTS:-}
 REFERENCE=${BENCH_REFERENCE:-nginx}
+HANDSHAKE_DURATION=${BENCH_HANDSHAKE_DURATION:-}
+HANDSHAKE_CONNECTIONS=${BENCH_HANDSHAKE_CONNECTIONS:-}
+HANDSHAKE_TOOL=${BENCH_HANDSHAKE_TOOL:-wrk}
+HANDSHAKE_CLIENTS=${BENCH_HANDSHAKE_CLIENTS:-8}
+MONITOR_DURATION=${BENCH_MONITOR_DURATION:-3s}
+IDLE_CYCLES=${BENCH_IDLE_CYCLES:-3}
+TLS_KEY=${BENCH_TLS_KEY:-ec}
 PIN=${BENCH_PIN:-0}
 STRICT=${BENCH_STRICT:-0}
 RESULTS_DIR=${BENCH_RESULTS_DIR:-$BENCH_DIR/results}
 
 # Targets (Sluice against the reference nginx).
-RPS_RATIO_MIN=0.9
-P99_RATIO_MAX=1.2
-IDLE_KIB_MAX=16
+RPS_RATIO_MIN=0.9          # sluice / nginx and sluice-tls / nginx-tls, keep-alive requests/s
+P99_RATIO_MAX=1.2          # the same pairs, p99 latency
+IDLE_KIB_MAX=16            # Sluice (plain HTTP), Pss per idle keep-alive connection
+LIMIT_RPS_RATIO_MIN=0.85   # sluice+limit / sluice, requests/s (rate limiting costs <= 15%)
+HANDSHAKE_RATIO_MIN=0.9    # sluice-tls / nginx-tls, new TLS connections (full handshakes) per second
 
 usage() { sed -n '2,/^set -E/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
@@ -55,8 +80,20 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$MODE" in all|throughput|idle) ;; *) echo "BENCH_MODE must be all, throughput or idle" >&2; exit 2 ;; esac
+case "$MODE" in all|throughput|idle|handshake) ;;
+  *) echo "BENCH_MODE must be all, throughput, idle or handshake" >&2; exit 2 ;; esac
+case "$TLS_KEY" in ec|rsa) ;; *) echo "BENCH_TLS_KEY must be ec or rsa" >&2; exit 2 ;; esac
+case "$HANDSHAKE_TOOL" in wrk|s_time) ;; *) echo "BENCH_HANDSHAKE_TOOL must be wrk or s_time" >&2; exit 2 ;; esac
 [[ " $VARIANTS " == *" $REFERENCE "* ]] || { echo "the reference '$REFERENCE' must be one of the variants" >&2; exit 2; }
+IDLE_VARIANTS=${IDLE_VARIANTS:-$VARIANTS}
+for v in $IDLE_VARIANTS; do
+  [[ " $VARIANTS " == *" $v "* ]] || { echo "idle variant '$v' is not in BENCH_VARIANTS" >&2; exit 2; }
+done
+HANDSHAKE_DURATION=${HANDSHAKE_DURATION:-$DURATION}
+HANDSHAKE_CONNECTIONS=${HANDSHAKE_CONNECTIONS:-$CONNECTIONS}
+needs() {  # $1 = glob on variant names: is one of them asked for?
+  local v; for v in $VARIANTS; do [[ $v == $1 ]] && return 0; done; return 1
+}
 
 log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*"; }
 die() { log "error: $*" >&2; exit 1; }
@@ -79,13 +116,24 @@ PY=/usr/bin/python3
 HELPER=("$PY" "$BENCH_DIR/bench.py")
 export PATH="$PATH:/usr/sbin:/sbin"
 
-if ! command -v wrk >/dev/null || ! command -v nginx >/dev/null; then
-  log "installing wrk and nginx-light"
+APT=()
+command -v wrk >/dev/null || APT+=(wrk)
+command -v nginx >/dev/null || APT+=(nginx-light)  # nginx-light has the ssl module
+if needs '*limit*' && ! command -v valkey-server >/dev/null && ! command -v redis-server >/dev/null; then
+  APT+=(redis-server)
+fi
+if needs '*tls*'; then
+  command -v openssl >/dev/null || APT+=(openssl)
+  [[ $HANDSHAKE_TOOL != wrk ]] || command -v cc >/dev/null || APT+=(gcc libc6-dev)
+fi
+if ((${#APT[@]})); then
+  log "installing ${APT[*]}"
   SUDO=()
   [[ $EUID -eq 0 ]] || SUDO=(sudo)
   "${SUDO[@]}" apt-get update
-  DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y nginx-light wrk
-  # The package starts the system nginx on port 80; this benchmark does not use it.
+  DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y "${APT[@]}"
+  # The packages start the system nginx (port 80) and redis-server (6379); the benchmark
+  # uses neither: it starts its own on free ports.
 fi
 command -v wrk >/dev/null || die "wrk not found"
 command -v nginx >/dev/null || die "nginx not found"
@@ -119,6 +167,7 @@ WORK=$(mktemp -d /tmp/sluice-bench.XXXXXX)
 chmod 755 "$WORK"
 STARTED=()                 # every PID this script started, in order
 declare -A GW_PID GW_PORT GW_ADMIN GW_LOG GW_KIND GW_EXIT GW_STOP_S GW_CRASH
+declare -A GW_TLS GW_VALKEY GW_RESUMED_LOG   # 1 = HTTPS listener; 1 = uses Valkey; nginx log
 
 descendants() {  # PIDs of the children of $1, recursively
   local c
@@ -173,7 +222,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-mapfile -t FREE < <("${HELPER[@]}" free-ports 12)
+mapfile -t FREE < <("${HELPER[@]}" free-ports 24)
 next_port() { PORT_OUT=${FREE[0]}; FREE=("${FREE[@]:1}"); }
 
 SOFT_NOFILE=$(ulimit -Sn)
@@ -247,26 +296,89 @@ EOF
   log "upstream nginx  pid $UPSTREAM_PID  127.0.0.1:$UPSTREAM_PORT"
 }
 
+# ------------------------------------------------------------------ shared pieces, on demand
+VALKEY_PORT=0 VALKEY_PID=0 VALKEY_BIN=""
+ensure_valkey() {  # one Valkey (redis-server stands in) for every variant with limits
+  [[ $VALKEY_PORT == 0 ]] || return 0
+  local d=$WORK/valkey
+  mkdir -p "$d"
+  VALKEY_BIN=$(command -v valkey-server || command -v redis-server) \
+    || die "valkey-server or redis-server is needed for the rate-limit variants"
+  next_port; VALKEY_PORT=$PORT_OUT
+  "${TASKSET_CLIENT[@]}" "$VALKEY_BIN" --bind 127.0.0.1 --port "$VALKEY_PORT" --save '' \
+    --appendonly no --dir "$d" --logfile "$d/valkey.log" --daemonize no >"$d/stdout.log" 2>&1 &
+  VALKEY_PID=$!
+  STARTED+=("$VALKEY_PID")
+  "${HELPER[@]}" wait-valkey --port "$VALKEY_PORT" --pid "$VALKEY_PID" \
+    || die "$VALKEY_BIN did not start: $(tail -n 5 "$d/valkey.log" 2>/dev/null)"
+  log "valkey ($(basename "$VALKEY_BIN")) pid $VALKEY_PID  127.0.0.1:$VALKEY_PORT"
+}
+
+TLS_CERT="" TLS_KEYFILE=""
+ensure_tls_cert() {  # one self-signed certificate, made now, for every TLS variant
+  [[ -z $TLS_CERT ]] || return 0
+  local d=$WORK/tls key=()
+  mkdir -p "$d"
+  command -v openssl >/dev/null || die "openssl is needed for the TLS variants"
+  case "$TLS_KEY" in
+    ec) key=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1) ;;
+    rsa) key=(-newkey rsa:2048) ;;
+  esac
+  openssl req -x509 "${key[@]}" -sha256 -nodes -days 2 -subj "/CN=localhost" \
+    -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+    -keyout "$d/server.key" -out "$d/server.crt" >"$d/openssl.log" 2>&1 \
+    || die "openssl could not make a certificate: $(cat "$d/openssl.log")"
+  TLS_CERT=$d/server.crt TLS_KEYFILE=$d/server.key
+  log "TLS certificate: $(openssl x509 -in "$TLS_CERT" -noout -text | grep -m1 'Public Key Algorithm' | sed 's/^ *//'), self-signed, made now"
+}
+
 # ------------------------------------------------------------------ gateway variants
-# A variant is a function variant_<name> (dashes become underscores) that starts one
-# gateway proxying everything to 127.0.0.1:$UPSTREAM_PORT and sets:
+# A variant is a function variant_<name> (dashes and pluses become underscores:
+# sluice+limit -> variant_sluice_limit) that starts one gateway proxying everything to
+# 127.0.0.1:$UPSTREAM_PORT and sets:
 #   GW_PID[name] GW_PORT[name] GW_LOG[name] GW_KIND[name]=nginx|sluice, GW_ADMIN[name] (or 0)
-# It must register every process it starts in STARTED. To add a column (Sluice with a rate
-# limit, Sluice over TLS, ...), write variant_<name> and add the name to BENCH_VARIANTS.
+#   and, when they apply, GW_TLS[name]=1 (HTTPS), GW_VALKEY[name]=1 (uses $VALKEY_PORT),
+#   GW_RESUMED_LOG[name] (a log that gets one line per resumed TLS session).
+# It must register every process it starts in STARTED. To add a column, write
+# variant_<name> and add the name to BENCH_VARIANTS.
 
 variant_nginx() {  # the reference: nginx as a keep-alive reverse proxy
-  local name=$1 d=$WORK/$1
+  nginx_proxy "$1" ""
+}
+
+variant_nginx_tls() {  # nginx terminating TLS (same certificate as sluice-tls), same upstream
+  ensure_tls_cert
+  nginx_proxy "$1" tls
+  GW_TLS[$1]=1
+  GW_RESUMED_LOG[$1]=$WORK/$1/resumed.log
+}
+
+nginx_proxy() {  # $1 = name, $2 = "tls" or ""
+  local name=$1 d=$WORK/$1 listen_ssl="" tls_conf="" tls_http=""
   mkdir -p "$d"
   next_port; local port=$PORT_OUT
+  if [[ $2 == tls ]]; then
+    listen_ssl=" ssl"
+    tls_http="map \$ssl_session_reused \$bench_resumed { r 1; default 0; }
+    log_format bench_resumed '\$ssl_session_reused \$ssl_protocol \$ssl_cipher';"
+    # Defaults otherwise (session tickets on, no shared session cache), like Sluice. Resumed
+    # sessions (none expected: the handshake test never offers one) get a line in resumed.log.
+    tls_conf="ssl_certificate $TLS_CERT;
+        ssl_certificate_key $TLS_KEYFILE;
+        ssl_protocols TLSv1.2 TLSv1.3;
+        access_log $d/resumed.log bench_resumed if=\$bench_resumed;"
+  fi
   { nginx_main "$d"
     cat <<EOF
+    $tls_http
     upstream origin {
         server 127.0.0.1:$UPSTREAM_PORT;
         keepalive 64;
         keepalive_requests 1000000;
     }
     server {
-        listen 127.0.0.1:$port backlog=4096;
+        listen 127.0.0.1:$port$listen_ssl backlog=4096;
+        $tls_conf
         location / {
             proxy_pass http://origin;
             proxy_http_version 1.1;
@@ -324,11 +436,44 @@ start_sluice() {  # $1 = name, $2 = config file
 }
 
 variant_sluice() {  # Sluice, one worker, no limits (no Valkey needed)
+  sluice_variant "$1" "" </dev/null
+}
+
+# Sluice with one limit on the route that always allows: every request costs one decision
+# (one EVALSHA) in Valkey.
+variant_sluice_limit() {
+  ensure_valkey
+  sluice_variant "$1" 'limits = ["bench"]' <<EOF
+[valkey]
+address = "127.0.0.1:$VALKEY_PORT"
+
+[[limit]]
+name = "bench"
+algorithm = "fixed_window"
+by = ["ip"]
+limit = 1000000000
+window = "1h"
+on_error = "allow"
+EOF
+  GW_VALKEY[$1]=1
+}
+
+variant_sluice_tls() {  # Sluice terminating TLS, same certificate as nginx-tls
+  ensure_tls_cert
+  sluice_variant "$1" "" <<EOF
+[server.tls]
+cert = "$TLS_CERT"
+key = "$TLS_KEYFILE"
+EOF
+  GW_TLS[$1]=1
+}
+
+sluice_variant() {  # $1 = name, $2 = extra route lines; TOML on stdin (see sluice_config)
   local name=$1 d=$WORK/$1
   mkdir -p "$d"
   next_port; local port=$PORT_OUT
   next_port; local admin=$PORT_OUT
-  sluice_config "$port" "$admin" </dev/null >"$d/sluice.toml"
+  sluice_config "$port" "$admin" "$2" >"$d/sluice.toml"
   "$SLUICE_BIN" --check-config -c "$d/sluice.toml" >"$d/check.log" 2>&1 \
     || die "Sluice refused its configuration: $(cat "$d/check.log")"
   start_sluice "$name" "$d/sluice.toml"
@@ -337,12 +482,18 @@ variant_sluice() {  # Sluice, one worker, no limits (no Valkey needed)
 }
 
 start_variant() {
-  local name=$1 fn=variant_${1//-/_}
+  local name=$1 fn=variant_${1//[-+]/_} tls=()
   declare -F "$fn" >/dev/null || die "unknown variant '$name' (no function $fn in run.sh)"
   "$fn" "$name"
-  "${HELPER[@]}" wait-http --port "${GW_PORT[$name]}" --pid "${GW_PID[$name]}" \
+  [[ ${GW_TLS[$name]:-0} == 1 ]] && tls=(--tls)
+  "${HELPER[@]}" wait-http --port "${GW_PORT[$name]}" --pid "${GW_PID[$name]}" "${tls[@]}" \
     || die "$name did not answer 200 \"ok\" on GET /: $(tail -n 20 "${GW_LOG[$name]}" 2>/dev/null)"
-  log "$(printf '%-14s pid %-7s 127.0.0.1:%s' "$name" "${GW_PID[$name]}" "${GW_PORT[$name]}")"
+  log "$(printf '%-14s pid %-7s %s://127.0.0.1:%s' "$name" "${GW_PID[$name]}" \
+    "$([[ ${GW_TLS[$name]:-0} == 1 ]] && echo https || echo http)" "${GW_PORT[$name]}")"
+  if [[ ${GW_TLS[$name]:-0} == 1 ]]; then  # what a TLS client negotiates (for the record)
+    timeout 5 openssl s_client -connect "127.0.0.1:${GW_PORT[$name]}" -brief </dev/null \
+      >"$WORK/$name/tls-negotiated.txt" 2>&1 || true
+  fi
 }
 
 check_alive() {  # $1 = variant, $2 = phase; records a crash
@@ -374,31 +525,73 @@ fi
 start_upstream
 for v in $VARIANTS; do start_variant "$v"; done
 
-run_wrk() {  # $1 = variant, $2 = duration, $3 = output file (text)
-  local v=$1 secs
-  secs=$(seconds "$2")
-  run_child timeout --signal=INT --kill-after=10 $((secs + 30)) \
-    "${TASKSET_CLIENT[@]}" wrk -t"$THREADS" -c"$CONNECTIONS" -d"$2" --latency \
-    -s "$BENCH_DIR/wrk_report.lua" "http://127.0.0.1:${GW_PORT[$v]}/" >"$3" 2>&1 || true
+url_of() {  # $1 = variant
+  if [[ ${GW_TLS[$1]:-0} == 1 ]]; then echo "https://127.0.0.1:${GW_PORT[$1]}/"
+  else echo "http://127.0.0.1:${GW_PORT[$1]}/"; fi
 }
 
-probe() {  # $1 = variant, $2 = output: CPU time of the gateway and the upstream, upstream counters
+# $1 = variant, $2 = duration, $3 = output file (text), $4 = connections (default
+# $CONNECTIONS); more arguments go to wrk (e.g. -H "Connection: close"). WRK_ENV (an array of
+# VAR=value) is put in wrk's environment.
+WRK_ENV=()
+run_wrk() {
+  local v=$1 secs conns=${4:-$CONNECTIONS}
+  secs=$(seconds "$2")
+  run_child timeout --signal=INT --kill-after=10 $((secs + 30)) \
+    env "${WRK_ENV[@]}" "${TASKSET_CLIENT[@]}" wrk -t"$THREADS" -c"$conns" -d"$2" --latency \
+    -s "$BENCH_DIR/wrk_report.lua" "${@:5}" "$(url_of "$v")" >"$3" 2>&1 || true
+}
+
+# $1 = variant, $2 = output: CPU time of the gateway and the upstream, upstream counters; for
+# a variant with limits also Valkey's INFO commandstats and CPU time and Sluice's decision
+# counters; for nginx-tls the number of resumed TLS sessions so far.
+probe() {
+  local extra=()
+  if [[ ${GW_VALKEY[$1]:-0} == 1 ]]; then
+    extra+=(--valkey-port "$VALKEY_PORT" --valkey-pid "$VALKEY_PID" --admin-port "${GW_ADMIN[$1]}")
+  fi
+  [[ -n ${GW_RESUMED_LOG[$1]:-} ]] && extra+=(--count-lines "${GW_RESUMED_LOG[$1]}")
   "${HELPER[@]}" probe --pid "${GW_PID[$1]}" --upstream-pid "$UPSTREAM_PID" \
-    --status-port "$UPSTREAM_STATUS_PORT" --out "$2" || true
+    --status-port "$UPSTREAM_STATUS_PORT" "${extra[@]}" --out "$2" || true
+}
+
+# BENCH_HANDSHAKE_TOOL=s_time: $HANDSHAKE_CLIENTS processes of `openssl s_time -new` (a new
+# session every time) for $2: connect, full handshake, close, no HTTP request (s_time -www
+# sends HTTP/1.0 without Host, which the upstream refuses). Writes a WRKJSON line with the
+# total (no latency figures) so that wrk-parse reads it like wrk's output.
+run_s_time() {  # $1 = variant, $2 = duration, $3 = output file
+  local v=$1 secs i pids=() t0 t1 total=0 n
+  secs=$(seconds "$2")
+  t0=$(date +%s%N)
+  for ((i = 0; i < HANDSHAKE_CLIENTS; i++)); do
+    timeout --kill-after=5 $((secs + 30)) "${TASKSET_CLIENT[@]}" openssl s_time \
+      -connect "127.0.0.1:${GW_PORT[$v]}" -new -time "$secs" >"$3.$i" 2>&1 &
+    pids+=($!); STARTED+=($!)
+  done
+  for i in "${pids[@]}"; do wait "$i" || true; forget_pid "$i"; done
+  t1=$(date +%s%N)
+  for ((i = 0; i < HANDSHAKE_CLIENTS; i++)); do
+    n=$(grep -m1 -oE '^[0-9]+ connections in [0-9.]+s' "$3.$i" | cut -d' ' -f1 || true)
+    total=$((total + ${n:-0}))
+    cat "$3.$i" >>"$3"; rm -f "$3.$i"
+  done
+  printf 'WRKJSON {"requests":%d,"duration_us":%d,"bytes":0,"errors":{"connect":0,"read":0,"write":0,"status":0,"timeout":0},"latency_us":{"min":0,"max":0,"mean":0,"stdev":0,"p50":0,"p75":0,"p90":0,"p99":0,"p999":0}}\n' \
+    "$total" $(((t1 - t0) / 1000)) >>"$3"
 }
 
 # 5. Memory of idle keep-alive connections, on gateways that have only been warmed up briefly,
 #    so the difference measured is the cost of the connections and not of reused heap.
 if [[ $MODE == all || $MODE == idle ]]; then
-  log "idle-connection memory test: $IDLE_CONNECTIONS keep-alive connections per gateway"
-  for v in $VARIANTS; do
+  log "idle-connection memory test: $IDLE_CONNECTIONS keep-alive connections per gateway ($IDLE_VARIANTS)"
+  for v in $IDLE_VARIANTS; do
     check_alive "$v" "startup" || continue
     run_wrk "$v" 1s "$OUT/prewarm_$v.txt"
     check_alive "$v" "pre-warm" || continue
+    tls=(); [[ ${GW_TLS[$v]:-0} == 1 ]] && tls=(--tls)
     # (the helper raises its own open-file limit to the hard limit)
     run_child "${HELPER[@]}" idle --name "$v" --port "${GW_PORT[$v]}" --pid "${GW_PID[$v]}" \
       --admin-port "${GW_ADMIN[$v]}" --count "$IDLE_CONNECTIONS" --out "$OUT/idle_$v.json" \
-      || log "idle test of $v failed"
+      --cycles "$IDLE_CYCLES" "${tls[@]}" || log "idle test of $v failed"
     check_alive "$v" "idle-connection test" || true
     if [[ -f $OUT/idle_$v.json ]]; then
       "$PY" - "$OUT/idle_$v.json" <<'EOF'
@@ -447,6 +640,70 @@ if [[ $MODE == all || $MODE == throughput ]]; then
   done
 fi
 
+# Round trips to Valkey per request: commandstats also counts the commands a Lua script runs,
+# so a short separate run (not in the figures above) is watched with MONITOR, which tells the
+# commands Sluice sends from those its script runs.
+if [[ $MODE == all || $MODE == throughput ]]; then
+  for v in $VARIANTS; do
+    [[ ${GW_VALKEY[$v]:-0} == 1 ]] || continue
+    check_alive "$v" "MONITOR sample" || continue
+    secs=$(seconds "$MONITOR_DURATION")
+    run_child "${HELPER[@]}" valkey-monitor --port "$VALKEY_PORT" --timeout $((secs + 60)) \
+      --output "$RUN_DIR/monitor_wrk_$v.txt" --out "$OUT/monitor_$v.json" -- \
+      timeout --signal=INT --kill-after=10 $((secs + 30)) "${TASKSET_CLIENT[@]}" wrk -t"$THREADS" \
+      -c"$CONNECTIONS" -d"$MONITOR_DURATION" -s "$BENCH_DIR/wrk_report.lua" "$(url_of "$v")" \
+      || log "MONITOR sample of $v failed"
+    check_alive "$v" "MONITOR sample" || true
+  done
+fi
+
+# 7. New TLS connections per second: one request per connection, every handshake a full one.
+#    wrk 4.1 keeps the session of a closed connection (SSL_shutdown + SSL_clear) and offers it
+#    on the next connect, so against a server that issues tickets (both do, by default) almost
+#    every "new" connection would be a resumption. noresume.c, preloaded into wrk, drops the
+#    session in SSL_clear. nginx-tls logs every resumed session (resumed.log): the report checks
+#    that there were none. BENCH_HANDSHAKE_TOOL=s_time uses openssl s_time -new instead.
+HS_VARIANTS=()
+for v in $VARIANTS; do [[ ${GW_TLS[$v]:-0} == 1 ]] && HS_VARIANTS+=("$v"); done
+HS_ROUNDS=0
+if [[ $MODE == all || $MODE == handshake ]] && ((${#HS_VARIANTS[@]})); then
+  HS_ROUNDS=$ROUNDS
+  if [[ $HANDSHAKE_TOOL == wrk ]]; then
+    if ! cc -O2 -shared -fPIC -Wl,-z,lazy -o "$WORK/noresume.so" "$BENCH_DIR/noresume.c" -ldl \
+         >"$OUT/noresume.log" 2>&1; then
+      log "warning: cannot build bench/noresume.c ($(head -n 3 "$OUT/noresume.log")); using openssl s_time"
+      HANDSHAKE_TOOL=s_time
+    fi
+  fi
+  log "new TLS connections: $HANDSHAKE_TOOL, $HANDSHAKE_CONNECTIONS connections, $HANDSHAKE_DURATION per run, one request per connection, no session reuse"
+  for ((r = 1; r <= ROUNDS; r++)); do
+    list=("${HS_VARIANTS[@]}")
+    if ((r % 2 == 0)); then
+      list=(); for ((i = ${#HS_VARIANTS[@]} - 1; i >= 0; i--)); do list+=("${HS_VARIANTS[i]}"); done
+    fi
+    for v in "${list[@]}"; do
+      check_alive "$v" "handshake round $r" || continue
+      sleep 1
+      raw=$RUN_DIR/handshake_${v}_$r.txt
+      probe "$v" "$OUT/hsprobe_${v}_${r}_before.json"
+      if [[ $HANDSHAKE_TOOL == wrk ]]; then
+        WRK_ENV=("LD_PRELOAD=$WORK/noresume.so")
+        run_wrk "$v" "$HANDSHAKE_DURATION" "$raw" "$HANDSHAKE_CONNECTIONS" -H "Connection: close"
+        WRK_ENV=()
+      else
+        run_s_time "$v" "$HANDSHAKE_DURATION" "$raw"
+      fi
+      probe "$v" "$OUT/hsprobe_${v}_${r}_after.json"
+      "${HELPER[@]}" wrk-parse --handshake --in "$raw" --out "$OUT/hs_${v}_$r.json" \
+        --before "$OUT/hsprobe_${v}_${r}_before.json" --after "$OUT/hsprobe_${v}_${r}_after.json" \
+        --label "handshake $r/$ROUNDS $v" \
+        || { log "output for $v:"; cat "$raw"; }
+      grep -E "Non-2xx|Socket errors" "$raw" | sed "s/^/    $v: /" || true
+      check_alive "$v" "handshake round $r" || true
+    done
+  done
+fi
+
 # 6. Stop the gateways: SIGTERM (nginx: SIGQUIT, its graceful stop), record status and time.
 for v in $VARIANTS; do
   pid=${GW_PID[$v]}
@@ -468,18 +725,23 @@ for v in $VARIANTS; do
 done
 
 # Logs and configs of this run, for inspection.
-for v in $VARIANTS upstream; do
-  for f in "$WORK/$v"/*.log "$WORK/$v"/*.conf "$WORK/$v"/*.toml; do
+for v in $VARIANTS upstream valkey; do
+  for f in "$WORK/$v"/*.log "$WORK/$v"/*.conf "$WORK/$v"/*.toml "$WORK/$v"/*.txt; do
     if [[ -f $f ]]; then cp "$f" "$RUN_DIR/${v}_$(basename "$f")"; fi
   done
 done
-cp "$OUT"/*.json "$RUN_DIR/" 2>/dev/null || true
-
 for v in $VARIANTS; do
   lines=0
   [[ -f ${GW_LOG[$v]} ]] && lines=$(grep -cv '^[[:space:]]*$' "${GW_LOG[$v]}" || true)
   "$PY" - "$OUT/extra_$v.json" <<EOF
 import json, sys
+def tls_negotiated(path):  # openssl s_client -brief: protocol, cipher suite, key exchange
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return None
+    keep = ("Protocol version", "Ciphersuite", "Peer signature type", "Server Temp Key")
+    return {k: v.strip() for k, _, v in (l.partition(":") for l in lines) if k in keep} or None
 exit_status = "${GW_EXIT[$v]:-}"
 json.dump({
     "kind": "${GW_KIND[$v]}",
@@ -489,9 +751,14 @@ json.dump({
     "stop_seconds": int("${GW_STOP_S[$v]:-0}" or 0) / 1000,
     "log_lines": int("${lines:-0}"),
     "log_file": "$RUN_DIR/${v}_$(basename "${GW_LOG[$v]}")",
+    "tls": "${GW_TLS[$v]:-0}" == "1",
+    "limit": "${GW_VALKEY[$v]:-0}" == "1",
+    "tls_negotiated": tls_negotiated("$WORK/$v/tls-negotiated.txt"),
 }, open(sys.argv[1], "w"))
 EOF
 done
+
+cp "$OUT"/*.json "$RUN_DIR/" 2>/dev/null || true  # every JSON the report reads
 
 meta=$("$PY" - <<EOF
 import json, subprocess
@@ -513,13 +780,25 @@ print(json.dumps({
     "nginx": (out(["sh", "-c", "nginx -v 2>&1"]) or "").replace("nginx version: ", ""),
     "wrk": (out(["sh", "-c", "wrk -v 2>&1 | head -n1"]) or "").split(" [")[0],
     "nofile": $NOFILE,
+    "idle_variants": "$IDLE_VARIANTS".split(), "idle_cycles": $IDLE_CYCLES,
+    "monitor_duration": "$MONITOR_DURATION",
+    "handshake": {"tool": "$HANDSHAKE_TOOL", "duration": "$HANDSHAKE_DURATION",
+                  "connections": $HANDSHAKE_CONNECTIONS, "rounds": $HS_ROUNDS,
+                  "s_time_clients": $HANDSHAKE_CLIENTS if "$HANDSHAKE_TOOL" == "s_time" else None},
+    "tls_key": {"ec": "ECDSA P-256", "rsa": "RSA 2048"}["$TLS_KEY"] if "$TLS_CERT" else None,
+    "openssl": out(["openssl", "version"]),
+    "valkey_server": out(["sh", "-c", "$VALKEY_BIN --version"]) if "$VALKEY_BIN" else None,
+    "kernel": out(["uname", "-r"]),
+    "cpu_model": out(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"]),
 }))
 EOF
 )
 
 "${HELPER[@]}" report --dir "$OUT" --variants "$VARIANTS" --reference "$REFERENCE" \
-  --rounds "$([[ $MODE == idle ]] && echo 0 || echo "$ROUNDS")" --meta "$meta" \
+  --rounds "$([[ $MODE == all || $MODE == throughput ]] && echo "$ROUNDS" || echo 0)" \
+  --handshake-rounds "$HS_ROUNDS" --meta "$meta" \
   --rps-ratio-min "$RPS_RATIO_MIN" --p99-ratio-max "$P99_RATIO_MAX" --idle-kib-max "$IDLE_KIB_MAX" \
+  --limit-rps-ratio-min "$LIMIT_RPS_RATIO_MIN" --handshake-ratio-min "$HANDSHAKE_RATIO_MIN" \
   --connections-hint "$(( CONNECTIONS > 64 ? CONNECTIONS : 64 ))" \
   --out "$RESULTS_DIR/latest.json"
 echo "Raw wrk output, logs and configs: $RUN_DIR"
