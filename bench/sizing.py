@@ -29,7 +29,7 @@ def decide_script():
         if name == "decide":
             continue
         with open(path) as f:
-            parts.append(f"ALGORITHMS['{name}'] = (function(KEYS, ARGV)\n{f.read()}\nend)(nil, nil)")
+            parts.append(f"ALGORITHMS['{name}'] = function(KEYS, ARGV)\n{f.read()}\nend")
     with open(os.path.join(ROOT, "lua", "decide.lua")) as f:
         parts.append(f.read())
     return "\n".join(parts) + "\n"

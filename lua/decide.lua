@@ -6,9 +6,11 @@
 --
 -- Sluice runs this file after the algorithm modules, composed as
 --   local ALGORITHMS = {}
---   ALGORITHMS['<name>'] = (function(KEYS, ARGV) <lua/<name>.lua> end)(nil, nil)
+--   ALGORITHMS['<name>'] = function(KEYS, ARGV) <lua/<name>.lua> end
 --   <this file>
--- (see src/ratelimit/scripts.cc; tests compose it the same way from the files).
+-- (see src/ratelimit/scripts.cc; tests compose it the same way from the files). Each call of
+-- such a function with KEYS = nil returns the module; only the modules a request uses are
+-- built, once per call of the script.
 --
 --   KEYS[i]         base key of limit i: "<key_prefix>:<limit name>:<parts>"
 --   ARGV[1]         request id (unique; sliding_log members)
@@ -21,13 +23,19 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local limits = {}
 local refused = false
+local modules = {}
 for i = 1, #KEYS do
   local a = 2 + 7 * (i - 1)
   local p = {algorithm = ARGV[a], limit = tonumber(ARGV[a + 1]), window = tonumber(ARGV[a + 2]),
              burst = tonumber(ARGV[a + 3]), cost = tonumber(ARGV[a + 4]),
              count_denied = ARGV[a + 5] == '1', shadow = ARGV[a + 6] == '1', id = ARGV[1]}
-  local module = ALGORITHMS[p.algorithm]
-  if module == nil then return redis.error_reply('unknown algorithm ' .. tostring(p.algorithm)) end
+  local module = modules[p.algorithm]
+  if module == nil then
+    local load = ALGORITHMS[p.algorithm]
+    if load == nil then return redis.error_reply('unknown algorithm ' .. tostring(p.algorithm)) end
+    module = load(nil, nil)
+    modules[p.algorithm] = module
+  end
   local d = module.check(KEYS[i], p, now)
   limits[i] = {p = p, d = d, module = module}
   if not d.allowed and not p.shadow then refused = true end

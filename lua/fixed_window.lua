@@ -26,7 +26,8 @@ end
 
 function M.commit(p, d)
   d.used = redis.call('INCRBY', d.key, p.cost)
-  redis.call('PEXPIREAT', d.key, math.ceil(d.window_end / 1000))
+  -- The increment that created the counter gives it its TTL, in the same atomic script.
+  if d.used == p.cost then redis.call('PEXPIREAT', d.key, math.ceil(d.window_end / 1000)) end
 end
 
 function M.report(p, d)

@@ -28,7 +28,10 @@ end
 
 function M.commit(p, d)
   d.current = redis.call('INCRBY', d.key, p.cost)
-  redis.call('PEXPIREAT', d.key, math.ceil((d.n + 2) * d.window / 1000))
+  -- The increment that created the counter gives it its TTL, in the same atomic script.
+  if d.current == p.cost then
+    redis.call('PEXPIREAT', d.key, math.ceil((d.n + 2) * d.window / 1000))
+  end
 end
 
 -- Microseconds until current + previous * weight + cost <= limit, nothing else arriving.

@@ -17,9 +17,9 @@ const std::string& decideScript() {
       }
       out += "ALGORITHMS['";
       out += s.name;
-      out += "'] = (function(KEYS, ARGV)\n";
+      out += "'] = function(KEYS, ARGV)\n";
       out += s.source;
-      out += "\nend)(nil, nil)\n";
+      out += "\nend\n";
     }
     out += driver;
     return out;

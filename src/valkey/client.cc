@@ -1,6 +1,5 @@
 #include "valkey/client.h"
 
-#include <hiredis/adapters/libuv.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
@@ -10,6 +9,7 @@
 
 #include "core/logging.h"
 #include "stats/stats.h"
+#include "valkey/uv_adapter.h"
 
 namespace sluice::valkey {
 
@@ -90,7 +90,13 @@ void Client::connect() {
     return;
   }
   context->data = this;
-  redisLibuvAttach(context, loop_);
+  if (!attachToLoop(context, loop_)) {
+    SLUICE_LOG_WARN("valkey {}: cannot watch the connection", options_.address.text);
+    redisAsyncFree(context);
+    state_ = State::Backoff;
+    scheduleReconnect();
+    return;
+  }
   redisAsyncSetConnectCallback(context, onConnect);
   redisAsyncSetDisconnectCallback(context, onDisconnect);
   context_ = context;

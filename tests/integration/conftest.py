@@ -621,10 +621,10 @@ def algorithm_names() -> list:
 def decide_script() -> str:
     """The script Sluice sends, composed as lua/decide.lua's header documents: the algorithm
     modules (sorted by file name, like cmake/embed_lua.cmake) wrapped as
-    ALGORITHMS['<name>'] = (function(KEYS, ARGV) <file> end)(nil, nil), then decide.lua."""
+    ALGORITHMS['<name>'] = function(KEYS, ARGV) <file> end, then decide.lua."""
     out = "local ALGORITHMS = {}\n"
     for name in algorithm_names():
-        out += f"ALGORITHMS['{name}'] = (function(KEYS, ARGV)\n{lua_source(name)}\nend)(nil, nil)\n"
+        out += f"ALGORITHMS['{name}'] = function(KEYS, ARGV)\n{lua_source(name)}\nend\n"
     return out + lua_source("decide")
 
 
