@@ -19,6 +19,22 @@
 
 namespace sluice::app {
 
+namespace {
+
+// The process log as [log] configures it.
+void configureLog(const config::LogConfig& log) {
+  spdlog::level::level_enum level = spdlog::level::info;
+  switch (log.level) {
+    case config::LogLevel::Error: level = spdlog::level::err; break;
+    case config::LogLevel::Warn: level = spdlog::level::warn; break;
+    case config::LogLevel::Info: level = spdlog::level::info; break;
+    case config::LogLevel::Debug: level = spdlog::level::debug; break;
+  }
+  logging::configure(level, log.format == config::LogFormat::Json);
+}
+
+}  // namespace
+
 config::ConfigPtr resolveEndpoints(const config::Config& loaded, std::string* error) {
   auto config = std::make_shared<config::Config>(loaded);
   for (auto& upstream : config->upstreams) {
@@ -101,7 +117,7 @@ int Server::run() {
     for (const auto& e : loaded.errors) std::fprintf(stderr, "%s\n", e.toString().c_str());
     return 1;
   }
-  logging::configure(loaded.config->log.level, loaded.config->log.format);
+  configureLog(loaded.config->log);
   std::string error;
   config_ = resolveEndpoints(*loaded.config, &error);
   if (!config_) {
@@ -214,7 +230,7 @@ void Server::reload() {
       admin_ = std::move(admin);
     }
   }
-  logging::configure(config->log.level, config->log.format);
+  configureLog(config->log);
   config_ = config;
   for (auto& w : workers_) w->postConfig(generation);
   ++process_stats_.config_reloads;

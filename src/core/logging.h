@@ -5,12 +5,14 @@
 
 #include <spdlog/spdlog.h>
 
-#include "config/config.h"
+#include <string>
+#include <string_view>
 
 namespace sluice::logging {
 
-// Configures the default logger. Safe to call again on reload (level and format change).
-void configure(config::LogLevel level, config::LogFormat format);
+// Configures the default logger: its level, and text or one JSON object per line. Safe to call
+// again on reload (level and format change).
+void configure(spdlog::level::level_enum level, bool json);
 
 // Escapes a value for a single log line: CR, LF and other control bytes become \xNN, so a
 // client can never start a line of its own in our logs.
