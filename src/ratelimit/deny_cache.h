@@ -27,6 +27,7 @@ class DenyCache {
   // Milliseconds the key stays refused, or 0.
   uint64_t remaining(const std::string& key, uint64_t now_ms);
   size_t size() const { return entries_.size(); }
+  bool empty() const { return entries_.empty(); }
 
  private:
   size_t max_entries_;

@@ -1,6 +1,7 @@
 #include "ratelimit/headers.h"
 
 #include <algorithm>
+#include <charconv>
 
 namespace sluice::ratelimit {
 
@@ -45,37 +46,61 @@ const LimitResult* tightest(const Decision& decision) {
   return best;
 }
 
+void appendInt(std::string& out, int64_t value) {
+  char digits[24];
+  out.append(digits, std::to_chars(digits, digits + sizeof digits, value).ptr);
+}
+
+void appendQuoted(std::string& out, const std::string& name) {
+  out += '"';
+  out += name;
+  out += '"';
+}
+
 }  // namespace
 
 std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& decision) {
   using Mode = config::RateLimitHeaders;
   std::string out;
   if (mode == Mode::None) return out;
+  out.reserve(160);
   if (mode == Mode::Ietf || mode == Mode::Both) {
-    std::string policy, state;
+    // RateLimit-Policy: "name";q=100;w=60, ...  then  RateLimit: "name";r=0;t=17, ...
+    const char* separator = "RateLimit-Policy: ";
     for (const auto& r : decision.limits) {
       if (!shown(r)) continue;
-      if (!policy.empty()) {
-        policy += ", ";
-        state += ", ";
-      }
-      const std::string name = "\"" + r.config->name + "\"";
-      policy += name + ";q=" + std::to_string(r.limit) + ";w=" +
-                std::to_string(windowSeconds(*r.config));
-      const int64_t remaining = r.outcome == Outcome::Denied ? 0 : r.remaining;
-      state += name + ";r=" + std::to_string(remaining) + ";t=" + std::to_string(resetSeconds(r));
+      out += separator;
+      separator = ", ";
+      appendQuoted(out, r.config->name);
+      out += ";q=";
+      appendInt(out, r.limit);
+      out += ";w=";
+      appendInt(out, windowSeconds(*r.config));
     }
-    if (!policy.empty()) {
-      out += "RateLimit-Policy: " + policy + "\r\n";
-      out += "RateLimit: " + state + "\r\n";
+    if (!out.empty()) {
+      separator = "\r\nRateLimit: ";
+      for (const auto& r : decision.limits) {
+        if (!shown(r)) continue;
+        out += separator;
+        separator = ", ";
+        appendQuoted(out, r.config->name);
+        out += ";r=";
+        appendInt(out, r.outcome == Outcome::Denied ? 0 : r.remaining);
+        out += ";t=";
+        appendInt(out, resetSeconds(r));
+      }
+      out += "\r\n";
     }
   }
   if (mode == Mode::Legacy || mode == Mode::Both) {
     if (const LimitResult* r = tightest(decision)) {
-      out += "X-RateLimit-Limit: " + std::to_string(r->limit) + "\r\n";
-      out += "X-RateLimit-Remaining: " +
-             std::to_string(r->outcome == Outcome::Denied ? 0 : r->remaining) + "\r\n";
-      out += "X-RateLimit-Reset: " + std::to_string(resetSeconds(*r)) + "\r\n";
+      out += "X-RateLimit-Limit: ";
+      appendInt(out, r->limit);
+      out += "\r\nX-RateLimit-Remaining: ";
+      appendInt(out, r->outcome == Outcome::Denied ? 0 : r->remaining);
+      out += "\r\nX-RateLimit-Reset: ";
+      appendInt(out, resetSeconds(*r));
+      out += "\r\n";
     }
   }
   return out;

@@ -9,6 +9,7 @@
 
 #include "core/logging.h"
 #include "stats/stats.h"
+#include "valkey/resp.h"
 #include "valkey/uv_adapter.h"
 
 namespace sluice::valkey {
@@ -30,7 +31,7 @@ struct Call final : PendingCall {
   uint64_t deadline_ms = 0;
   uint64_t sent_ms = 0;
   uint64_t sent_ns = 0;
-  std::vector<std::string> argv;  // kept for the retry after NOSCRIPT
+  std::string command;  // in RESP; kept for the retry after NOSCRIPT
   bool is_script = false;
   bool asking = false;  // send ASKING first (and again on a NOSCRIPT retry)
   bool done = false;  // the target was told, or cancelled
@@ -209,32 +210,34 @@ void Client::onReconnectTimer(void* context) {
 
 PendingCall* Client::evalScript(const std::vector<std::string>& keys,
                                 const std::vector<std::string>& args, CallTarget* target) {
-  std::vector<std::string> argv;
-  argv.reserve(3 + keys.size() + args.size());
-  argv.emplace_back("EVALSHA");
-  argv.push_back(options_.script_sha);
-  argv.push_back(std::to_string(keys.size()));
-  argv.insert(argv.end(), keys.begin(), keys.end());
-  argv.insert(argv.end(), args.begin(), args.end());
-  return submit(std::move(argv), target, true, false);
+  if (refuseCall()) return nullptr;
+  return submitFormatted(formatEvalsha(options_.script_sha, keys, args), target, true, false);
 }
 
 PendingCall* Client::command(std::vector<std::string> argv, CallTarget* target) {
   return submit(std::move(argv), target, false, false);
 }
 
-PendingCall* Client::submit(std::vector<std::string> argv, CallTarget* target, bool script,
+PendingCall* Client::submit(const std::vector<std::string>& argv, CallTarget* target, bool script,
                             bool asking) {
-  if (state_ != State::Ready || suspect_) {
-    stats_.valkey_errors.get(suspect_ && state_ == State::Ready ? "kind=\"unresponsive\""
-                                                                : "kind=\"not_connected\"")
-        .inc();
-    return nullptr;
-  }
+  if (refuseCall()) return nullptr;
+  return submitFormatted(formatCommand(argv), target, script, asking);
+}
+
+bool Client::refuseCall() {
+  if (state_ == State::Ready && !suspect_) return false;
+  stats_.valkey_errors.get(suspect_ && state_ == State::Ready ? "kind=\"unresponsive\""
+                                                              : "kind=\"not_connected\"")
+      .inc();
+  return true;
+}
+
+PendingCall* Client::submitFormatted(std::string command, CallTarget* target, bool script,
+                                     bool asking) {
   auto* call = new Call;
   call->client = this;
   call->target = target;
-  call->argv = std::move(argv);
+  call->command = std::move(command);
   call->is_script = script;
   call->asking = asking;
   call->sent_ms = uv_now(loop_);
@@ -258,16 +261,8 @@ bool Client::send(Call* call) {
       return false;
     }
   }
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  argv.reserve(call->argv.size());
-  lens.reserve(call->argv.size());
-  for (const auto& a : call->argv) {
-    argv.push_back(a.data());
-    lens.push_back(a.size());
-  }
-  if (redisAsyncCommandArgv(context_, onReply, call, static_cast<int>(argv.size()), argv.data(),
-                            lens.data()) != REDIS_OK) {
+  if (redisAsyncFormattedCommand(context_, onReply, call, call->command.data(),
+                                 call->command.size()) != REDIS_OK) {
     return false;
   }
   inflight_.push_back(call);

@@ -66,7 +66,8 @@ class Client final : public Store {
   void cancel(PendingCall* call) override;
   // What both use. `script`: argv is an EVALSHA of the script (NOSCRIPT reloads it);
   // `asking`: sent after ASKING (a cluster's ASK redirection).
-  PendingCall* submit(std::vector<std::string> argv, CallTarget* target, bool script, bool asking);
+  PendingCall* submit(const std::vector<std::string>& argv, CallTarget* target, bool script,
+                      bool asking);
   const std::string& scriptSha() const { return options_.script_sha; }
 
   const ClientOptions& options() const { return options_; }
@@ -75,6 +76,10 @@ class Client final : public Store {
   enum class State { Idle, Connecting, Handshake, Ready, Backoff, Stopped };
   friend struct Call;
 
+  // Not ready, or waiting for a late reply: the call is refused (and counted).
+  bool refuseCall();
+  // submit() of a command already in RESP (resp.h), once refuseCall() said no.
+  PendingCall* submitFormatted(std::string command, CallTarget* target, bool script, bool asking);
   void connect();
   void drop(const char* why);
   void scheduleReconnect();

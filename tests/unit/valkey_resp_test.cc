@@ -1,0 +1,61 @@
+// RESP written by Sluice must be byte for byte what hiredis's own formatter writes.
+
+#include <doctest/doctest.h>
+#include <hiredis/hiredis.h>
+
+#include <string>
+#include <vector>
+
+#include "valkey/resp.h"
+
+namespace {
+
+std::string hiredisFormat(const std::vector<std::string>& argv) {
+  std::vector<const char*> ptrs;
+  std::vector<size_t> lens;
+  for (const auto& a : argv) {
+    ptrs.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  char* out = nullptr;
+  const int n = redisFormatCommandArgv(&out, static_cast<int>(argv.size()), ptrs.data(),
+                                       lens.data());
+  REQUIRE(n > 0);
+  std::string s(out, static_cast<size_t>(n));
+  redisFreeCommand(out);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("formatCommand writes what hiredis writes") {
+  const std::vector<std::vector<std::string>> cases = {
+      {"PING"},
+      {"HGETALL", "sluice:apikey:key_abc"},
+      {"SET", "k", ""},                                   // empty argument
+      {"SET", "bin", std::string("a\0b\r\n$*", 7)},       // NUL, CR LF, RESP markers
+      {"SET", "big", std::string(100000, 'x')},           // a long value
+  };
+  for (const auto& argv : cases) CHECK(sluice::valkey::formatCommand(argv) == hiredisFormat(argv));
+  CHECK(sluice::valkey::formatCommand({"PING"}) == "*1\r\n$4\r\nPING\r\n");
+}
+
+TEST_CASE("formatEvalsha: EVALSHA sha numkeys keys args") {
+  const std::string sha(40, 'a');
+  const std::vector<std::string> keys = {"rl:v1:per_ip:127.0.0.1", "rl:v1:per_key:~abc"};
+  const std::vector<std::string> args = {"req-1", "fixed_window", "100", "60000", "0", "1",
+                                         "0", "0", ""};
+  std::vector<std::string> argv = {"EVALSHA", sha, "2"};
+  argv.insert(argv.end(), keys.begin(), keys.end());
+  argv.insert(argv.end(), args.begin(), args.end());
+  CHECK(sluice::valkey::formatEvalsha(sha, keys, args) == hiredisFormat(argv));
+  CHECK(sluice::valkey::formatEvalsha(sha, {}, {}) == hiredisFormat({"EVALSHA", sha, "0"}));
+  // two-digit key counts and argument counts
+  std::vector<std::string> many_keys, many_args;
+  argv = {"EVALSHA", sha, "12"};
+  for (int i = 0; i < 12; ++i) many_keys.push_back("rl:v1:limit" + std::to_string(i) + ":x");
+  for (int i = 0; i < 85; ++i) many_args.push_back(std::to_string(i * 1000003));
+  argv.insert(argv.end(), many_keys.begin(), many_keys.end());
+  argv.insert(argv.end(), many_args.begin(), many_args.end());
+  CHECK(sluice::valkey::formatEvalsha(sha, many_keys, many_args) == hiredisFormat(argv));
+}
