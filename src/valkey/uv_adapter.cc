@@ -42,6 +42,9 @@ void onPoll(uv_poll_t* handle, int status, int events) {
     } else {
       redisAsyncHandleWrite(a->context);
     }
+    // libuv stopped the handle. When hiredis read data rather than the error (bytes that
+    // arrived before a reset), the connection lives on: watch it again, the error comes next.
+    if (a->context && a->events) uv_poll_start(&a->poll, a->events, onPoll);
     return;
   }
   if (events & UV_READABLE) redisAsyncHandleRead(a->context);
