@@ -76,7 +76,9 @@ def http_get(port, path="/", timeout=2.0, tls=False):
         return r.status, r.read()
 
 
-def cmd_wait_http(args):
+def wait_ready(args, what, probe):
+    """Polls probe() (None when ready, else what it saw) every 0.1 s until args.timeout; fails
+    at once when the process args.pid exits. Exit status 0 or 1."""
     deadline = time.monotonic() + args.timeout
     last = "no attempt"
     while time.monotonic() < deadline:
@@ -84,15 +86,24 @@ def cmd_wait_http(args):
             print(f"process {args.pid} exited while waiting for port {args.port}", file=sys.stderr)
             return 1
         try:
-            status, body = http_get(args.port, args.path, tls=args.tls)
-            if status == 200 and (args.any_body or body == args.body.encode()):
+            last = probe()
+            if last is None:
                 return 0
-            last = f"status {status}, body {body[:60]!r}"
         except Exception as e:  # noqa: BLE001 - any failure means "not ready yet"
             last = repr(e)
         time.sleep(0.1)
-    print(f"port {args.port} not ready after {args.timeout}s: {last}", file=sys.stderr)
+    print(f"{what} on port {args.port} not ready after {args.timeout}s: {last}", file=sys.stderr)
     return 1
+
+
+def cmd_wait_http(args):
+    def probe():
+        status, body = http_get(args.port, args.path, tls=args.tls)
+        if status == 200 and (args.any_body or body == args.body.encode()):
+            return None
+        return f"status {status}, body {body[:60]!r}"
+
+    return wait_ready(args, "HTTP", probe)
 
 
 def valkey_command(port, *argv, timeout=2.0):
@@ -147,20 +158,11 @@ def valkey_commandstats(port):
 
 
 def cmd_wait_valkey(args):
-    deadline = time.monotonic() + args.timeout
-    last = "no attempt"
-    while time.monotonic() < deadline:
-        if args.pid and not pid_alive(args.pid):
-            print(f"process {args.pid} exited while waiting for port {args.port}", file=sys.stderr)
-            return 1
-        try:
-            if valkey_command(args.port, "PING", timeout=1.0) == "PONG":
-                return 0
-        except (OSError, RuntimeError) as e:
-            last = repr(e)
-        time.sleep(0.1)
-    print(f"Valkey on port {args.port} not ready after {args.timeout}s: {last}", file=sys.stderr)
-    return 1
+    def probe():
+        reply = valkey_command(args.port, "PING", timeout=1.0)
+        return None if reply == "PONG" else f"PING answered {reply!r}"
+
+    return wait_ready(args, "Valkey", probe)
 
 
 def cmd_valkey_monitor(args):
@@ -495,31 +497,41 @@ class Conn:
         self.error = None
 
 
+def parse_response_head(buf):
+    """The head of the response at the start of buf: None while incomplete, else (status,
+    head and body length, Content-Length or None, Connection: close, chunked)."""
+    end = buf.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    lines = buf[:end].decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else -1
+    length, close, chunked = None, False, False
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        name, value = name.strip().lower(), value.strip().lower()
+        if name == "content-length":
+            length = int(value)
+        elif name == "connection" and "close" in value:
+            close = True
+        elif name == "transfer-encoding":
+            chunked = True
+    return status, end + 4 + (length or 0), length, close, chunked
+
+
 def parse_head(c):
     """Returns True when the whole response (head + Content-Length body) is in c.buf."""
     if c.need is None:
-        end = c.buf.find(b"\r\n\r\n")
-        if end < 0:
+        head = parse_response_head(c.buf)
+        if head is None:
             return False
-        head = c.buf[:end].decode("latin-1").split("\r\n")
-        parts = head[0].split(" ", 2)
-        c.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else -1
-        length, close = None, False
-        for line in head[1:]:
-            name, _, value = line.partition(":")
-            name, value = name.strip().lower(), value.strip().lower()
-            if name == "content-length":
-                length = int(value)
-            elif name == "connection" and "close" in value:
-                close = True
-            elif name == "transfer-encoding":
-                c.error = "chunked response (unexpected for this upstream)"
+        c.status, c.need, length, close, chunked = head
+        if chunked:
+            c.error = "chunked response (unexpected for this upstream)"
         if length is None:
             c.error = c.error or "response without Content-Length"
-            length = 0
         if close:
             c.error = c.error or "response has Connection: close"
-        c.need = end + 4 + length
     return len(c.buf) >= c.need
 
 
@@ -854,7 +866,6 @@ class ValkeyRestarter:
                 self.proc.kill()
                 self.proc.wait()
 
-
 def cmd_soak(args):
     """Fixed-rate keep-alive load on Sluice for a long time while Valkey is restarted every
     minute; one line of figures every `interval` seconds and a summary at the end."""
@@ -926,21 +937,10 @@ def cmd_soak(args):
 
     def parse(c):
         if c.need is None:
-            end = c.buf.find(b"\r\n\r\n")
-            if end < 0:
+            head = parse_response_head(c.buf)
+            if head is None:
                 return False
-            lines = c.buf[:end].decode("latin-1").split("\r\n")
-            parts = lines[0].split(" ", 2)
-            c.status = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else -1
-            length, c.close_after = 0, False
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                name = name.strip().lower()
-                if name == "content-length":
-                    length = int(value.strip())
-                elif name == "connection" and "close" in value.lower():
-                    c.close_after = True
-            c.need = end + 4 + length
+            c.status, c.need, _, c.close_after, _ = head
         return len(c.buf) >= c.need
 
     def sample(t):

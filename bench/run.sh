@@ -39,6 +39,8 @@ set -Eeuo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$BENCH_DIR")
+# shellcheck source=bench/procs.sh
+. "$BENCH_DIR/procs.sh"
 
 DURATION=${BENCH_DURATION:-10s}
 CONNECTIONS=${BENCH_CONNECTIONS:-50}
@@ -145,76 +147,19 @@ if [[ $PIN == 1 ]]; then
 fi
 
 # ------------------------------------------------------------------ 2. build
-if [[ -n ${SLUICE_BIN:-} ]]; then
-  [[ -x $SLUICE_BIN ]] || die "SLUICE_BIN=$SLUICE_BIN is not executable"
-else
-  mkdir -p "$RESULTS_DIR"
-  BUILD_LOG=$RESULTS_DIR/build.log
-  log "building Sluice (Release) in build-release (log: $BUILD_LOG)"
-  if ! { cmake -S "$ROOT" -B "$ROOT/build-release" -DCMAKE_BUILD_TYPE=Release &&
-         cmake --build "$ROOT/build-release" --target sluice -j2; } >"$BUILD_LOG" 2>&1; then
-    tail -n 30 "$BUILD_LOG" >&2
-    die "build failed (if another engineer is editing src/, retry in a minute)"
-  fi
-  warnings=$(grep -c 'warning:' "$BUILD_LOG" || true)
-  [[ $warnings == 0 ]] || log "the build printed $warnings compiler warning(s), see $BUILD_LOG"
-  SLUICE_BIN=$ROOT/build-release/sluice
-fi
-SLUICE_BIN=$(realpath "$SLUICE_BIN")
+build_sluice
 
 # ------------------------------------------------------------------ process bookkeeping
 WORK=$(mktemp -d /tmp/sluice-bench.XXXXXX)
 chmod 755 "$WORK"
-STARTED=()                 # every PID this script started, in order
 declare -A GW_PID GW_PORT GW_ADMIN GW_LOG GW_KIND GW_EXIT GW_STOP_S GW_CRASH
 declare -A GW_TLS GW_VALKEY GW_RESUMED_LOG   # 1 = HTTPS listener; 1 = uses Valkey; nginx log
 
-descendants() {  # PIDs of the children of $1, recursively
-  local c
-  for c in $(ps -o pid= --ppid "$1" 2>/dev/null); do echo "$c"; descendants "$c"; done
-}
-
-alive() {  # running and not a zombie
-  local st
-  st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
-  [[ -n $st && $st != Z* ]]
-}
-
-# Stops one started process (and its children): $2 = signal, waits up to $3 seconds, then KILL.
-stop_pid() {
-  local pid=$1 sig=${2:-TERM} wait_s=${3:-5} kids i
-  kids=$(descendants "$pid")
-  kill -"$sig" "$pid" 2>/dev/null || true
-  for ((i = 0; i < wait_s * 10; i++)); do alive "$pid" || break; sleep 0.1; done
-  if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; fi
-  for k in $kids; do alive "$k" && kill -KILL "$k" 2>/dev/null; done
-  wait "$pid" 2>/dev/null || true
-}
-
-forget_pid() {  # a PID that exited and was reaped: never signal it again (PIDs get reused)
-  local p keep=()
-  for p in "${STARTED[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
-  STARTED=("${keep[@]}")
-}
-
-# Runs "$@" as a registered child and waits for it. Waiting with `wait` (rather than running
-# in the foreground) lets a signal to this script run the traps at once.
-run_child() {
-  "$@" &
-  local p=$! rc=0
-  STARTED+=("$p")
-  wait "$p" || rc=$?
-  forget_pid "$p"
-  return "$rc"
-}
-
 cleanup() {
-  local rc=$? pid
+  local rc=$?
   trap - EXIT INT TERM
   [[ $rc -eq 0 ]] || log "stopping (exit status $rc): cleaning up" >&2
-  for pid in "${STARTED[@]}"; do
-    alive "$pid" && stop_pid "$pid" TERM 5
-  done
+  stop_started
   rm -rf "$WORK"
   exit "$rc"
 }

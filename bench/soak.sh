@@ -27,6 +27,8 @@ set -Eeuo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(dirname "$BENCH_DIR")
+# shellcheck source=bench/procs.sh
+. "$BENCH_DIR/procs.sh"
 
 DURATION=${SOAK_DURATION:-600}
 RATE=${SOAK_RATE:-2000}
@@ -78,54 +80,18 @@ if ((${#APT[@]})); then
 fi
 VALKEY_BIN=$(command -v valkey-server || command -v redis-server) || die "no valkey-server"
 
-if [[ -n ${SLUICE_BIN:-} ]]; then
-  [[ -x $SLUICE_BIN ]] || die "SLUICE_BIN=$SLUICE_BIN is not executable"
-else
-  mkdir -p "$RESULTS_DIR"
-  log "building Sluice (Release) in build-release (log: $RESULTS_DIR/build.log)"
-  { cmake -S "$ROOT" -B "$ROOT/build-release" -DCMAKE_BUILD_TYPE=Release &&
-    cmake --build "$ROOT/build-release" --target sluice -j2; } >"$RESULTS_DIR/build.log" 2>&1 \
-    || { tail -n 30 "$RESULTS_DIR/build.log" >&2; die "build failed"; }
-  SLUICE_BIN=$ROOT/build-release/sluice
-fi
-SLUICE_BIN=$(realpath "$SLUICE_BIN")
+build_sluice
 
 # ------------------------------------------------------------------ process bookkeeping
 WORK=$(mktemp -d /tmp/sluice-soak.XXXXXX)
 chmod 755 "$WORK"
-STARTED=()
 VALKEY_PIDFILE=$WORK/valkey.pid   # the Valkey the load generator started last
 
-alive() {
-  local st
-  st=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
-  [[ -n $st && $st != Z* ]]
-}
-stop_pid() {  # $1 pid, $2 signal, $3 seconds before KILL
-  local pid=$1 sig=${2:-TERM} wait_s=${3:-5} i
-  kill -"$sig" "$pid" 2>/dev/null || true
-  for ((i = 0; i < wait_s * 10; i++)); do alive "$pid" || break; sleep 0.1; done
-  alive "$pid" && kill -KILL "$pid" 2>/dev/null
-  wait "$pid" 2>/dev/null || true
-}
-forget_pid() {
-  local p keep=()
-  for p in "${STARTED[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
-  STARTED=("${keep[@]}")
-}
-run_child() {  # waited-for child, so that a signal runs the traps at once
-  "$@" &
-  local p=$! rc=0
-  STARTED+=("$p")
-  wait "$p" || rc=$?
-  forget_pid "$p"
-  return "$rc"
-}
 cleanup() {
   local rc=$? pid
   trap - EXIT INT TERM
   [[ $rc -eq 0 ]] || log "stopping (exit status $rc): cleaning up" >&2
-  for pid in "${STARTED[@]}"; do alive "$pid" && stop_pid "$pid" TERM 5; done
+  stop_started
   # A Valkey the load generator started and could not stop (it was killed): only if it is
   # still that server on that port.
   if [[ -s $VALKEY_PIDFILE ]]; then

@@ -179,7 +179,7 @@ void Admission::decide() {
   }
   const uint64_t now = uv_now(worker_.loop());
   ratelimit::DenyCache& cache = *snapshot_->deny_cache;
-  for (size_t i = 0; i < applied_.size() && !cache.empty(); ++i) {
+  for (size_t i = 0; i < applied_.size() && !cache.empty(); ++i) {  // no key built when empty
     const config::LimitConfig& limit = *applied_[i].config;
     if (limit.shadow || limit.count_denied) continue;
     if (const uint64_t left = cache.remaining(ratelimit::denyCacheKey(applied_[i]), now)) {

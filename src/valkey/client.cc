@@ -210,18 +210,13 @@ void Client::onReconnectTimer(void* context) {
 
 PendingCall* Client::evalScript(const std::vector<std::string>& keys,
                                 const std::vector<std::string>& args, CallTarget* target) {
-  if (refuseCall()) return nullptr;
-  return submitFormatted(formatEvalsha(options_.script_sha, keys, args), target, true, false);
+  if (refuseCall()) return nullptr;  // before formatting what would not be sent
+  return submit(formatEvalsha(options_.script_sha, keys, args), target, true, false);
 }
 
 PendingCall* Client::command(std::vector<std::string> argv, CallTarget* target) {
-  return submit(std::move(argv), target, false, false);
-}
-
-PendingCall* Client::submit(const std::vector<std::string>& argv, CallTarget* target, bool script,
-                            bool asking) {
   if (refuseCall()) return nullptr;
-  return submitFormatted(formatCommand(argv), target, script, asking);
+  return submit(formatCommand(argv), target, false, false);
 }
 
 bool Client::refuseCall() {
@@ -232,8 +227,8 @@ bool Client::refuseCall() {
   return true;
 }
 
-PendingCall* Client::submitFormatted(std::string command, CallTarget* target, bool script,
-                                     bool asking) {
+PendingCall* Client::submit(std::string command, CallTarget* target, bool script, bool asking) {
+  if (refuseCall()) return nullptr;
   auto* call = new Call;
   call->client = this;
   call->target = target;

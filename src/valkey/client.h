@@ -64,10 +64,10 @@ class Client final : public Store {
   // Any other command. Returns null when not connected.
   PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
   void cancel(PendingCall* call) override;
-  // What both use. `script`: argv is an EVALSHA of the script (NOSCRIPT reloads it);
-  // `asking`: sent after ASKING (a cluster's ASK redirection).
-  PendingCall* submit(const std::vector<std::string>& argv, CallTarget* target, bool script,
-                      bool asking);
+  // What both use, and a cluster's routed calls: `command` in RESP (resp.h). `script`: an
+  // EVALSHA of the script (NOSCRIPT reloads it); `asking`: sent after ASKING (a cluster's ASK
+  // redirection).
+  PendingCall* submit(std::string command, CallTarget* target, bool script, bool asking);
   const std::string& scriptSha() const { return options_.script_sha; }
 
   const ClientOptions& options() const { return options_; }
@@ -78,8 +78,6 @@ class Client final : public Store {
 
   // Not ready, or waiting for a late reply: the call is refused (and counted).
   bool refuseCall();
-  // submit() of a command already in RESP (resp.h), once refuseCall() said no.
-  PendingCall* submitFormatted(std::string command, CallTarget* target, bool script, bool asking);
   void connect();
   void drop(const char* why);
   void scheduleReconnect();

@@ -5,6 +5,7 @@
 
 #include "core/logging.h"
 #include "stats/stats.h"
+#include "valkey/resp.h"
 
 namespace sluice::valkey {
 
@@ -70,21 +71,21 @@ unsigned keySlot(std::string_view key) {
 // from submit until its target is told (or the call is cancelled).
 class ClusterClient::RoutedCall final : public PendingCall, public CallTarget {
  public:
-  RoutedCall(ClusterClient& owner, CallTarget* target, std::vector<std::string> argv, bool script)
-      : owner_(owner), target_(target), argv_(std::move(argv)), script_(script) {}
+  RoutedCall(ClusterClient& owner, CallTarget* target, std::string command, bool script)
+      : owner_(owner), target_(target), command_(std::move(command)), script_(script) {}
 
   void onValkeyReply(Reply& reply) override { owner_.onRoutedReply(this, reply); }
   void onValkeyFailure(Failure failure) override { owner_.onRoutedFailure(this, failure); }
 
   bool sendVia(Client& client, bool asking) {
     via_ = &client;
-    inner_ = client.submit(argv_, this, script_, asking);
+    inner_ = client.submit(command_, this, script_, asking);
     return inner_ != nullptr;
   }
 
   ClusterClient& owner_;
   CallTarget* target_;
-  std::vector<std::string> argv_;
+  std::string command_;  // in RESP, sent again after a redirection
   bool script_;
   Client* via_ = nullptr;
   PendingCall* inner_ = nullptr;
@@ -149,20 +150,15 @@ ClusterClient::Node* ClusterClient::node(const std::string& name, bool create) {
 
 PendingCall* ClusterClient::evalScript(const std::vector<std::string>& keys,
                                        const std::vector<std::string>& args, CallTarget* target) {
-  std::vector<std::string> argv;
-  argv.reserve(3 + keys.size() + args.size());
-  argv.emplace_back("EVALSHA");
-  argv.push_back(node_options_.script_sha);
-  argv.push_back(std::to_string(keys.size()));
-  argv.insert(argv.end(), keys.begin(), keys.end());
-  argv.insert(argv.end(), args.begin(), args.end());
   const unsigned slot = keys.empty() ? 0 : keySlot(keys.front());
-  return route(std::make_unique<RoutedCall>(*this, target, std::move(argv), true), slot);
+  return route(std::make_unique<RoutedCall>(
+                   *this, target, formatEvalsha(node_options_.script_sha, keys, args), true),
+               slot);
 }
 
 PendingCall* ClusterClient::command(std::vector<std::string> argv, CallTarget* target) {
   const unsigned slot = argv.size() > 1 ? keySlot(argv[1]) : 0;
-  return route(std::make_unique<RoutedCall>(*this, target, std::move(argv), false), slot);
+  return route(std::make_unique<RoutedCall>(*this, target, formatCommand(argv), false), slot);
 }
 
 PendingCall* ClusterClient::route(std::unique_ptr<RoutedCall> call, unsigned slot) {

@@ -1,6 +1,8 @@
 """Fixtures of Sluice's integration tests: the real binary, real upstreams, loopback only.
 
 - free_port(): a free 127.0.0.1 TCP port (bind to port 0).
+- connection_refused(port, within): True once a connect() there is refused.
+- SilentListener(): a port that accepts and never answers (.port, .accepted, close()).
 - upstream_factory(name=...): starts an in-process upstream.UpstreamServer on a free port;
   `upstream` is one of them, named "up1".
 - sluice_factory(...): writes a TOML configuration to the test's tmp dir, starts the binary
@@ -86,6 +88,56 @@ def free_port() -> int:
         return s.getsockname()[1]
     finally:
         s.close()
+
+
+def connection_refused(port: int, within: float = 2.0) -> bool:
+    """True once a connect() to 127.0.0.1:port is refused within `within` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        s = socket.socket()
+        s.settimeout(0.5)
+        try:
+            s.connect(("127.0.0.1", port))
+        except ConnectionRefusedError:
+            return True
+        except OSError:
+            pass
+        finally:
+            s.close()
+        time.sleep(0.02)
+    return False
+
+
+class SilentListener:
+    """A 127.0.0.1 port that accepts connections and never sends a byte (a TLS upstream that
+    never answers the ClientHello). `.port`, `.accepted`; `close()` closes everything."""
+
+    def __init__(self, backlog: int = 16):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(backlog)
+        self.sock.settimeout(0.05)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self):
+        while not self._stop.is_set():
+            try:
+                self.accepted.append(self.sock.accept()[0])
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+
+    def close(self):
+        self._stop.set()
+        self._thread.join(timeout=2)
+        for c in self.accepted:
+            c.close()
+        self.sock.close()
 
 
 def sluice_bin() -> Path:
@@ -426,18 +478,11 @@ def redis_server_bin() -> str:
     return REDIS_SERVER
 
 
-class ValkeyServer:
-    """A private redis-server (same protocol as Valkey) on 127.0.0.1, no persistence."""
+class LocalServerProcess:
+    """A server process of the tests on its own 127.0.0.1 port (`.port`, `.proc`)."""
 
-    def __init__(self, workdir: Path, password: Optional[str] = None, extra_args: Iterable = ()):
-        self.workdir = workdir
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.password = password
-        self.extra_args = list(extra_args)
-        self.port = free_port()
-        self.proc: Optional[subprocess.Popen] = None
-        self._client = None
-        self._log_path = workdir / "redis.log"
+    port: int
+    proc: Optional[subprocess.Popen] = None
 
     @property
     def address(self) -> str:
@@ -449,6 +494,20 @@ class ValkeyServer:
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+class ValkeyServer(LocalServerProcess):
+    """A private redis-server (same protocol as Valkey) on 127.0.0.1, no persistence."""
+
+    def __init__(self, workdir: Path, password: Optional[str] = None, extra_args: Iterable = ()):
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.password = password
+        self.extra_args = list(extra_args)
+        self.port = free_port()
+        self.proc: Optional[subprocess.Popen] = None
+        self._client = None
+        self._log_path = workdir / "redis.log"
 
     def log(self) -> str:
         try:
@@ -1119,18 +1178,7 @@ class TlsRawClient(RawClient):
             raw.close()
             raise
 
-    def _fill(self, size: int = 256 * 1024) -> bool:
-        if self.eof:
-            return False
-        try:
-            data = self.sock.recv(size)
-        except (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError):
-            data = b""
-        if not data:
-            self.eof = True
-            return False
-        self.buf += data
-        return True
+    EOF_ERRORS = (ConnectionResetError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
     def peer_der(self) -> Optional[bytes]:
         return self.sock.getpeercert(binary_form=True)
@@ -1374,7 +1422,7 @@ upstream.main()
 '''
 
 
-class UpstreamProcess:
+class UpstreamProcess(LocalServerProcess):
     """tests/integration/upstream.py run as its own process on a fixed 127.0.0.1 port: kill()
     (SIGKILL: the kernel closes its sockets, like a crash) and start() again on the same port.
     Same endpoints as UpstreamServer, but it keeps no history of requests (/stats is empty): a
@@ -1387,17 +1435,6 @@ class UpstreamProcess:
         self.port = free_port()
         self.proc: Optional[subprocess.Popen] = None
         self.log_path = workdir / f"upstream-{name}.log"
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
 
     def start(self, timeout: float = 10.0) -> "UpstreamProcess":
         assert not self.running(), f"upstream {self.name} already running"

@@ -149,13 +149,16 @@ class RawClient:
     def shutdown_write(self) -> None:
         self.sock.shutdown(socket.SHUT_WR)
 
+    # What a read that ends the stream raises (a TLS client adds its own).
+    EOF_ERRORS: tuple = (ConnectionResetError,)
+
     def _fill(self, size: int = 256 * 1024) -> bool:
         """Reads more; False at EOF (or reset)."""
         if self.eof:
             return False
         try:
             data = self.sock.recv(size)
-        except ConnectionResetError:
+        except self.EOF_ERRORS:
             data = b""
         if not data:
             self.eof = True

@@ -3,31 +3,13 @@ exit 0), drain_timeout, several workers sharing the port (SO_REUSEPORT)."""
 
 import os
 import signal
-import socket
 import threading
 import time
 
 import pytest
 
+from conftest import connection_refused
 from rawhttp import RawClient
-
-
-def connection_refused(port, within=2.0):
-    """True once a connect() to port is refused within `within` seconds."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        s = socket.socket()
-        s.settimeout(0.5)
-        try:
-            s.connect(("127.0.0.1", port))
-        except ConnectionRefusedError:
-            return True
-        except OSError:
-            pass
-        finally:
-            s.close()
-        time.sleep(0.02)
-    return False
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

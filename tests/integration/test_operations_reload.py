@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import free_port, limit_cfg, metric_sum, route_cfg, sluice_with_limits
+from conftest import (connection_refused, free_port, limit_cfg, metric_sum, route_cfg,
+                      sluice_with_limits)
 from rawhttp import RawClient
 from test_operations_metrics import scrape
 
@@ -56,23 +57,6 @@ def edit(gw, old, new, count=1):
 
 def statuses(gw, n, client, **kw):
     return [gw.get("/status/200", [("X-Client", client)], **kw).status for _ in range(n)]
-
-
-def connect_refused(port, within=2.0):
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        s = socket.socket()
-        s.settimeout(0.5)
-        try:
-            s.connect(("127.0.0.1", port))
-        except ConnectionRefusedError:
-            return True
-        except OSError:
-            pass
-        finally:
-            s.close()
-        time.sleep(0.02)
-    return False
 
 
 # ------------------------------------------------------------------ (a) limits
@@ -186,7 +170,7 @@ def test_reload_new_listen_address(sluice_factory, upstream):
     for i in range(20):
         assert gw.get(f"/echo?i={i}").status == 200
     # ...and the old port refuses them (every worker closed its socket).
-    assert connect_refused(old_port, 2.0), "the old port still accepts connections"
+    assert connection_refused(old_port, 2.0), "the old port still accepts connections"
     time.sleep(0.1)
     for _ in range(20):
         s = socket.socket()
@@ -213,7 +197,7 @@ def test_reload_new_admin_listen_address(sluice_factory, upstream):
     assert gw.admin_get("/healthz")[0] == 200
     assert gw.admin_get("/ready")[0] == 200
     assert reloads(gw) == (1, 0)
-    assert connect_refused(old_admin, 2.0), "the old admin port still accepts connections"
+    assert connection_refused(old_admin, 2.0), "the old admin port still accepts connections"
     assert gw.get("/echo").status == 200
 
 

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import socket
-import threading
 import time
 
 import pytest
 
-from conftest import TlsRawClient, tls_client_context, tls_server_toml
+from conftest import SilentListener, TlsRawClient, tls_client_context, tls_server_toml
 from upstream import pattern_bytes
 
 
@@ -162,28 +160,11 @@ def test_upstream_mtls_client_certificate(sluice_factory, tls_upstream_factory, 
 def test_upstream_not_speaking_tls(sluice_factory, upstream):
     """tls = true towards a plain HTTP server -> 502; towards one that accepts and never
     answers the ClientHello -> 502 within connect_timeout (it covers the handshake)."""
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(8)
-    accepted = []
-    stop = threading.Event()
-
-    def accept_loop():
-        silent.settimeout(0.05)
-        while not stop.is_set():
-            try:
-                accepted.append(silent.accept()[0])
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-
-    t = threading.Thread(target=accept_loop, daemon=True)
-    t.start()
+    silent = SilentListener()
     try:
         gw = sluice_factory(upstreams=[
             upstream_cfg("plain", upstream, tls_verify=False),
-            upstream_cfg("silent", silent.getsockname()[1], tls_verify=False,
+            upstream_cfg("silent", silent.port, tls_verify=False,
                          connect_timeout="400ms"),
         ], routes=by_host(["plain", "silent"]))
         r = get(gw, "plain")
@@ -193,12 +174,8 @@ def test_upstream_not_speaking_tls(sluice_factory, upstream):
         elapsed = time.monotonic() - t0
         assert r.status == 502, r
         assert 0.35 <= elapsed < 2.0, elapsed
-        assert accepted, "the gateway never connected"
+        assert silent.accepted, "the gateway never connected"
     finally:
-        stop.set()
-        t.join(5)
-        for s in accepted:
-            s.close()
         silent.close()
 
 
@@ -251,28 +228,11 @@ def test_client_leaves_during_upstream_handshake(sluice_binary, sluice_factory,
     """A client gives up while the gateway is still in the TLS handshake with the upstream (the
     upstream accepts and says nothing): the gateway cleans up, answers 502 to a client that
     waits, and keeps serving a good TLS upstream (and, with the ASan build, exits 0)."""
-    silent = socket.socket()
-    silent.bind(("127.0.0.1", 0))
-    silent.listen(16)
-    silent.settimeout(0.05)
-    accepted = []
-    stop = threading.Event()
-
-    def accept_loop():
-        while not stop.is_set():
-            try:
-                accepted.append(silent.accept()[0])
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-
-    t = threading.Thread(target=accept_loop, daemon=True)
-    t.start()
+    silent = SilentListener()
     good = tls_upstream_factory(tls_pki.certs["upstream"], name="good")
     try:
         gw = sluice_factory(upstreams=[
-            upstream_cfg("silent", silent.getsockname()[1], tls_server_name="upstream.test",
+            upstream_cfg("silent", silent.port, tls_server_name="upstream.test",
                          tls_ca_file=tls_pki.certs["root"].cert, connect_timeout="500ms"),
             upstream_cfg("good", good, tls_server_name="upstream.test",
                          tls_ca_file=tls_pki.certs["root"].cert),
@@ -285,14 +245,10 @@ def test_client_leaves_during_upstream_handshake(sluice_binary, sluice_factory,
         r = get(gw, "silent")
         assert r.status == 502, r
         time.sleep(0.3)  # past connect_timeout of the abandoned handshakes
-        assert len(accepted) >= 2, accepted
+        assert len(silent.accepted) >= 2, silent.accepted
         for _ in range(3):
             r = get(gw, "good")
             assert r.status == 200, r
         assert gw.alive()
     finally:
-        stop.set()
-        t.join(5)
-        for s in accepted:
-            s.close()
         silent.close()
