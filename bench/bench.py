@@ -858,13 +858,25 @@ class ValkeyRestarter:
                 f.write(f"{self.pid}\n")
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        """Stops the Valkey running now: ours, or still the one soak.sh started (no restart
+        happened: soak.sh leaves that one to us too)."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            return
+        if self.state == "up" and pid_alive(self.pid):
+            os.kill(self.pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while pid_alive(self.pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if pid_alive(self.pid):
+                os.kill(self.pid, signal.SIGKILL)
+
 
 def cmd_soak(args):
     """Fixed-rate keep-alive load on Sluice for a long time while Valkey is restarted every
