@@ -1211,7 +1211,7 @@ def table(rows, header):
     return "\n".join(out)
 
 
-EVALSHA_TOLERANCE = 0.005   # EVALSHA per request must round to 1.00
+EVALSHA_TOLERANCE = 0.005   # EVALSHA per request must round to at most 1.00 (batches: below)
 CALLS_PER_REQ_MAX = 1.01    # every Valkey command per request, "about one round trip"
 
 
@@ -1315,7 +1315,7 @@ def cmd_report(args):
                "idle_kib_per_conn_max": args.idle_kib_max,
                "limit_rps_ratio_min": args.limit_rps_ratio_min,
                "handshake_ratio_min": args.handshake_ratio_min,
-               "valkey_evalsha_per_request": 1.0,
+               "valkey_evalsha_per_request_max": 1.0,
                "valkey_evalsha_per_request_tolerance": EVALSHA_TOLERANCE,
                "valkey_calls_per_request_max": CALLS_PER_REQ_MAX}
     summary = {"meta": meta, "targets": targets, "variants": {}, "comparisons": [], "checks": []}
@@ -1397,17 +1397,18 @@ def cmd_report(args):
     if args.rounds and limit_variants:
         print()
         print(f"== Rate limiting: Valkey commands per request (targets: 1 round trip per request: "
-              f"EVALSHA = 1.00, commands sent <= {CALLS_PER_REQ_MAX:.2f}) ==")
+              f"EVALSHA <= 1.00, commands sent <= {CALLS_PER_REQ_MAX:.2f}; a worker's concurrent decisions "
+              f"share one EVALSHA) ==")
         rows = []
         for v in limit_variants:
             e = E[v]
             es, cs = e.get("valkey_evalsha_per_req"), e.get("valkey_calls_per_req")
             mon = e.get("valkey_monitor") or {}
             rt = mon.get("round_trips_per_req")
-            ok_es = None if es is None else abs(es - 1.0) <= EVALSHA_TOLERANCE
+            ok_es = None if es is None else es <= 1.0 + EVALSHA_TOLERANCE
             ok_rt = None if rt is None else rt <= CALLS_PER_REQ_MAX
             summary["checks"].append({"variant": v, "check": "valkey_evalsha_per_request",
-                                      "value": es, "target": "== 1.0", "result": verdict(ok_es)})
+                                      "value": es, "target": "<= 1.0", "result": verdict(ok_es)})
             summary["checks"].append({"variant": v, "check": "valkey_round_trips_per_request",
                                       "value": rt, "target": f"<= {CALLS_PER_REQ_MAX}",
                                       "result": verdict(ok_rt)})
@@ -1417,13 +1418,14 @@ def cmd_report(args):
             cmds = ", ".join(f"{k} {c / n:.2f}" for k, c in sorted((e.get("valkey_calls") or {}).items())
                              ) if n else "-"
             rows.append([v, "-" if es is None else f"{es:.4f}", verdict(ok_es),
+                         "-" if not es else f"{1 / es:.1f}",
                          "-" if cs is None else f"{cs:.4f}",
                          "-" if rt is None else f"{rt:.4f}", verdict(ok_rt),
                          "-" if vk is None else f"{vk:.1f}",
                          "-" if gw is None or vk is None else f"{gw + vk:.1f}",
                          ", ".join(f"{k} {int(c)}" for k, c in sorted(dec.items())) or "-"])
             e["valkey_commandstats_per_req"] = cmds
-        print(table(rows, ["variant", "EVALSHA/req", "", "all cmdstats/req", "sent/req (MONITOR)", "",
+        print(table(rows, ["variant", "EVALSHA/req", "", "req/EVALSHA", "all cmdstats/req", "sent/req (MONITOR)", "",
                            "Valkey CPU us/req", "Sluice+Valkey CPU us/req", "decisions (Sluice)"]))
         for v in limit_variants:
             e = E[v]

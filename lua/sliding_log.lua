@@ -25,9 +25,10 @@ function M.check(key, p, now_us)
   return d
 end
 
-function M.commit(p, d)
+function M.settle(p, d, charge, id)
+  if not charge then return end
   for i = 1, p.cost do
-    redis.call('ZADD', d.key, d.now, d.now .. ':' .. p.id .. ':' .. i)
+    redis.call('ZADD', d.key, d.now, d.now .. ':' .. id .. ':' .. i)
   end
   if not d.allowed then
     redis.call('ZREMRANGEBYRANK', d.key, 0, -(p.limit + 1))
@@ -43,7 +44,7 @@ local function expiry_of(d, rank)
   return math.max(0, tonumber(entry[2]) + d.window - d.now)
 end
 
-function M.report(p, d)
+function M.report(p, d, out, pos)
   local reset = 0
   if d.count > 0 then reset = expiry_of(d, d.count - 1) end
   local retry = 0
@@ -54,14 +55,19 @@ function M.report(p, d)
       retry = expiry_of(d, d.count + p.cost - p.limit - 1)
     end
   end
-  return {d.allowed and 1 or 0, math.max(0, p.limit - d.count), math.ceil(reset / 1000),
-          math.ceil(retry / 1000)}
+  out[pos + 1] = d.allowed and 1 or 0
+  out[pos + 2] = math.max(0, p.limit - d.count)
+  out[pos + 3] = math.ceil(reset / 1000)
+  out[pos + 4] = math.ceil(retry / 1000)
+  return pos + 4
 end
 
 if KEYS == nil then return M end
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
-           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1', id = ARGV[6] or ''}
+           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
 local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
-if d.allowed or p.count_denied then M.commit(p, d) end
-return M.report(p, d)
+M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
+local out = {}
+M.report(p, d, out, 0)
+return out

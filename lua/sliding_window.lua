@@ -26,7 +26,8 @@ function M.check(key, p, now_us)
   return d
 end
 
-function M.commit(p, d)
+function M.settle(p, d, charge, id)
+  if not charge then return end
   d.current = redis.call('INCRBY', d.key, p.cost)
   -- The increment that created the counter gives it its TTL, in the same atomic script.
   if d.current == p.cost then
@@ -47,21 +48,26 @@ local function wait_us(p, d)
   return left + math.max(0, d.window * (1 - (p.limit - p.cost) / d.current))
 end
 
-function M.report(p, d)
+function M.report(p, d, out, pos)
   local estimate = d.current + d.previous * d.weight
   local left = d.window - d.elapsed
   local reset = 0
   if d.current > 0 then reset = left + d.window elseif d.previous > 0 then reset = left end
   local retry = 0
   if not d.allowed then retry = math.ceil(wait_us(p, d) / 1000) end
-  return {d.allowed and 1 or 0, math.max(0, math.floor(p.limit - estimate)),
-          math.ceil(reset / 1000), retry}
+  out[pos + 1] = d.allowed and 1 or 0
+  out[pos + 2] = math.max(0, math.floor(p.limit - estimate))
+  out[pos + 3] = math.ceil(reset / 1000)
+  out[pos + 4] = retry
+  return pos + 4
 end
 
 if KEYS == nil then return M end
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
-           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1', id = ARGV[6] or ''}
+           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
 local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
-if d.allowed or p.count_denied then M.commit(p, d) end
-return M.report(p, d)
+M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
+local out = {}
+M.report(p, d, out, 0)
+return out

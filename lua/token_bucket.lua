@@ -25,13 +25,14 @@ function M.check(key, p, now_us)
   return d
 end
 
-function M.commit(p, d)
+function M.settle(p, d, charge, id)
+  if not charge then return end
   d.tokens = math.max(0, d.tokens - p.cost)
   redis.call('HSET', d.key, 'tokens', string.format('%.6f', d.tokens), 'ts', d.now)
   redis.call('PEXPIRE', d.key, math.ceil((p.burst - d.tokens) / d.rate / 1000) + 1000)
 end
 
-function M.report(p, d)
+function M.report(p, d, out, pos)
   local retry = 0
   if not d.allowed then
     if p.cost > p.burst then
@@ -40,14 +41,19 @@ function M.report(p, d)
       retry = (p.cost - d.tokens) / d.rate
     end
   end
-  return {d.allowed and 1 or 0, math.floor(d.tokens), math.ceil((p.burst - d.tokens) / d.rate / 1000),
-          math.ceil(retry / 1000)}
+  out[pos + 1] = d.allowed and 1 or 0
+  out[pos + 2] = math.floor(d.tokens)
+  out[pos + 3] = math.ceil((p.burst - d.tokens) / d.rate / 1000)
+  out[pos + 4] = math.ceil(retry / 1000)
+  return pos + 4
 end
 
 if KEYS == nil then return M end
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
-           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1', id = ARGV[6] or ''}
+           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
 local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
-if d.allowed or p.count_denied then M.commit(p, d) end
-return M.report(p, d)
+M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
+local out = {}
+M.report(p, d, out, 0)
+return out

@@ -8,6 +8,7 @@
 #include "identity/tenant_cache.h"
 #include "net/tls_transport.h"
 #include "proxy/downstream_connection.h"
+#include "ratelimit/batcher.h"
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/scripts.h"
 #include "upstream/cluster.h"
@@ -168,6 +169,11 @@ void Worker::applyConfig(Generation generation) {
                                                           stats_);
       snapshot->valkey->start();
     }
+  }
+  if (snapshot->valkey) {
+    snapshot->decisions = old && old->valkey == snapshot->valkey
+                              ? old->decisions
+                              : std::make_shared<ratelimit::DecisionBatcher>(&loop_, snapshot->valkey);
   }
   if (old && old->valkey && old->valkey != snapshot->valkey) old->valkey->stop();
   snapshot->deny_cache = std::make_shared<ratelimit::DenyCache>();

@@ -41,6 +41,10 @@ void Admission::reset() {
     snapshot_->valkey->cancel(call_);
     call_ = nullptr;
   }
+  if (decision_) {
+    snapshot_->decisions->cancel(decision_);
+    decision_ = nullptr;
+  }
   snapshot_ = nullptr;
   route_ = nullptr;
   facts_ = identity::RequestFacts{};
@@ -49,7 +53,7 @@ void Admission::reset() {
   std::string().swap(body_);
   std::string().swap(rate_headers_);
   sent_ms_ = sent_ns_ = valkey_ns_ = 0;
-  started_ = done_ = needs_body_ = body_complete_ = waiting_body_ = tenant_pending_ = false;
+  started_ = done_ = needs_body_ = body_complete_ = waiting_body_ = false;
 }
 
 void Admission::start(Snapshot& snapshot, const config::RouteConfig& route,
@@ -116,10 +120,7 @@ bool Admission::resolveTenant() {
     call_ = client->command(
         {"HMGET", config.identity.tenant_key_prefix + ":" + *facts_.api_key, "tenant", "plan"},
         this);
-    if (call_) {
-      tenant_pending_ = true;
-      return false;
-    }
+    if (call_) return false;
     if (config.identity.reject_unknown_api_keys) {
       refuse(http::problemResponse(503, "the owner of this API key cannot be looked up now"));
       return false;
@@ -187,63 +188,51 @@ void Admission::decide() {
       return;
     }
   }
-  std::vector<std::string> keys, args;
-  ratelimit::scriptArguments(applied_, owner_.requestId(), &keys, &args);
   sent_ms_ = now;
   sent_ns_ = uv_hrtime();
-  valkey::Store* client = snapshot_->valkey.get();
-  call_ = client ? client->evalScript(keys, args, this) : nullptr;
-  if (!call_) apply(ratelimit::decisionOnError(applied_));
+  ratelimit::DecisionBatcher* batcher = snapshot_->decisions.get();
+  decision_ = batcher ? batcher->decide(applied_, owner_.requestId(), this) : nullptr;
+  if (!decision_) apply(ratelimit::decisionOnError(applied_));
 }
 
 void Admission::onValkeyReply(valkey::Reply& reply) {
   call_ = nullptr;
-  if (tenant_pending_) {
-    if (reply.isError()) {
-      onValkeyFailure(valkey::Failure::Disconnected);  // still tenant_pending_: that path
-      return;
-    }
-    tenant_pending_ = false;
-    onTenantReply(reply);
+  if (reply.isError()) {
+    onValkeyFailure(valkey::Failure::Disconnected);
     return;
   }
-  valkey_ns_ = uv_hrtime() - sent_ns_;
-  onDecisionReply(reply);
+  onTenantReply(reply);
 }
 
-void Admission::onDecisionReply(valkey::Reply& reply) {
-  std::optional<ratelimit::Decision> decision = ratelimit::decisionFromReply(applied_, reply);
-  if (!decision) {
-    SLUICE_LOG_WARN("valkey: unexpected decision reply: {}",
-                    logging::sanitize(reply.isError() ? reply.text : "wrong shape"));
-    apply(ratelimit::decisionOnError(applied_));
+void Admission::onValkeyFailure(valkey::Failure) {
+  call_ = nullptr;
+  // The tenant stays unknown for this request (and is not cached).
+  if (snapshot_->config->identity.reject_unknown_api_keys) {
+    refuse(http::problemResponse(503, "the owner of this API key cannot be looked up now"));
     return;
   }
+  continueAfterTenant();
+}
+
+void Admission::onDecision(const ratelimit::Decision& decision) {
+  decision_ = nullptr;
+  valkey_ns_ = uv_hrtime() - sent_ns_;
   // Remember refusals from the time the question was asked: never longer than Valkey's own.
   ratelimit::DenyCache& cache = *snapshot_->deny_cache;
   const uint64_t now = uv_now(worker_.loop());
-  for (size_t i = 0; i < decision->limits.size(); ++i) {
-    const ratelimit::LimitResult& r = decision->limits[i];
+  for (size_t i = 0; i < decision.limits.size(); ++i) {
+    const ratelimit::LimitResult& r = decision.limits[i];
     if (r.outcome != ratelimit::Outcome::Denied || r.config->count_denied) continue;
     cache.remember(ratelimit::denyCacheKey(applied_[i]),
                    sent_ms_ + static_cast<uint64_t>(r.retry_ms), now);
   }
-  apply(*decision);
+  apply(decision);
 }
 
-void Admission::onValkeyFailure(valkey::Failure failure) {
-  call_ = nullptr;
-  if (tenant_pending_) {
-    // The tenant stays unknown for this request (and is not cached).
-    tenant_pending_ = false;
-    if (snapshot_->config->identity.reject_unknown_api_keys) {
-      refuse(http::problemResponse(503, "the owner of this API key cannot be looked up now"));
-      return;
-    }
-    continueAfterTenant();
-    return;
-  }
-  SLUICE_LOG_DEBUG("valkey: decision failed ({}), on_error decides", valkey::toString(failure));
+void Admission::onDecisionError(std::string_view why) {
+  decision_ = nullptr;
+  valkey_ns_ = uv_hrtime() - sent_ns_;
+  SLUICE_LOG_DEBUG("valkey: no decision ({}), on_error decides", logging::sanitize(why));
   apply(ratelimit::decisionOnError(applied_));
 }
 

@@ -16,6 +16,7 @@
 #include "identity/request_facts.h"
 #include "proxy/router.h"
 #include "proxy/worker_context.h"
+#include "ratelimit/batcher.h"
 #include "ratelimit/decision.h"
 #include "valkey/store.h"
 
@@ -34,7 +35,7 @@ class AdmissionCallbacks {
   virtual const std::string& requestId() = 0;
 };
 
-class Admission final : public valkey::CallTarget {
+class Admission final : public valkey::CallTarget, public ratelimit::DecisionTarget {
  public:
   Admission(WorkerContext& worker, AdmissionCallbacks& owner);
   ~Admission() override;
@@ -58,9 +59,12 @@ class Admission final : public valkey::CallTarget {
   uint64_t valkeyNs() const { return valkey_ns_; }
 
  private:
-  // valkey::CallTarget
+  // valkey::CallTarget: the tenant lookup
   void onValkeyReply(valkey::Reply& reply) override;
   void onValkeyFailure(valkey::Failure failure) override;
+  // ratelimit::DecisionTarget
+  void onDecision(const ratelimit::Decision& decision) override;
+  void onDecisionError(std::string_view why) override;
 
   // Both return whether to go on (false: waiting for Valkey, or refused). After a refusal the
   // owner may already have reset this admission, so the caller must touch nothing.
@@ -69,7 +73,6 @@ class Admission final : public valkey::CallTarget {
   void onTenantReply(valkey::Reply& reply);
   void continueAfterTenant();
   void decide();
-  void onDecisionReply(valkey::Reply& reply);
   void apply(const ratelimit::Decision& decision);
   void refuse(const http::LocalResponse& response);
   void admit();
@@ -83,8 +86,9 @@ class Admission final : public valkey::CallTarget {
   std::vector<ratelimit::LimitResult> results_;
   std::string body_;  // raw body read for form: / json: key parts
   std::string rate_headers_;
-  valkey::PendingCall* call_ = nullptr;
-  uint64_t sent_ms_ = 0;  // loop time of the decision call, for the deny cache
+  valkey::PendingCall* call_ = nullptr;  // the tenant lookup
+  ratelimit::PendingDecision* decision_ = nullptr;
+  uint64_t sent_ms_ = 0;  // loop time when the decision was asked, for the deny cache
   uint64_t sent_ns_ = 0;
   uint64_t valkey_ns_ = 0;
   bool started_ = false;
@@ -92,7 +96,6 @@ class Admission final : public valkey::CallTarget {
   bool needs_body_ = false;
   bool body_complete_ = false;
   bool waiting_body_ = false;
-  bool tenant_pending_ = false;  // call_ is a tenant lookup
 };
 
 }  // namespace sluice::proxy

@@ -30,6 +30,7 @@ class Store;
 }
 
 namespace sluice::ratelimit {
+class DecisionBatcher;
 class DenyCache;
 }
 
@@ -51,6 +52,7 @@ struct Snapshot {
   config::ConfigPtr config;
   std::vector<std::shared_ptr<upstream::Cluster>> clusters;  // by upstream index
   std::shared_ptr<valkey::Store> valkey;                     // null without [valkey]
+  std::shared_ptr<ratelimit::DecisionBatcher> decisions;     // with valkey: its batches
   std::shared_ptr<ratelimit::DenyCache> deny_cache;          // per configuration generation
   std::shared_ptr<identity::TenantCache> tenant_cache;       // per configuration generation
   std::shared_ptr<stats::AccessLog> access_log;              // null: access_log = "off"

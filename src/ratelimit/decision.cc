@@ -53,44 +53,84 @@ int64_t retryAfterSeconds(int64_t retry_ms) {
   return std::max<int64_t>(1, (retry_ms + 999) / 1000);
 }
 
-void scriptArguments(const std::vector<AppliedLimit>& limits, std::string_view request_id,
-                     std::vector<std::string>* keys, std::vector<std::string>* args) {
-  keys->clear();
-  args->clear();
-  args->emplace_back(request_id);
+void ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_view request_id) {
+  std::string part;
+  bool needs_id = false;
   for (const AppliedLimit& l : limits) {
-    keys->push_back(l.key);
-    args->emplace_back(algorithmName(l.config->algorithm));
-    args->push_back(std::to_string(l.limit));
-    args->push_back(std::to_string(l.config->window.count()));
-    args->push_back(std::to_string(l.burst));
-    args->push_back(std::to_string(l.cost));
-    args->emplace_back(l.config->count_denied ? "1" : "0");
-    args->emplace_back(l.config->shadow ? "1" : "0");
+    size_t index = 0;
+    while (index < definitions_.size() &&
+           (definitions_[index].config != l.config || definitions_[index].limit != l.limit ||
+            definitions_[index].burst != l.burst)) {
+      ++index;
+    }
+    if (index == definitions_.size()) {
+      definitions_.push_back({l.config, l.limit, l.burst});
+      definition_args_.emplace_back(algorithmName(l.config->algorithm));
+      definition_args_.push_back(std::to_string(l.limit));
+      definition_args_.push_back(std::to_string(l.config->window.count()));
+      definition_args_.push_back(std::to_string(l.burst));
+      definition_args_.emplace_back(l.config->count_denied ? "1" : "0");
+      definition_args_.emplace_back(l.config->shadow ? "1" : "0");
+    }
+    if (!part.empty()) part += ',';
+    part += std::to_string(index + 1);
+    part += ':';
+    part += std::to_string(l.cost);
+    needs_id |= l.config->algorithm == config::Algorithm::SlidingLog;
+    keys_.push_back(l.key);
   }
+  request_args_.push_back(std::move(part));
+  if (needs_id) request_args_.emplace_back(request_id);
+  ++requests_;
 }
 
-std::optional<Decision> decisionFromReply(const std::vector<AppliedLimit>& limits,
-                                          const valkey::Reply& reply) {
+std::vector<std::string> ScriptBatch::args() const {
+  std::vector<std::string> out;
+  out.reserve(1 + definition_args_.size() + request_args_.size());
+  out.push_back(std::to_string(definitions_.size()));
+  out.insert(out.end(), definition_args_.begin(), definition_args_.end());
+  out.insert(out.end(), request_args_.begin(), request_args_.end());
+  return out;
+}
+
+bool skipDecision(size_t count, const std::vector<valkey::Reply>& elements, size_t* pos) {
   using Type = valkey::Reply::Type;
-  if (reply.type != Type::Array || reply.elements.size() != 1 + 4 * limits.size()) {
-    return std::nullopt;
+  if (*pos >= elements.size()) return false;
+  if (elements[*pos].type == Type::String) {
+    ++*pos;
+    return true;
   }
-  for (const auto& e : reply.elements) {
-    if (e.type != Type::Integer) return std::nullopt;
+  if (elements.size() - *pos < 1 + 4 * count) return false;
+  for (size_t i = 0; i < 1 + 4 * count; ++i) {
+    if (elements[*pos + i].type != Type::Integer) return false;
   }
+  *pos += 1 + 4 * count;
+  return true;
+}
+
+ReplyPart readDecision(const std::vector<AppliedLimit>& limits,
+                       const std::vector<valkey::Reply>& elements, size_t* pos,
+                       Decision* decision, std::string* error) {
+  const size_t start = *pos;
+  if (!skipDecision(limits.size(), elements, pos)) return ReplyPart::Malformed;
+  if (elements[start].type == valkey::Reply::Type::String) {
+    *error = elements[start].text;
+    return ReplyPart::Failed;
+  }
+  const valkey::Reply* v = &elements[start];
   Decision d;
-  d.verdict = reply.elements[0].integer == 1 ? Decision::Verdict::Allow : Decision::Verdict::Deny;
+  d.verdict = v[0].integer == 1 ? Decision::Verdict::Allow : Decision::Verdict::Deny;
+  d.limits.reserve(limits.size());
   int64_t retry_ms = 0;
   for (size_t i = 0; i < limits.size(); ++i) {
-    const auto* v = &reply.elements[1 + 4 * i];
+    const valkey::Reply* l = &v[1 + 4 * i];
     LimitResult r;
     r.config = limits[i].config;
     r.limit = limits[i].limit;
-    const bool allowed = v[0].integer == 1;
-    r.remaining = std::max<int64_t>(0, v[1].integer);
-    r.reset_ms = std::max<int64_t>(0, v[2].integer);
-    r.retry_ms = std::max<int64_t>(0, v[3].integer);
+    const bool allowed = l[0].integer == 1;
+    r.remaining = std::max<int64_t>(0, l[1].integer);
+    r.reset_ms = std::max<int64_t>(0, l[2].integer);
+    r.retry_ms = std::max<int64_t>(0, l[3].integer);
     if (allowed) {
       r.outcome = Outcome::Allowed;
     } else if (r.config->shadow) {
@@ -102,7 +142,8 @@ std::optional<Decision> decisionFromReply(const std::vector<AppliedLimit>& limit
     d.limits.push_back(r);
   }
   if (d.verdict == Decision::Verdict::Deny) d.retry_after_s = retryAfterSeconds(retry_ms);
-  return d;
+  *decision = std::move(d);
+  return ReplyPart::Decided;
 }
 
 Decision decisionOnError(const std::vector<AppliedLimit>& limits) {

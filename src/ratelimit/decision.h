@@ -48,13 +48,42 @@ struct Decision {
   int64_t retry_after_s = 0;  // Deny / Unavailable: whole seconds, at least 1
 };
 
-// The KEYS and ARGV of lua/decide.lua for these limits.
-void scriptArguments(const std::vector<AppliedLimit>& limits, std::string_view request_id,
-                     std::vector<std::string>* keys, std::vector<std::string>* args);
+// The KEYS and ARGV of one call of lua/decide.lua: the requests of one batch, in order (see
+// decide.lua's header). Each distinct limit definition (configuration, effective limit and
+// burst) is written once; a request names its limits "<definition>:<cost>".
+class ScriptBatch {
+ public:
+  // Adds the limits of one request (at least one).
+  void add(const std::vector<AppliedLimit>& limits, std::string_view request_id);
+  size_t requests() const { return requests_; }
+  const std::vector<std::string>& keys() const { return keys_; }
+  // ARGV: the number of definitions, the definitions, then each request's part.
+  std::vector<std::string> args() const;
 
-// Reads decide.lua's reply; nullopt when it has not the expected shape.
-std::optional<Decision> decisionFromReply(const std::vector<AppliedLimit>& limits,
-                                          const valkey::Reply& reply);
+ private:
+  struct Definition {
+    const config::LimitConfig* config;
+    int64_t limit;
+    int64_t burst;
+  };
+  std::vector<Definition> definitions_;
+  std::vector<std::string> definition_args_;
+  std::vector<std::string> request_args_;
+  std::vector<std::string> keys_;
+  size_t requests_ = 0;
+};
+
+// One request's part of decide.lua's reply, read from elements[*pos] (pos moves past it).
+enum class ReplyPart {
+  Decided,    // *decision holds the verdict
+  Failed,     // deciding this request failed in the script: *error says why
+  Malformed,  // not the expected shape: neither this part nor the rest can be read
+};
+ReplyPart readDecision(const std::vector<AppliedLimit>& limits,
+                       const std::vector<valkey::Reply>& elements, size_t* pos,
+                       Decision* decision, std::string* error);
+// Moves *pos past the part of a request with `count` limits. False when malformed.
+bool skipDecision(size_t count, const std::vector<valkey::Reply>& elements, size_t* pos);
 
 // Valkey unreachable, late or failing: each limit decides by its on_error. A shadow limit
 // never refuses, whatever its on_error.

@@ -267,6 +267,10 @@ bool Client::send(Call* call) {
   return true;
 }
 
+void Client::flush() {
+  if (context_) flushWrites(context_);
+}
+
 void Client::cancel(PendingCall* pending) {
   if (!pending) return;
   auto* call = static_cast<Call*>(pending);

@@ -64,6 +64,8 @@ class Client final : public Store {
   // Any other command. Returns null when not connected.
   PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
   void cancel(PendingCall* call) override;
+  bool accepting() override { return !refuseCall(); }
+  void flush() override;
   // What both use, and a cluster's routed calls: `command` in RESP (resp.h). `script`: an
   // EVALSHA of the script (NOSCRIPT reloads it); `asking`: sent after ASKING (a cluster's ASK
   // redirection).

@@ -171,6 +171,12 @@ PendingCall* ClusterClient::route(std::unique_ptr<RoutedCall> call, unsigned slo
   return call.release();
 }
 
+void ClusterClient::flush() {
+  for (auto& n : nodes_) {
+    if (n->client) n->client->flush();
+  }
+}
+
 void ClusterClient::cancel(PendingCall* pending) {
   if (!pending) return;
   auto* call = static_cast<RoutedCall*>(pending);

@@ -40,6 +40,9 @@ class ClusterClient final : public Store, private CallTarget {
                           const std::vector<std::string>& args, CallTarget* target) override;
   PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
   void cancel(PendingCall* call) override;
+  // Until stopped: whether the slot's node takes the call is known when it is sent.
+  bool accepting() override { return !stopped_; }
+  void flush() override;
 
  private:
   struct Node {

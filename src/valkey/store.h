@@ -41,6 +41,12 @@ class Store {
   // when it cannot be sent now: decide at once.
   virtual PendingCall* evalScript(const std::vector<std::string>& keys,
                                   const std::vector<std::string>& args, CallTarget* target) = 0;
+  // Whether a call made now would be sent (connected and answering). False counts as a refused
+  // call in the metrics, as a call refused by evalScript or command would.
+  virtual bool accepting() = 0;
+  // Writes what the calls made so far queued, now rather than when the loop is about to poll
+  // (for calls made from a uv_prepare callback, which may run after that write).
+  virtual void flush() = 0;
   // A command whose key, if any, is argv[1]. Returns null when it cannot be sent now.
   virtual PendingCall* command(std::vector<std::string> argv, CallTarget* target) = 0;
   // The target will not be called for this call. The handle is invalid afterwards.

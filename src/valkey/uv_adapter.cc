@@ -104,6 +104,14 @@ void cleanup(void* privdata) {
 
 }  // namespace
 
+void flushWrites(redisAsyncContext* context) {
+  auto* a = static_cast<Adapter*>(context->ev.data);
+  // Not while connecting or while the socket is full: then writability brings the write.
+  if (a && a->context && a->want_write && connected(a) && !(a->events & UV_WRITABLE)) {
+    onFlush(&a->flush);
+  }
+}
+
 bool attachToLoop(redisAsyncContext* context, uv_loop_t* loop) {
   if (context->ev.data != nullptr) return false;
   auto* a = new Adapter{};

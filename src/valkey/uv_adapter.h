@@ -19,4 +19,7 @@ namespace sluice::valkey {
 // Attaches `context` to `loop`. Returns false (and leaves it unattached) on failure.
 bool attachToLoop(redisAsyncContext* context, uv_loop_t* loop);
 
+// Writes the commands queued so far now, instead of before the loop's next poll.
+void flushWrites(redisAsyncContext* context);
+
 }  // namespace sluice::valkey

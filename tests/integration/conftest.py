@@ -20,7 +20,8 @@ Rate limiting and identity (Valkey):
 - ratelimit_toml(valkey, limits=[...], identity={...}, plans=[...], tenants=[...]): the
   [valkey], [identity], [[limit]], [[plan]] and [[tenant]] text for sluice_factory(extra_toml=).
 - decide_script(): lua/decide.lua composed with the algorithm modules exactly as decide.lua's
-  header documents (and src/ratelimit/scripts.cc does); decide_args() / parse_decide_reply().
+  header documents (and src/ratelimit/scripts.cc does); decide_batch() / decide_args() /
+  parse_decide_batch_reply() / parse_decide_reply().
 - parallel_requests(port, raw_requests, processes): fires requests at once from several
   processes (raw sockets), returns (status, headers) per request in order.
 - helpers: server_time(), sleep_until_window_offset(), avoid_window_boundary(), metric_sum(),
@@ -691,23 +692,59 @@ def script_sha1(script: str) -> str:
     return hashlib.sha1(script.encode()).hexdigest()
 
 
+def decide_batch(requests: Iterable[tuple]) -> tuple:
+    """(KEYS, ARGV) of decide.lua for a batch of requests, as its header lays them out: each
+    request is (request_id, [(key, limit dict)]); a limit dict has algorithm, limit, window_ms,
+    and optionally burst (default limit), cost (1), count_denied (False), shadow (False). Each
+    distinct definition is listed once; each request names its limits "<definition>:<cost>"."""
+    definitions, keys, per_request = [], [], []
+    for request_id, limits in requests:
+        refs = []
+        for key, l in limits:
+            d = (l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("burst", l["limit"])),
+                 "1" if l.get("count_denied") else "0", "1" if l.get("shadow") else "0")
+            if d not in definitions:
+                definitions.append(d)
+            refs.append(f"{definitions.index(d) + 1}:{l.get('cost', 1)}")
+            keys.append(key)
+        per_request.append(",".join(refs))
+        if any(l["algorithm"] == "sliding_log" for _, l in limits):
+            per_request.append(request_id)
+    argv = [str(len(definitions))] + [v for d in definitions for v in d] + per_request
+    return keys, argv
+
+
 def decide_args(request_id: str, limits: Iterable[dict]) -> list:
-    """ARGV of decide.lua: the request id, then for each limit (dict with algorithm, limit,
-    window_ms, and optionally burst (default limit), cost (1), count_denied (False), shadow
-    (False)) its 7 values."""
-    argv = [request_id]
-    for l in limits:
-        argv += [l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("burst", l["limit"])),
-                 str(l.get("cost", 1)), "1" if l.get("count_denied") else "0",
-                 "1" if l.get("shadow") else "0"]
-    return argv
+    """ARGV of decide.lua for one request (its keys are the limits' own, in order)."""
+    return decide_batch([(request_id, [("", l) for l in limits])])[1]
+
+
+def parse_decide_batch_reply(reply: list, sizes: Iterable[int]) -> list:
+    """decide.lua's reply for requests with `sizes` limits each: per request either
+    (allowed, [(allowed, remaining, reset_ms, retry_ms)] * n) or the error string; asserts the
+    layout."""
+    assert isinstance(reply, list), f"reply layout: {reply!r}"
+    out, i = [], 0
+    for n in sizes:
+        assert i < len(reply), f"reply too short: {reply!r}"
+        if isinstance(reply[i], str):
+            out.append(reply[i])
+            i += 1
+            continue
+        part = reply[i: i + 1 + 4 * n]
+        assert len(part) == 1 + 4 * n and all(isinstance(x, int) for x in part), \
+            f"reply layout: {reply!r}"
+        out.append((part[0], [tuple(part[1 + 4 * j: 5 + 4 * j]) for j in range(n)]))
+        i += 1 + 4 * n
+    assert i == len(reply), f"reply too long: {reply!r}"
+    return out
 
 
 def parse_decide_reply(reply: list, n: int) -> tuple:
-    """(allowed, [(allowed, remaining, reset_ms, retry_ms)] * n); asserts the layout."""
-    assert isinstance(reply, list) and len(reply) == 1 + 4 * n, f"reply layout: {reply!r}"
-    assert all(isinstance(x, int) for x in reply), f"non-integer in reply: {reply!r}"
-    return reply[0], [tuple(reply[1 + 4 * i: 5 + 4 * i]) for i in range(n)]
+    """(allowed, [(allowed, remaining, reset_ms, retry_ms)] * n) of a batch of one request."""
+    (result,) = parse_decide_batch_reply(reply, [n])
+    assert not isinstance(result, str), f"the request failed: {result}"
+    return result
 
 
 # ------------------------------------------------------------------ time (the server's)

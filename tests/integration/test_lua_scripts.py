@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from conftest import (avoid_window_boundary, decide_args, decide_script, limit_cfg, lua_source,
-                      parse_decide_reply, ratelimit_toml, route_cfg, script_sha1, server_time,
+from conftest import (avoid_window_boundary, decide_args, decide_batch, decide_script, limit_cfg, lua_source,
+                      parse_decide_batch_reply, parse_decide_reply, ratelimit_toml, route_cfg, script_sha1, server_time,
                       server_time_us, sleep_until_window_offset)
 
 
@@ -345,11 +345,63 @@ def test_decide_shadow_never_refuses_but_is_charged(valkey):
     assert val("s:S2") == ["1"]
 
 
-def test_decide_unknown_algorithm_is_an_error(valkey):
-    import redis
-    with pytest.raises(redis.ResponseError, match="unknown algorithm"):
-        decide(valkey.client, ["u:x"], [{"algorithm": "leaky", "limit": 1, "window_ms": 1000}])
-    assert list(valkey.client.scan_iter("*")) == []
+def decide_many(client, requests):
+    """One call of decide for several requests: [(request_id, [(key, limit)])]."""
+    keys, argv = decide_batch(requests)
+    reply = client.eval(decide_script(), len(keys), *keys, *argv)
+    return parse_decide_batch_reply(reply, [len(limits) for _, limits in requests])
+
+
+def test_decide_unknown_algorithm_fails_only_its_request(valkey):
+    c = valkey.client
+    leaky = {"algorithm": "leaky", "limit": 1, "window_ms": 1000}
+    fixed = {"algorithm": "fixed_window", "limit": 1, "window_ms": 60000}
+    avoid_window_boundary(c, 60.0, 2.0)
+    bad, good = decide_many(c, [("r1", [("u:x", leaky)]), ("r2", [("u:y", fixed)])])
+    assert isinstance(bad, str) and "unknown algorithm" in bad
+    assert good == (1, [(1, 0, good[1][0][2], 0)])
+    assert [k for k in c.scan_iter("*")] == [k for k in c.scan_iter("u:y:*")], "u:x untouched"
+
+
+def test_decide_batch_requests_in_order_each_all_or_nothing(valkey):
+    """A batch decides its requests one after the other, each as if alone: the second request
+    on a 1-per-window key is refused, a request refused by its second limit costs its first
+    nothing, and a later request still sees the budget that refusal left."""
+    c = valkey.client
+    one = {"algorithm": "fixed_window", "limit": 1, "window_ms": 60000}
+    many = {"algorithm": "fixed_window", "limit": 10, "window_ms": 60000}
+    log = {"algorithm": "sliding_log", "limit": 10, "window_ms": 60000}
+    avoid_window_boundary(c, 60.0, 2.0)
+    results = decide_many(c, [
+        ("a", [("b:many", many), ("b:one", one)]),
+        ("b", [("b:many", many), ("b:one", one)]),
+        ("c", [("b:many", many), ("b:log", log)]),
+        ("d", [("b:log", log)]),
+    ])
+    assert [r[0] for r in results] == [1, 0, 1, 1]
+    assert results[0][1][0][1] == 9 and results[1][1][0] == (1, 9, results[1][1][0][2], 0), \
+        "the refused request did not charge b:many"
+    assert results[2][1][0][1] == 8
+    assert results[3][1][0][1] == 8, "two requests in one call are two sliding_log entries"
+    assert len(c.zrange("b:log", 0, -1)) == 2
+    assert_every_key_has_ttl(c)
+
+
+def test_decide_batch_a_failing_request_does_not_fail_the_others(valkey):
+    """A key of the wrong type fails the request that uses it (the string is the error); the
+    requests before and after it are decided and charged as usual."""
+    c = valkey.client
+    fixed = {"algorithm": "fixed_window", "limit": 5, "window_ms": 60000}
+    avoid_window_boundary(c, 60.0, 2.0)
+    n = math.floor(server_time(c) / 60)
+    c.rpush(f"f:bad:{n}", "not a counter")
+    c.expire(f"f:bad:{n}", 60)
+    results = decide_many(c, [("1", [("f:ok", fixed)]), ("2", [("f:bad", fixed)]),
+                              ("3", [("f:ok", fixed)])])
+    assert results[0][0] == 1 and results[0][1][0][1] == 4
+    assert isinstance(results[1], str) and "WRONGTYPE" in results[1]
+    assert results[2][0] == 1 and results[2][1][0][1] == 3
+    assert c.get(f"f:ok:{n}") == "2"
 
 
 def test_decide_time_is_the_servers(valkey):

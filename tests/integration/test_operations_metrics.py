@@ -184,7 +184,8 @@ def test_metrics_after_traffic_pass_promtool_and_count_routes_statuses_decisions
     assert m.get("sluice_ratelimit_decisions_total", limit="shadowed", outcome="denied") == 0
     assert m.get("sluice_ratelimit_decisions_total") == 8
 
-    # One Valkey call per decided request: the histogram grew by exactly the decisions.
+    # One Valkey call per decided request (one at a time here): the histogram grew by exactly
+    # the decisions.
     h = m.check_histogram("sluice_valkey_latency_seconds")
     assert h["count"] == 8, h
     assert m.get("sluice_valkey_calls_total") == 8
@@ -367,7 +368,10 @@ def test_metrics_counters_are_summed_over_two_workers(sluice_factory, upstream_f
     assert m.get("sluice_requests_total", route="api", status="200") == n
     assert m.get("sluice_connections_total") == n
     assert m.get("sluice_ratelimit_decisions_total", limit="wide", outcome="allowed") == n
-    assert m.check_histogram("sluice_valkey_latency_seconds")["count"] == n
+    # One observation per Valkey call; concurrent decisions of a worker share calls.
+    calls = m.get("sluice_valkey_calls_total")
+    assert 2 <= calls <= n
+    assert m.check_histogram("sluice_valkey_latency_seconds")["count"] == calls
     assert m.check_histogram("sluice_upstream_latency_seconds", upstream="app")["count"] == n
     assert upstream.request_count == n
 

@@ -111,6 +111,20 @@ std::string readFile(const std::string& path) {
 
 }  // namespace
 
+// A reply for one request, read whole.
+std::optional<Decision> decisionFromReply(const std::vector<AppliedLimit>& limits,
+                                          const Reply& reply) {
+  if (reply.type != Reply::Type::Array) return std::nullopt;
+  size_t pos = 0;
+  Decision d;
+  std::string error;
+  if (readDecision(limits, reply.elements, &pos, &d, &error) != ReplyPart::Decided ||
+      pos != reply.elements.size()) {
+    return std::nullopt;
+  }
+  return d;
+}
+
 TEST_SUITE("ratelimit: keys") {
   TEST_CASE("short values of safe bytes stay readable") {
     for (const char* v : {"192.0.2.1", "user@example.com", "a-b_c.d+e/f", "POST", "api",
@@ -321,42 +335,52 @@ TEST_SUITE("ratelimit: decision") {
     CHECK(retryAfterSeconds(3600000) == 3600);
   }
 
-  TEST_CASE("scriptArguments follows lua/decide.lua's layout") {
+  TEST_CASE("ScriptBatch follows lua/decide.lua's layout") {
     LimitConfig a = limitConfig("a", Algorithm::TokenBucket, {}, 10, 60000);
     a.count_denied = true;
     LimitConfig b = limitConfig("b", Algorithm::SlidingLog, {}, 5, 1000);
     b.shadow = true;
     LimitConfig c = limitConfig("c", Algorithm::FixedWindow, {}, 1, 86400000);
     LimitConfig d = limitConfig("d", Algorithm::SlidingWindow, {}, 2, 500);
-    std::vector<AppliedLimit> limits = {applied(a, "rl:a:1"), applied(b, "rl:b:2"),
-                                        applied(c, "rl:c:3"), applied(d, "rl:d:4")};
-    limits[0].limit = 20;  // plan override: the applied values are sent, not the config's
-    limits[0].burst = 15;
-    limits[0].cost = 2;
+    std::vector<AppliedLimit> first = {applied(a, "rl:a:1"), applied(b, "rl:b:2"),
+                                       applied(c, "rl:c:3"), applied(d, "rl:d:4")};
+    first[0].limit = 20;  // plan override: the applied values are sent, not the config's
+    first[0].burst = 15;
+    first[0].cost = 2;
+    // A second request: the same definitions are not written again; another plan's values of
+    // `a` are another definition; no sliding_log, so no request id.
+    std::vector<AppliedLimit> second = {applied(c, "rl:c:9"), applied(a, "rl:a:9")};
+    second[1].cost = 3;
+    const std::vector<AppliedLimit> third = {applied(b, "rl:b:7")};
 
-    std::vector<std::string> keys = {"stale"}, args = {"stale"};
-    scriptArguments(limits, "req-1", &keys, &args);
-    CHECK(keys == std::vector<std::string>{"rl:a:1", "rl:b:2", "rl:c:3", "rl:d:4"});
-    // ARGV[1] request id; ARGV[2 + 7(i-1) ... 8 + 7(i-1)]: algorithm, limit, window_ms, burst,
-    // cost, count_denied, shadow.
-    REQUIRE(args.size() == 1 + 7 * limits.size());
-    CHECK(args[0] == "req-1");
-    CHECK(std::vector<std::string>(args.begin() + 1, args.begin() + 8) ==
-          std::vector<std::string>{"token_bucket", "20", "60000", "15", "2", "1", "0"});
-    CHECK(std::vector<std::string>(args.begin() + 8, args.begin() + 15) ==
-          std::vector<std::string>{"sliding_log", "5", "1000", "5", "1", "0", "1"});
-    CHECK(std::vector<std::string>(args.begin() + 15, args.begin() + 22) ==
-          std::vector<std::string>{"fixed_window", "1", "86400000", "1", "1", "0", "0"});
-    CHECK(std::vector<std::string>(args.begin() + 22, args.begin() + 29) ==
-          std::vector<std::string>{"sliding_window", "2", "500", "2", "1", "0", "0"});
+    ScriptBatch batch;
+    batch.add(first, "req-1");
+    batch.add(second, "req-2");
+    batch.add(third, "req-3");
+    CHECK(batch.requests() == 3);
+    CHECK(batch.keys() == std::vector<std::string>{"rl:a:1", "rl:b:2", "rl:c:3", "rl:d:4",
+                                                   "rl:c:9", "rl:a:9", "rl:b:7"});
+    // ARGV[1] D; then D definitions of 6: algorithm, limit, window_ms, burst, count_denied,
+    // shadow; then per request "<definition>:<cost>,..." and its id if it has a sliding_log.
+    const std::vector<std::string> expected = {
+        "5",
+        "token_bucket", "20", "60000", "15", "1", "0",
+        "sliding_log", "5", "1000", "5", "0", "1",
+        "fixed_window", "1", "86400000", "1", "0", "0",
+        "sliding_window", "2", "500", "2", "0", "0",
+        "token_bucket", "10", "60000", "10", "1", "0",
+        "1:2,2:1,3:1,4:1", "req-1",
+        "3:1,5:3",
+        "2:1", "req-3"};
+    CHECK(batch.args() == expected);
 
     // The layout is the one the script documents, and each algorithm name is a module of it.
     const std::string lua = readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/decide.lua");
-    CHECK(lua.find("ARGV[1]         request id") != std::string::npos);
-    CHECK(lua.find("ARGV[2 + 7(i-1) ... 8 + 7(i-1)]") != std::string::npos);
-    CHECK(lua.find("algorithm name, limit, window_ms, burst, cost, count_denied") !=
+    CHECK(lua.find("ARGV[1]             D, the number of limit definitions") != std::string::npos);
+    CHECK(lua.find("definition j: algorithm, limit, window_ms, burst, count_denied") !=
           std::string::npos);
-    CHECK(lua.find("local a = 2 + 7 * (i - 1)") != std::string::npos);
+    CHECK(lua.find("local a = 2 + 6 * (j - 1)") != std::string::npos);
+    CHECK(lua.find("its limits as \"<definition>:<cost>\" joined by \",\"") != std::string::npos);
     for (const char* name : {"token_bucket", "sliding_log", "fixed_window", "sliding_window"}) {
       INFO(std::string(name));
       const auto& scripts = embeddedScripts();
@@ -365,9 +389,48 @@ TEST_SUITE("ratelimit: decision") {
       CHECK(decideScript().find(std::string("ALGORITHMS['") + name + "']") != std::string::npos);
     }
 
-    scriptArguments({}, "req-2", &keys, &args);
-    CHECK(keys.empty());
-    CHECK(args == std::vector<std::string>{"req-2"});
+    ScriptBatch empty;
+    CHECK(empty.requests() == 0);
+    CHECK(empty.keys().empty());
+    CHECK(empty.args() == std::vector<std::string>{"0"});
+  }
+
+  TEST_CASE("readDecision: the parts of a batch reply, one after the other") {
+    LimitConfig a = limitConfig("a", Algorithm::FixedWindow, {}, 10, 1000);
+    LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 5, 1000);
+    const std::vector<AppliedLimit> one = {applied(a, "ka")};
+    const std::vector<AppliedLimit> two = {applied(a, "ka"), applied(b, "kb")};
+    Reply reply = integers({1, 1, 9, 800, 0,                 // one: allowed
+                            0, 1, 9, 800, 0, 0, 0, 300, 300,  // two: refused by b
+                            0,                                // (a string: this one failed)
+                            1, 1, 8, 800, 0});                // one: allowed
+    reply.elements[14].type = Reply::Type::String;
+    reply.elements[14].text = "WRONGTYPE Operation against a key holding the wrong kind of value";
+    size_t pos = 0;
+    Decision d;
+    std::string error;
+    REQUIRE(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Decided);
+    CHECK(pos == 5);
+    CHECK(d.verdict == Decision::Verdict::Allow);
+    CHECK(d.limits[0].remaining == 9);
+    REQUIRE(readDecision(two, reply.elements, &pos, &d, &error) == ReplyPart::Decided);
+    CHECK(pos == 14);
+    CHECK(d.verdict == Decision::Verdict::Deny);
+    CHECK(outcome(d.limits[1].outcome) == "denied");
+    CHECK(d.retry_after_s == 1);
+    REQUIRE(readDecision(two, reply.elements, &pos, &d, &error) == ReplyPart::Failed);
+    CHECK(pos == 15);
+    CHECK(error.rfind("WRONGTYPE", 0) == 0);
+    size_t skipped = pos;
+    CHECK(skipDecision(1, reply.elements, &skipped));
+    CHECK(skipped == 20);
+    REQUIRE(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Decided);
+    CHECK(pos == 20);
+    CHECK(d.limits[0].remaining == 8);
+    // Nothing is left: another request's part is missing.
+    CHECK(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Malformed);
+    CHECK_FALSE(skipDecision(1, reply.elements, &pos));
+    CHECK(pos == 20);
   }
 
   TEST_CASE("decisionFromReply: allowed") {

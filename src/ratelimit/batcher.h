@@ -1,0 +1,78 @@
+#pragma once
+
+// The decisions a worker asks for in one loop iteration go to Valkey together, in one EVALSHA
+// of lua/decide.lua (a ScriptBatch): each request is still decided on its own, all or
+// nothing, but the script's fixed cost (on Valkey, about as much as a whole decision) and the
+// reply are shared. Nothing waits for a batch to fill: requests queued while the loop handles
+// its events are sent when it is about to poll again (a uv_prepare handle), in calls of at most
+// kMaxRequests requests. Each request has the deadline of the call it went out in.
+//
+// Ownership: a sent batch belongs to its Valkey call and deletes itself when that call ends;
+// a request that goes away cancels its entry (the target becomes null), so no reply reaches a
+// later request. Single-threaded, on one worker's loop.
+
+#include <uv.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ratelimit/decision.h"
+#include "valkey/store.h"
+
+namespace sluice::ratelimit {
+
+class DecisionTarget {
+ public:
+  virtual ~DecisionTarget() = default;
+  // Exactly one of these runs for a queued decision, from the loop (never inline from
+  // decide()), unless it was cancelled first.
+  virtual void onDecision(const Decision& decision) = 0;
+  // No decision from Valkey (failure, late, error reply or a failure of this request in the
+  // script): decide by on_error. `why` is for the log.
+  virtual void onDecisionError(std::string_view why) = 0;
+};
+
+// A queued decision, as its requester holds it: only to cancel it.
+class PendingDecision {
+ public:
+  virtual ~PendingDecision() = default;
+};
+
+class DecisionBatcher {
+ public:
+  static constexpr size_t kMaxRequests = 64;
+
+  DecisionBatcher(uv_loop_t* loop, std::shared_ptr<valkey::Store> store);
+  ~DecisionBatcher();  // a batch not sent yet is dropped; its targets are not called
+  DecisionBatcher(const DecisionBatcher&) = delete;
+  DecisionBatcher& operator=(const DecisionBatcher&) = delete;
+
+  // Queues the decision of one request on `limits` (which must stay as they are until the
+  // target is told or the decision cancelled). Null when Valkey takes no calls now (not
+  // connected, or not answering): decide by on_error at once.
+  PendingDecision* decide(const std::vector<AppliedLimit>& limits, std::string_view request_id,
+                          DecisionTarget* target);
+  // The target will not be called for this decision. The handle is invalid afterwards.
+  void cancel(PendingDecision* pending);
+
+  valkey::Store& store() { return *store_; }
+
+ private:
+  class Batch;
+  struct Flush {  // the uv handle lives apart, freed by its close callback
+    uv_prepare_t handle;
+    DecisionBatcher* owner;
+  };
+
+  static void onFlush(uv_prepare_t* handle);
+
+  std::shared_ptr<valkey::Store> store_;
+  Flush* flush_;
+  std::vector<Batch*> queued_;  // not sent yet; only the last one takes more requests
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // expires with this
+};
+
+}  // namespace sluice::ratelimit
