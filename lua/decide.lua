@@ -12,7 +12,13 @@
 --   <this file>
 -- (see src/ratelimit/scripts.cc; tests compose it the same way from the files). Each call of
 -- such a function with KEYS = nil returns the module; only the modules a batch uses are built,
--- once per call of the script.
+-- once per call of the script. A module has
+--   check(key, p, now_us) -> d       reads (and may charge) the limit with parameters p
+--                                    (algorithm, limit, window, burst, cost, count_denied,
+--                                    shadow); d.allowed says whether this request fits
+--   settle(p, d, charge, id)         makes the request count (charge) or not
+--   report(p, d, out, pos) -> pos    writes its 4 reply values after out[pos]
+--   finish()                         optional: runs once after every request was decided
 --
 --   KEYS                the base keys of every limit of every request, in order:
 --                       "<key_prefix>:<limit name>:<parts>"
@@ -31,8 +37,10 @@
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
+-- The module of a limit's algorithm (found for `p` once per call).
 local modules = {}
-local function module_of(name)
+local function module_of(p)
+  local name = p.algorithm
   local module = modules[name]
   if module == nil then
     local load = ALGORITHMS[name]
@@ -40,38 +48,43 @@ local function module_of(name)
     module = load(nil, nil)
     modules[name] = module
   end
+  p.module = module
   return module
 end
 
-local defs = {}
-for j = 1, tonumber(ARGV[1]) do
+local definitions = tonumber(ARGV[1])
+local cursor = 2 + 6 * definitions
+
+-- The parameters of one limit of a request, "<definition>:<cost>", built once per call.
+local params = {}
+local function params_of(ref)
+  local colon = string.find(ref, ':', 1, true)
+  local j = colon and tonumber(string.sub(ref, 1, colon - 1))
+  if j == nil or j < 1 or j > definitions then error('no limit definition in ' .. ref) end
   local a = 2 + 6 * (j - 1)
-  defs[j] = {algorithm = ARGV[a], limit = tonumber(ARGV[a + 1]), window = tonumber(ARGV[a + 2]),
-             burst = tonumber(ARGV[a + 3]), count_denied = ARGV[a + 4] == '1',
-             shadow = ARGV[a + 5] == '1', by_cost = {}}
+  local p = {algorithm = ARGV[a], limit = tonumber(ARGV[a + 1]), window = tonumber(ARGV[a + 2]),
+             burst = tonumber(ARGV[a + 3]), cost = tonumber(string.sub(ref, colon + 1)),
+             count_denied = ARGV[a + 4] == '1', shadow = ARGV[a + 5] == '1'}
+  params[ref] = p
+  return p
 end
-local cursor = 2 + 6 * #defs
 
 -- A request's limits, by their text: the parameters of each (shared, read-only), parsed once
--- per batch. Modules are found when deciding, so an unknown algorithm fails only its requests.
+-- per call. Modules are found when deciding, so an unknown algorithm fails only its requests.
 local parsed = {}
 local function limits_of(text)
-  local list = parsed[text]
-  if list ~= nil then return list end
-  list = {}
-  for j, cost in string.gmatch(text, '(%d+):(%d+)') do
-    local def = defs[tonumber(j)]
-    if def == nil then error('no limit definition ' .. j) end
-    cost = tonumber(cost)
-    local p = def.by_cost[cost]
-    if p == nil then
-      p = {algorithm = def.algorithm, limit = def.limit, window = def.window, burst = def.burst,
-           cost = cost, count_denied = def.count_denied, shadow = def.shadow}
-      def.by_cost[cost] = p
-    end
+  local list = {}
+  local from = 1
+  while true do
+    local comma = string.find(text, ',', from, true)
+    local ref = string.sub(text, from, (comma or 0) - 1)
+    local p = params[ref] or params_of(ref)
     list[#list + 1] = p
-    if def.algorithm == 'sliding_log' then list.needs_id = true end
+    if p.algorithm == 'sliding_log' then list.needs_id = true end
+    if not comma then break end
+    from = comma + 1
   end
+  list.n = #list
   parsed[text] = list
   return list
 end
@@ -81,17 +94,28 @@ local checked = {}
 -- Decides one request whose keys follow KEYS[k]; writes its reply after reply[pos]. Returns
 -- the new end of the reply.
 local function decide(list, k, id, pos)
+  local n = list.n
+  if n == 1 then
+    -- Alone, a limit refuses unless it allows or is a shadow, and is charged when it allows
+    -- or counts denied requests: the rule below, for one.
+    local p = list[1]
+    local m = p.module or module_of(p)
+    local d = m.check(KEYS[k + 1], p, now)
+    local allowed = d.allowed
+    m.settle(p, d, allowed or p.count_denied, id)
+    reply[pos + 1] = (allowed or p.shadow) and 1 or 0
+    return m.report(p, d, reply, pos + 1)
+  end
   local refused = false
-  for i = 1, #list do
+  for i = 1, n do
     local p = list[i]
-    if p.module == nil then p.module = module_of(p.algorithm) end
-    local d = p.module.check(KEYS[k + i], p, now)
+    local d = (p.module or module_of(p)).check(KEYS[k + i], p, now)
     checked[i] = d
     if not d.allowed and not p.shadow then refused = true end
   end
   pos = pos + 1
   reply[pos] = refused and 0 or 1
-  for i = 1, #list do
+  for i = 1, n do
     local p, d = list[i], checked[i]
     local charge
     if refused then
@@ -107,8 +131,10 @@ end
 
 local pos = 0
 local k = 0
-while cursor <= #ARGV do
-  local list = limits_of(ARGV[cursor])
+local last = #ARGV
+while cursor <= last do
+  local text = ARGV[cursor]
+  local list = parsed[text] or limits_of(text)
   cursor = cursor + 1
   local id = ''
   if list.needs_id then
@@ -123,7 +149,10 @@ while cursor <= #ARGV do
     pos = pos + 1
     reply[pos] = tostring(result)
   end
-  k = k + #list
+  k = k + list.n
 end
 reply[pos + 1] = nil  -- what a failed request wrote past its error
+for _, module in pairs(modules) do
+  if module.finish then module.finish() end
+end
 return reply

@@ -11,42 +11,61 @@
 --   ARGV[5]  count_denied   "1": a refused request is counted too
 --   ARGV[6]  request id     (unused here)
 --   reply    {allowed (1|0), remaining, reset_ms, retry_ms}
--- Inside decide.lua the same code is a module: check() charges the cost at once (one INCRBY;
--- the common case, an allowed request, needs nothing more), settle() takes it back when the
--- request must not be counted, report() renders the reply. The script is atomic, so nobody
--- sees a charge that is taken back.
+-- Inside decide.lua the same code is a module (check, settle, report, finish; see decide.lua).
+-- A script call may decide many requests, several of them on one counter: the first one
+-- charges it in Valkey at once (INCRBY, which also says what it holds), the next ones only in
+-- the script's memory, and finish() writes the difference back with one more INCRBY. The
+-- script is atomic, so nobody sees the counter in between, and each request still sees what
+-- the ones before it charged.
 local M = {}
 
 -- The window of `window_ms` that holds now_us: its key suffix, end and the wait until then.
 -- The time is one instant for a whole script, so each window is worked out once per call.
 local windows = {}
 local function window_of(window_ms, now_us)
-  local w = windows[window_ms]
-  if w == nil then
-    local window = window_ms * 1000
-    local n = math.floor(now_us / window)
-    w = {suffix = ':' .. string.format('%d', n), end_ms = (n + 1) * window_ms,
-         reset = math.ceil(((n + 1) * window - now_us) / 1000)}
-    windows[window_ms] = w
-  end
+  local window = window_ms * 1000
+  local n = math.floor(now_us / window)
+  local w = {suffix = ':' .. string.format('%d', n), end_ms = (n + 1) * window_ms,
+             reset = math.ceil(((n + 1) * window - now_us) / 1000)}
+  windows[window_ms] = w
   return w
 end
 
+-- The counters this call touched, by key: `used` is the count as the script sees it, `stored`
+-- what Valkey holds. The last check() of a counter also leaves there what report() reads.
+local counters = {}
+local changed = {}  -- keys whose `used` may differ from `stored`
+
 function M.check(key, p, now_us)
-  local w = window_of(p.window, now_us)
-  local d = {key = key .. w.suffix, w = w}
-  d.used = redis.call('INCRBY', d.key, p.cost)
-  -- The increment that created the counter gives it its TTL, in the same atomic script.
-  if d.used == p.cost then redis.call('PEXPIREAT', d.key, w.end_ms) end
-  d.allowed = d.used <= p.limit
-  return d
+  local w = windows[p.window] or window_of(p.window, now_us)
+  key = key .. w.suffix
+  local c = counters[key]
+  if c == nil then
+    local used = redis.call('INCRBY', key, p.cost)
+    -- The increment that created the counter gives it its TTL, in the same atomic script.
+    if used == p.cost then redis.call('PEXPIREAT', key, w.end_ms) end
+    c = {key = key, w = w, used = used, stored = used, allowed = used <= p.limit}
+    counters[key] = c
+    return c
+  end
+  local used = c.used + p.cost
+  c.used = used
+  c.allowed = used <= p.limit
+  if not c.changed then
+    c.changed = true
+    changed[#changed + 1] = c
+  end
+  return c
 end
 
+-- Not to be counted: the charge is taken back (in memory; finish() writes it).
 function M.settle(p, d, charge)
   if charge then return end
-  d.used = redis.call('DECRBY', d.key, p.cost)
-  -- A counter that only this request made is not left behind.
-  if d.used == 0 then redis.call('DEL', d.key) end
+  d.used = d.used - p.cost
+  if not d.changed then
+    d.changed = true
+    changed[#changed + 1] = d
+  end
 end
 
 function M.report(p, d, out, pos)
@@ -57,12 +76,25 @@ function M.report(p, d, out, pos)
   return pos + 4
 end
 
+-- Writes back what the script counted; a counter that ends at 0 (only requests that were not
+-- counted touched it) is not left behind.
+function M.finish()
+  for i = 1, #changed do
+    local c = changed[i]
+    if c.used ~= c.stored then
+      c.stored = redis.call('INCRBY', c.key, c.used - c.stored)
+    end
+    if c.stored == 0 then redis.call('DEL', c.key) end
+  end
+end
+
 if KEYS == nil then return M end
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
            cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
 local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
+M.finish()
 local out = {}
 M.report(p, d, out, 0)
 return out

@@ -387,6 +387,35 @@ def test_decide_batch_requests_in_order_each_all_or_nothing(valkey):
     assert_every_key_has_ttl(c)
 
 
+@pytest.mark.parametrize("count_denied", [False, True], ids=["not_counting", "counting"])
+def test_decide_batch_one_counter_many_requests(valkey, count_denied):
+    """Many requests of one call on one fixed_window counter (charged in memory after the
+    first, written back once): each sees the ones before it, exactly the limit passes, and the
+    counter ends where one script per request would have left it, with its TTL."""
+    c = valkey.client
+    lim = {"algorithm": "fixed_window", "limit": 5, "window_ms": 60000, "count_denied": count_denied}
+    costly = {**lim, "cost": 2}
+    avoid_window_boundary(c, 60.0, 2.0)
+    requests = [(str(i), [("o:k", costly if i == 2 else lim)]) for i in range(9)]
+    results = decide_many(c, requests)
+    assert [r[0] for r in results] == [1, 1, 1, 1, 0, 0, 0, 0, 0]
+    assert [r[1][0][1] for r in results] == [4, 3, 1, 0, 0, 0, 0, 0, 0]
+    (key,) = assert_every_key_has_ttl(c)
+    assert c.get(key) == ("10" if count_denied else "5")
+    # The next call starts from what this one wrote.
+    assert decide(c, ["o:k"], [lim])[0] == 0
+
+    # Only refused requests touched a counter: without count_denied nothing is left behind.
+    big = {**lim, "cost": 6}
+    results = decide_many(c, [(str(i), [("o:none", big)]) for i in range(3)])
+    assert [r[0] for r in results] == [0, 0, 0]
+    left = list(c.scan_iter("o:none*"))
+    if count_denied:
+        assert len(left) == 1 and c.get(left[0]) == "18" and c.pttl(left[0]) > 0
+    else:
+        assert left == []
+
+
 def test_decide_batch_a_failing_request_does_not_fail_the_others(valkey):
     """A key of the wrong type fails the request that uses it (the string is the error); the
     requests before and after it are decided and charged as usual."""
