@@ -84,6 +84,12 @@ void ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_view 
   ++requests_;
 }
 
+bool needsRequestId(const std::vector<AppliedLimit>& limits) {
+  return std::any_of(limits.begin(), limits.end(), [](const AppliedLimit& l) {
+    return l.config->algorithm == config::Algorithm::SlidingLog;
+  });
+}
+
 std::vector<std::string> ScriptBatch::args() const {
   std::vector<std::string> out;
   out.reserve(1 + definition_args_.size() + request_args_.size());

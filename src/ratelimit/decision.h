@@ -53,7 +53,8 @@ struct Decision {
 // burst) is written once; a request names its limits "<definition>:<cost>".
 class ScriptBatch {
  public:
-  // Adds the limits of one request (at least one).
+  // Adds the limits of one request (at least one). `request_id` is sent only when one of them
+  // needs it (needsRequestId).
   void add(const std::vector<AppliedLimit>& limits, std::string_view request_id);
   size_t requests() const { return requests_; }
   const std::vector<std::string>& keys() const { return keys_; }
@@ -72,6 +73,9 @@ class ScriptBatch {
   std::vector<std::string> keys_;
   size_t requests_ = 0;
 };
+
+// Whether deciding these limits needs the request's unique id (sliding_log members).
+bool needsRequestId(const std::vector<AppliedLimit>& limits);
 
 // One request's part of decide.lua's reply, read from elements[*pos] (pos moves past it).
 enum class ReplyPart {

@@ -4,7 +4,6 @@
 #include <hiredis/hiredis.h>
 
 #include <algorithm>
-#include <cstring>
 #include <random>
 
 #include "core/logging.h"
@@ -91,6 +90,7 @@ void Client::connect() {
     return;
   }
   context->data = this;
+  context->c.reader->fn = replyFunctions();  // replies are built as Reply, not redisReply
   if (!attachToLoop(context, loop_)) {
     SLUICE_LOG_WARN("valkey {}: cannot watch the connection", options_.address.text);
     redisAsyncFree(context);
@@ -136,9 +136,9 @@ void Client::onConnect(const redisAsyncContext* context, int status) {
 void Client::onInternalReply(redisAsyncContext*, void* reply, void* privdata) {
   auto* self = static_cast<Client*>(privdata);
   if (!reply || self->handshake_pending_ <= 0) return;
-  auto* r = static_cast<redisReply*>(reply);
-  if (r->type == REDIS_REPLY_ERROR) {
-    self->onHandshakeReply(false, std::string(r->str, r->len));
+  const Reply* r = replyOf(reply);
+  if (r->isError()) {
+    self->onHandshakeReply(false, r->text);
     return;
   }
   self->onHandshakeReply(true, {});
@@ -311,14 +311,14 @@ void Client::onReply(redisAsyncContext*, void* raw, void* privdata) {
   } else {
     inflight.erase(std::remove(inflight.begin(), inflight.end(), call), inflight.end());
   }
-  auto* reply = static_cast<redisReply*>(raw);
+  Reply* reply = replyOf(raw);
   if (!reply) {
     self->finish(call, nullptr, Failure::Disconnected);
     delete call;
     return;
   }
-  if (reply->type == REDIS_REPLY_ERROR && call->is_script && !call->retried &&
-      std::strncmp(reply->str, "NOSCRIPT", 8) == 0 && self->state_ == State::Ready) {
+  if (reply->isError() && call->is_script && !call->retried &&
+      reply->text.rfind("NOSCRIPT", 0) == 0 && self->state_ == State::Ready) {
     // The server lost the script (restart, SCRIPT FLUSH): load it and retry at once. Both go
     // out on this connection in order, so the retry finds the script.
     call->retried = true;
@@ -330,10 +330,7 @@ void Client::onReply(redisAsyncContext*, void* raw, void* privdata) {
     delete call;
     return;
   }
-  if (!call->done) {
-    Reply copy = Reply::copy(reply);
-    self->finish(call, &copy, Failure::Disconnected);
-  }
+  if (!call->done) self->finish(call, reply, Failure::Disconnected);
   delete call;
 }
 
