@@ -1,8 +1,10 @@
 """What clients see of rate limits (429 problem+json, RateLimit / RateLimit-Policy syntax, legacy
 X-RateLimit-*, none), which limits apply (absent key parts, shadow), and what Valkey sees (one
-EVALSHA per request, keys under key_prefix)."""
+EVALSHA per request at most, concurrent requests sharing one, keys under key_prefix)."""
 
 import re
+import signal
+import socket
 
 import pytest
 
@@ -165,7 +167,7 @@ def test_shadow_limit_never_refuses_but_counts(sluice_factory, upstream, valkey,
 
 # ------------------------------------------------------------------------------ what Valkey sees
 
-def test_exactly_one_evalsha_per_request(sluice_factory, upstream, valkey):
+def test_one_evalsha_per_request_one_at_a_time(sluice_factory, upstream, valkey):
     limits = [limit_cfg("a", "fixed_window", 100, "1h"),
               limit_cfg("b", "sliding_log", 100, "1h"),
               limit_cfg("c", "sliding_window", 100, "1h", by=["ip", "method"]),
@@ -183,6 +185,44 @@ def test_exactly_one_evalsha_per_request(sluice_factory, upstream, valkey):
     assert sent == ["EVALSHA"] * n, f"commands the gateway sent for {n} requests: {sent}"
     # Every limit of a request in the one script call: 4 keys each.
     assert all(cmd[2] == "4" for cmd in mon.commands()), mon.commands()[:2]
+
+
+def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstream, valkey):
+    """20 requests that reach the worker together (sent while the gateway is stopped with
+    SIGSTOP, then it continues: one epoll round reads them all) are decided in one EVALSHA that
+    carries all their keys; each is still decided on its own and exactly (limit 15: 15 pass,
+    5 get 429 with their own headers)."""
+    gw = sluice_with_limits(sluice_factory, upstream, valkey,
+                            [limit_cfg("a", "fixed_window", 15, "1h")], workers=1)
+    n = 20
+    c = valkey.client
+    before = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    request = b"GET /status/200 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    socks = []
+    with ValkeyMonitor(valkey) as mon:
+        gw.send_signal(signal.SIGSTOP)
+        try:
+            for _ in range(n):  # the kernel completes the handshakes and buffers the requests
+                s = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+                s.sendall(request)
+                socks.append(s)
+        finally:
+            gw.send_signal(signal.SIGCONT)
+        answers = []
+        for s in socks:
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            s.close()
+            answers.append(data)
+    statuses = sorted(int(a.split(b" ", 2)[1]) for a in answers)
+    assert statuses == [200] * 15 + [429] * 5
+    remaining = sorted(int(re.search(rb'\r\nRateLimit: "a";r=(\d+)', a).group(1)) for a in answers)
+    assert remaining == [0] * 6 + list(range(1, 15)), "each request saw the ones before it"
+    after = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    sent = mon.commands()
+    assert [cmd[0].upper() for cmd in sent] == ["EVALSHA"] and after - before == 1, sent
+    assert sent[0][2] == str(n), "one key per request, all in the one call"
 
 
 def test_keys_start_with_key_prefix_and_scan_finds_them(sluice_factory, upstream, valkey):
