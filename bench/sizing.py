@@ -82,8 +82,11 @@ def main():
             for i in range(N):
                 key = f"rl:v1:lim:10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
                 for j in range(requests):
-                    pipe.evalsha(sha, 1, key, f"w-{i}-{j}", algorithm, limit, window, limit, 1,
-                                 "0", "0")
+                    # decide.lua's layout: one definition, then this request ("1:1": the
+                    # definition, cost 1) and its id, which sliding_log needs.
+                    request = ["1:1"] + ([f"w-{i}-{j}"] if algorithm == "sliding_log" else [])
+                    pipe.evalsha(sha, 1, key, "1", algorithm, limit, window, limit, "0", "0",
+                                 *request)
                 if len(pipe) >= 2000:
                     pipe.execute()
             pipe.execute()

@@ -17,7 +17,7 @@
 --                                    (algorithm, limit, window, burst, cost, count_denied,
 --                                    shadow); d.allowed says whether this request fits
 --   settle(p, d, charge, id)         makes the request count (charge) or not
---   report(p, d, out, pos) -> pos    writes its 4 reply values after out[pos]
+--   report(p, d, out, pos) -> pos    writes its 3 reply values after out[pos]
 --   finish()                         optional: runs once after every request was decided
 --
 --   KEYS                the base keys of every limit of every request, in order:
@@ -29,11 +29,13 @@
 --   then per request    its limits as "<definition>:<cost>" joined by ",", e.g. "1:1,2:3"
 --                       (one key each, in that order); then its request id (unique;
 --                       sliding_log members) if one of its limits is a sliding_log
---   reply               per request, in order: {allowed (1|0), then for each of its limits:
---                       allowed (1|0), remaining, reset_ms, retry_ms}, or, when deciding
---                       that request failed (say a key of the wrong type), one string: the
---                       error. A failed request may have been charged in part, as any failed
---                       script; the others are decided as usual.
+--   reply               per request, in order, for each of its limits: remaining, reset_ms,
+--                       retry_ms (0 when the limit allows this request, at least 1 when it
+--                       refuses); the request is refused when a limit that is not a shadow
+--                       refuses. Or, when deciding that request failed (say a key of the
+--                       wrong type), one string in place of its values: the error. A failed
+--                       request may have been charged in part, as any failed script; the
+--                       others are decided as usual.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
@@ -96,15 +98,13 @@ local checked = {}
 local function decide(list, k, id, pos)
   local n = list.n
   if n == 1 then
-    -- Alone, a limit refuses unless it allows or is a shadow, and is charged when it allows
-    -- or counts denied requests: the rule below, for one.
+    -- Alone, a limit is charged when it allows or counts denied requests: the rule below,
+    -- for one (if it refuses, so does the request, unless it is a shadow).
     local p = list[1]
     local m = p.module or module_of(p)
     local d = m.check(KEYS[k + 1], p, now)
-    local allowed = d.allowed
-    m.settle(p, d, allowed or p.count_denied, id)
-    reply[pos + 1] = (allowed or p.shadow) and 1 or 0
-    return m.report(p, d, reply, pos + 1)
+    m.settle(p, d, d.allowed or p.count_denied, id)
+    return m.report(p, d, reply, pos)
   end
   local refused = false
   for i = 1, n do
@@ -113,8 +113,6 @@ local function decide(list, k, id, pos)
     checked[i] = d
     if not d.allowed and not p.shadow then refused = true end
   end
-  pos = pos + 1
-  reply[pos] = refused and 0 or 1
   for i = 1, n do
     local p, d = list[i], checked[i]
     local charge

@@ -69,11 +69,10 @@ function M.settle(p, d, charge)
 end
 
 function M.report(p, d, out, pos)
-  out[pos + 1] = d.allowed and 1 or 0
-  out[pos + 2] = math.max(0, p.limit - d.used)
-  out[pos + 3] = d.w.reset
-  out[pos + 4] = d.allowed and 0 or d.w.reset
-  return pos + 4
+  out[pos + 1] = math.max(0, p.limit - d.used)
+  out[pos + 2] = d.w.reset
+  out[pos + 3] = d.allowed and 0 or d.w.reset  -- at least 1: the window has not ended
+  return pos + 3
 end
 
 -- Writes back what the script counted; a counter that ends at 0 (only requests that were not
@@ -95,6 +94,6 @@ local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumb
 local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
 M.finish()
-local out = {}
-M.report(p, d, out, 0)
+local out = {d.allowed and 1 or 0}
+M.report(p, d, out, 1)
 return out

@@ -55,11 +55,10 @@ function M.report(p, d, out, pos)
       retry = expiry_of(d, d.count + p.cost - p.limit - 1)
     end
   end
-  out[pos + 1] = d.allowed and 1 or 0
-  out[pos + 2] = math.max(0, p.limit - d.count)
-  out[pos + 3] = math.ceil(reset / 1000)
-  out[pos + 4] = math.ceil(retry / 1000)
-  return pos + 4
+  out[pos + 1] = math.max(0, p.limit - d.count)
+  out[pos + 2] = math.ceil(reset / 1000)
+  out[pos + 3] = d.allowed and 0 or math.max(1, math.ceil(retry / 1000))
+  return pos + 3
 end
 
 if KEYS == nil then return M end
@@ -68,6 +67,6 @@ local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumb
            cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
 local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
-local out = {}
-M.report(p, d, out, 0)
+local out = {d.allowed and 1 or 0}
+M.report(p, d, out, 1)
 return out

@@ -55,11 +55,10 @@ function M.report(p, d, out, pos)
   if d.current > 0 then reset = left + d.window elseif d.previous > 0 then reset = left end
   local retry = 0
   if not d.allowed then retry = math.ceil(wait_us(p, d) / 1000) end
-  out[pos + 1] = d.allowed and 1 or 0
-  out[pos + 2] = math.max(0, math.floor(p.limit - estimate))
-  out[pos + 3] = math.ceil(reset / 1000)
-  out[pos + 4] = retry
-  return pos + 4
+  out[pos + 1] = math.max(0, math.floor(p.limit - estimate))
+  out[pos + 2] = math.ceil(reset / 1000)
+  out[pos + 3] = d.allowed and 0 or math.max(1, retry)
+  return pos + 3
 end
 
 if KEYS == nil then return M end
@@ -68,6 +67,6 @@ local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumb
            cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
 local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
-local out = {}
-M.report(p, d, out, 0)
+local out = {d.allowed and 1 or 0}
+M.report(p, d, out, 1)
 return out

@@ -106,11 +106,11 @@ bool skipDecision(size_t count, const std::vector<valkey::Reply>& elements, size
     ++*pos;
     return true;
   }
-  if (elements.size() - *pos < 1 + 4 * count) return false;
-  for (size_t i = 0; i < 1 + 4 * count; ++i) {
+  if (count == 0 || elements.size() - *pos < 3 * count) return false;
+  for (size_t i = 0; i < 3 * count; ++i) {
     if (elements[*pos + i].type != Type::Integer) return false;
   }
-  *pos += 1 + 4 * count;
+  *pos += 3 * count;
   return true;
 }
 
@@ -125,24 +125,23 @@ ReplyPart readDecision(const std::vector<AppliedLimit>& limits,
   }
   const valkey::Reply* v = &elements[start];
   Decision d;
-  d.verdict = v[0].integer == 1 ? Decision::Verdict::Allow : Decision::Verdict::Deny;
   d.limits.reserve(limits.size());
   int64_t retry_ms = 0;
   for (size_t i = 0; i < limits.size(); ++i) {
-    const valkey::Reply* l = &v[1 + 4 * i];
+    const valkey::Reply* l = &v[3 * i];
     LimitResult r;
     r.config = limits[i].config;
     r.limit = limits[i].limit;
-    const bool allowed = l[0].integer == 1;
-    r.remaining = std::max<int64_t>(0, l[1].integer);
-    r.reset_ms = std::max<int64_t>(0, l[2].integer);
-    r.retry_ms = std::max<int64_t>(0, l[3].integer);
-    if (allowed) {
+    r.remaining = std::max<int64_t>(0, l[0].integer);
+    r.reset_ms = std::max<int64_t>(0, l[1].integer);
+    r.retry_ms = std::max<int64_t>(0, l[2].integer);
+    if (r.retry_ms == 0) {  // the limit allows this request
       r.outcome = Outcome::Allowed;
     } else if (r.config->shadow) {
       r.outcome = Outcome::ShadowDenied;
     } else {
       r.outcome = Outcome::Denied;
+      d.verdict = Decision::Verdict::Deny;
       retry_ms = std::max(retry_ms, r.retry_ms);
     }
     d.limits.push_back(r);

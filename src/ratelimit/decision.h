@@ -77,7 +77,9 @@ class ScriptBatch {
 // Whether deciding these limits needs the request's unique id (sliding_log members).
 bool needsRequestId(const std::vector<AppliedLimit>& limits);
 
-// One request's part of decide.lua's reply, read from elements[*pos] (pos moves past it).
+// One request's part of decide.lua's reply, read from elements[*pos] (pos moves past it):
+// remaining, reset_ms and retry_ms of each limit (retry_ms 0: it allows; more: it refuses),
+// or the string of an error.
 enum class ReplyPart {
   Decided,    // *decision holds the verdict
   Failed,     // deciding this request failed in the script: *error says why

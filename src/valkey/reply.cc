@@ -18,50 +18,65 @@ struct Root {
   Reply reply;
 };
 
-void* place(const redisReadTask* task, Reply&& value) {
+// The Reply for a new part of a reply: a root of its own, or the next element of its parent
+// array (whose vector has room for it: no allocation).
+Reply* place(const redisReadTask* task, Reply::Type type, Root** root) {
+  *root = nullptr;
   if (!task->parent) {
-    auto* root = new (std::nothrow) Root;
-    if (!root) return nullptr;
-    root->reply = std::move(value);
-    root->head.type = task->type;  // REDIS_REPLY_*
-    root->head.integer = root->reply.integer;
-    root->head.str = root->reply.text.data();
-    root->head.len = root->reply.text.size();
-    return root;
+    *root = new (std::nothrow) Root;
+    if (!*root) return nullptr;
+    (*root)->head.type = task->type;  // REDIS_REPLY_*
+    (*root)->reply.type = type;
+    return &(*root)->reply;
   }
   const redisReadTask* parent_task = task->parent;
   Reply* parent = parent_task->parent ? static_cast<Reply*>(parent_task->obj)
                                       : &static_cast<Root*>(parent_task->obj)->reply;
-  parent->elements.push_back(std::move(value));
-  return &parent->elements.back();
+  Reply& r = parent->elements.emplace_back();
+  r.type = type;
+  return &r;
 }
 
+// What hiredis keeps for the object: the root, or the element itself.
+void* object(Root* root, Reply* r) { return root ? static_cast<void*>(root) : r; }
+
 void* createString(const redisReadTask* task, char* str, size_t len) {
-  Reply r;
-  switch (task->type) {
-    case REDIS_REPLY_ERROR: r.type = Reply::Type::Error; break;
-    case REDIS_REPLY_STATUS: r.type = Reply::Type::Status; break;
-    default: r.type = Reply::Type::String; break;
+  Reply::Type type = Reply::Type::String;
+  if (task->type == REDIS_REPLY_ERROR) type = Reply::Type::Error;
+  if (task->type == REDIS_REPLY_STATUS) type = Reply::Type::Status;
+  Root* root;
+  Reply* r = place(task, type, &root);
+  if (!r) return nullptr;
+  r->text.assign(str, len);
+  if (root) {
+    root->head.str = r->text.data();
+    root->head.len = r->text.size();
   }
-  r.text.assign(str, len);
-  return place(task, std::move(r));
+  return object(root, r);
 }
 
 void* createArray(const redisReadTask* task, int elements) {
-  Reply r;
-  r.type = Reply::Type::Array;
-  if (elements > 0) r.elements.reserve(static_cast<size_t>(elements));
-  return place(task, std::move(r));
+  Root* root;
+  Reply* r = place(task, Reply::Type::Array, &root);
+  if (!r) return nullptr;
+  if (elements > 0) r->elements.reserve(static_cast<size_t>(elements));
+  return object(root, r);
 }
 
 void* createInteger(const redisReadTask* task, long long value) {
-  Reply r;
-  r.type = Reply::Type::Integer;
-  r.integer = value;
-  return place(task, std::move(r));
+  Root* root;
+  Reply* r = place(task, Reply::Type::Integer, &root);
+  if (!r) return nullptr;
+  r->integer = value;
+  if (root) root->head.integer = value;
+  return object(root, r);
 }
 
-void* createNil(const redisReadTask* task) { return place(task, Reply{}); }
+void* createNil(const redisReadTask* task) {
+  Root* root;
+  Reply* r = place(task, Reply::Type::Nil, &root);
+  return r ? object(root, r) : nullptr;
+}
 
 void freeObject(void* object) { delete static_cast<Root*>(object); }
 

@@ -719,30 +719,37 @@ def decide_args(request_id: str, limits: Iterable[dict]) -> list:
     return decide_batch([(request_id, [("", l) for l in limits])])[1]
 
 
-def parse_decide_batch_reply(reply: list, sizes: Iterable[int]) -> list:
-    """decide.lua's reply for requests with `sizes` limits each: per request either
-    (allowed, [(allowed, remaining, reset_ms, retry_ms)] * n) or the error string; asserts the
-    layout."""
+def parse_decide_batch_reply(reply: list, requests: Iterable[list]) -> list:
+    """decide.lua's reply for requests with these limits (a list of limit dicts each): per
+    request either (allowed, [(allowed, remaining, reset_ms, retry_ms)] per limit) or the error
+    string; asserts the layout. The reply has remaining, reset_ms, retry_ms per limit (retry_ms
+    0: the limit allows, at least 1: it refuses); a request is allowed when no limit that is not
+    a shadow refuses."""
     assert isinstance(reply, list), f"reply layout: {reply!r}"
     out, i = [], 0
-    for n in sizes:
+    for limits in requests:
+        n = len(limits)
         assert i < len(reply), f"reply too short: {reply!r}"
         if isinstance(reply[i], str):
             out.append(reply[i])
             i += 1
             continue
-        part = reply[i: i + 1 + 4 * n]
-        assert len(part) == 1 + 4 * n and all(isinstance(x, int) for x in part), \
+        part = reply[i: i + 3 * n]
+        assert len(part) == 3 * n and all(isinstance(x, int) for x in part), \
             f"reply layout: {reply!r}"
-        out.append((part[0], [tuple(part[1 + 4 * j: 5 + 4 * j]) for j in range(n)]))
-        i += 1 + 4 * n
+        assert all(x >= 0 for x in part), f"negative value: {reply!r}"
+        per = [(1 if part[3 * j + 2] == 0 else 0, *part[3 * j: 3 * j + 3]) for j in range(n)]
+        allowed = 0 if any(a == 0 and not l.get("shadow") for (a, *_), l in zip(per, limits)) else 1
+        out.append((allowed, per))
+        i += 3 * n
     assert i == len(reply), f"reply too long: {reply!r}"
     return out
 
 
-def parse_decide_reply(reply: list, n: int) -> tuple:
-    """(allowed, [(allowed, remaining, reset_ms, retry_ms)] * n) of a batch of one request."""
-    (result,) = parse_decide_batch_reply(reply, [n])
+def parse_decide_reply(reply: list, limits: list) -> tuple:
+    """(allowed, [(allowed, remaining, reset_ms, retry_ms)] per limit) of a batch of one
+    request with these limits."""
+    (result,) = parse_decide_batch_reply(reply, [limits])
     assert not isinstance(result, str), f"the request failed: {result}"
     return result
 

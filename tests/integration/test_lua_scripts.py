@@ -266,7 +266,7 @@ def test_standalone_scripts_charge_the_cost(valkey):
 def decide(client, keys, limits, request_id=None):
     reply = client.eval(decide_script(), len(keys), *keys,
                         *decide_args(request_id or uuid.uuid4().hex, limits))
-    return parse_decide_reply(reply, len(keys))
+    return parse_decide_reply(reply, list(limits))
 
 
 def state_of(client, base):
@@ -349,7 +349,7 @@ def decide_many(client, requests):
     """One call of decide for several requests: [(request_id, [(key, limit)])]."""
     keys, argv = decide_batch(requests)
     reply = client.eval(decide_script(), len(keys), *keys, *argv)
-    return parse_decide_batch_reply(reply, [len(limits) for _, limits in requests])
+    return parse_decide_batch_reply(reply, [[l for _, l in limits] for _, limits in requests])
 
 
 def test_decide_unknown_algorithm_fails_only_its_request(valkey):

@@ -400,44 +400,46 @@ TEST_SUITE("ratelimit: decision") {
     LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 5, 1000);
     const std::vector<AppliedLimit> one = {applied(a, "ka")};
     const std::vector<AppliedLimit> two = {applied(a, "ka"), applied(b, "kb")};
-    Reply reply = integers({1, 1, 9, 800, 0,                 // one: allowed
-                            0, 1, 9, 800, 0, 0, 0, 300, 300,  // two: refused by b
-                            0,                                // (a string: this one failed)
-                            1, 1, 8, 800, 0});                // one: allowed
-    reply.elements[14].type = Reply::Type::String;
-    reply.elements[14].text = "WRONGTYPE Operation against a key holding the wrong kind of value";
+    // remaining, reset_ms, retry_ms per limit (retry 0: allows)
+    Reply reply = integers({9, 800, 0,             // one: allowed
+                            9, 800, 0, 0, 300, 300,  // two: refused by b
+                            0,                     // (a string: this one failed)
+                            8, 800, 0});           // one: allowed
+    reply.elements[9].type = Reply::Type::String;
+    reply.elements[9].text = "WRONGTYPE Operation against a key holding the wrong kind of value";
     size_t pos = 0;
     Decision d;
     std::string error;
     REQUIRE(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Decided);
-    CHECK(pos == 5);
+    CHECK(pos == 3);
     CHECK(d.verdict == Decision::Verdict::Allow);
     CHECK(d.limits[0].remaining == 9);
     REQUIRE(readDecision(two, reply.elements, &pos, &d, &error) == ReplyPart::Decided);
-    CHECK(pos == 14);
+    CHECK(pos == 9);
     CHECK(d.verdict == Decision::Verdict::Deny);
+    CHECK(outcome(d.limits[0].outcome) == "allowed");
     CHECK(outcome(d.limits[1].outcome) == "denied");
     CHECK(d.retry_after_s == 1);
     REQUIRE(readDecision(two, reply.elements, &pos, &d, &error) == ReplyPart::Failed);
-    CHECK(pos == 15);
+    CHECK(pos == 10);
     CHECK(error.rfind("WRONGTYPE", 0) == 0);
     size_t skipped = pos;
     CHECK(skipDecision(1, reply.elements, &skipped));
-    CHECK(skipped == 20);
+    CHECK(skipped == 13);
     REQUIRE(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Decided);
-    CHECK(pos == 20);
+    CHECK(pos == 13);
     CHECK(d.limits[0].remaining == 8);
     // Nothing is left: another request's part is missing.
     CHECK(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Malformed);
     CHECK_FALSE(skipDecision(1, reply.elements, &pos));
-    CHECK(pos == 20);
+    CHECK(pos == 13);
   }
 
   TEST_CASE("decisionFromReply: allowed") {
     LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
     LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 10, 1000);
     const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(b, "kb")};
-    const auto d = decisionFromReply(limits, integers({1, 1, 99, 60000, 0, 1, 5, 1000, 0}));
+    const auto d = decisionFromReply(limits, integers({99, 60000, 0, 5, 1000, 0}));
     REQUIRE(d.has_value());
     CHECK(d->verdict == Decision::Verdict::Allow);
     REQUIRE(d->limits.size() == 2);
@@ -460,7 +462,7 @@ TEST_SUITE("ratelimit: decision") {
     const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(b, "kb"),
                                               applied(c, "kc")};
     const auto d = decisionFromReply(
-        limits, integers({0, 1, 50, 1000, 0, 0, 0, 30000, 2500, 0, 0, 900, 1200}));
+        limits, integers({50, 1000, 0, 0, 30000, 2500, 0, 900, 1200}));
     REQUIRE(d.has_value());
     CHECK(d->verdict == Decision::Verdict::Deny);
     REQUIRE(d->limits.size() == 3);
@@ -476,7 +478,7 @@ TEST_SUITE("ratelimit: decision") {
     LimitConfig s = limitConfig("s", Algorithm::FixedWindow, {}, 1, 60000);
     s.shadow = true;
     const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(s, "ks")};
-    const auto d = decisionFromReply(limits, integers({1, 1, 10, 500, 0, 0, 0, 59000, 59000}));
+    const auto d = decisionFromReply(limits, integers({10, 500, 0, 0, 59000, 59000}));
     REQUIRE(d.has_value());
     CHECK(d->verdict == Decision::Verdict::Allow);
     CHECK(outcome(d->limits[0].outcome) == "allowed");
@@ -484,21 +486,26 @@ TEST_SUITE("ratelimit: decision") {
     CHECK(d->limits[1].known());
   }
 
-  TEST_CASE("decisionFromReply: negative numbers are clamped to 0") {
+  TEST_CASE("decisionFromReply: negative numbers are clamped to 0 (a retry of 0 allows)") {
     LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
-    const auto d = decisionFromReply({applied(a, "ka")}, integers({0, 0, -3, -1, -7}));
+    const auto d = decisionFromReply({applied(a, "ka")}, integers({-3, -1, -7}));
     REQUIRE(d.has_value());
     CHECK(d->limits[0].remaining == 0);
     CHECK(d->limits[0].reset_ms == 0);
     CHECK(d->limits[0].retry_ms == 0);
-    CHECK(d->retry_after_s == 1);
+    CHECK(outcome(d->limits[0].outcome) == "allowed");
+    CHECK(d->verdict == Decision::Verdict::Allow);
+    const auto refused = decisionFromReply({applied(a, "ka")}, integers({-3, -1, 1}));
+    REQUIRE(refused.has_value());
+    CHECK(refused->verdict == Decision::Verdict::Deny);
+    CHECK(refused->retry_after_s == 1);
   }
 
   TEST_CASE("decisionFromReply: wrong shapes are nullopt") {
     LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
     const std::vector<AppliedLimit> limits = {applied(a, "ka")};
-    CHECK_FALSE(decisionFromReply(limits, integers({1, 1, 99, 60000})).has_value());
-    CHECK_FALSE(decisionFromReply(limits, integers({1, 1, 99, 60000, 0, 0})).has_value());
+    CHECK_FALSE(decisionFromReply(limits, integers({99, 60000})).has_value());
+    CHECK_FALSE(decisionFromReply(limits, integers({99, 60000, 0, 0})).has_value());
     CHECK_FALSE(decisionFromReply(limits, integers({})).has_value());
     Reply error;
     error.type = Reply::Type::Error;
@@ -510,12 +517,12 @@ TEST_SUITE("ratelimit: decision") {
     integer.type = Reply::Type::Integer;
     integer.integer = 1;
     CHECK_FALSE(decisionFromReply(limits, integer).has_value());
-    Reply with_string = integers({1, 1, 99, 60000, 0});
+    Reply with_string = integers({99, 60000, 0});
     with_string.elements[2].type = Reply::Type::String;
     with_string.elements[2].text = "99";
     CHECK_FALSE(decisionFromReply(limits, with_string).has_value());
-    Reply nested = integers({1, 1, 99, 60000, 0});
-    nested.elements[4] = integers({0});
+    Reply nested = integers({99, 60000, 0});
+    nested.elements[2] = integers({0});
     CHECK_FALSE(decisionFromReply(limits, nested).has_value());
   }
 
@@ -699,10 +706,10 @@ TEST_SUITE("ratelimit: headers") {
     s.shadow = true;
     const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(b, "kb"),
                                               applied(c, "kc"), applied(s, "ks")};
-    const auto d = decisionFromReply(limits, integers({0, 1, 50, 1000, 0,    //
-                                                       0, 0, 900, 2500,      //
-                                                       0, 0, 3000000, 60001,  //
-                                                       0, 0, 59000, 59000}));
+    const auto d = decisionFromReply(limits, integers({50, 1000, 0,       //
+                                                       0, 900, 2500,      //
+                                                       0, 3000000, 60001,  //
+                                                       0, 59000, 59000}));
     REQUIRE(d.has_value());
     REQUIRE(d->verdict == Decision::Verdict::Deny);
     const sluice::http::LocalResponse r = quotaExceededResponse(RateLimitHeaders::Ietf, *d);
