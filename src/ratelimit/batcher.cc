@@ -9,9 +9,10 @@ namespace sluice::ratelimit {
 namespace {
 
 struct Entry final : PendingDecision {
-  DecisionTarget* target = nullptr;         // null once cancelled
-  const std::vector<AppliedLimit>* limits;  // the requester's, valid until told or cancelled
-  size_t count = 0;                         // limits->size(), to skip a cancelled entry
+  DecisionTarget* target = nullptr;  // null once told or cancelled
+  // The requester's limits, valid until it is told or cancels.
+  const std::vector<AppliedLimit>* limits = nullptr;
+  size_t count = 0;  // limits->size(), to skip a cancelled entry
 };
 
 }  // namespace

@@ -4,7 +4,6 @@
 // policy) said of each, and the verdict. Pure code, unit-tested without a server.
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
