@@ -187,14 +187,15 @@ def test_one_evalsha_per_request_one_at_a_time(sluice_factory, upstream, valkey)
     assert all(cmd[2] == "4" for cmd in mon.commands()), mon.commands()[:2]
 
 
-def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstream, valkey):
-    """20 requests that reach the worker together (sent while the gateway is stopped with
-    SIGSTOP, then it continues: one epoll round reads them all) are decided in one EVALSHA that
-    carries all their keys; each is still decided on its own and exactly (limit 15: 15 pass,
-    5 get 429 with their own headers)."""
+@pytest.mark.parametrize("n,calls", [(20, [20]), (70, [64, 6])], ids=["20", "70"])
+def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstream, valkey,
+                                                           n, calls):
+    """Requests that reach the worker together (sent while the gateway is stopped with SIGSTOP,
+    then it continues: one epoll round reads them all) are decided in one EVALSHA that carries
+    all their keys, 64 requests at most per call; each is still decided on its own and exactly
+    (limit 15: 15 pass, the others get 429, each with its own RateLimit remaining)."""
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
                             [limit_cfg("a", "fixed_window", 15, "1h")], workers=1)
-    n = 20
     c = valkey.client
     before = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     request = b"GET /status/200 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
@@ -216,13 +217,14 @@ def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstr
             s.close()
             answers.append(data)
     statuses = sorted(int(a.split(b" ", 2)[1]) for a in answers)
-    assert statuses == [200] * 15 + [429] * 5
+    assert statuses == [200] * 15 + [429] * (n - 15)
     remaining = sorted(int(re.search(rb'\r\nRateLimit: "a";r=(\d+)', a).group(1)) for a in answers)
-    assert remaining == [0] * 6 + list(range(1, 15)), "each request saw the ones before it"
+    assert remaining == [0] * (n - 14) + list(range(1, 15)), "each request saw the ones before it"
     after = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     sent = mon.commands()
-    assert [cmd[0].upper() for cmd in sent] == ["EVALSHA"] and after - before == 1, sent
-    assert sent[0][2] == str(n), "one key per request, all in the one call"
+    assert [cmd[0].upper() for cmd in sent] == ["EVALSHA"] * len(calls) and \
+        after - before == len(calls), sent
+    assert [int(cmd[2]) for cmd in sent] == calls, "one key per request, 64 requests per call"
 
 
 def test_keys_start_with_key_prefix_and_scan_finds_them(sluice_factory, upstream, valkey):
