@@ -35,7 +35,9 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
   // Sends it; on a refusal, every request decides by on_error now (from the loop's prepare
   // phase, never inline from a decide()).
   void send(valkey::Store& store) {
-    if (!store.evalScript(script_.keys(), script_.args(), this)) failAll("not_connected");
+    if (!store.evalScript(script_.command(store.scriptSha()), script_.firstKey(), this)) {
+      failAll("not_connected");
+    }
   }
 
   // Cancelled before it was sent: nobody is told.

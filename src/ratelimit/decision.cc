@@ -1,6 +1,9 @@
 #include "ratelimit/decision.h"
 
 #include <algorithm>
+#include <charconv>
+
+#include "valkey/resp.h"
 
 namespace sluice::ratelimit {
 
@@ -53,8 +56,23 @@ int64_t retryAfterSeconds(int64_t retry_ms) {
   return std::max<int64_t>(1, (retry_ms + 999) / 1000);
 }
 
+namespace {
+
+void appendNumber(std::string& out, int64_t value) {
+  char digits[24];
+  out.append(digits, std::to_chars(digits, digits + sizeof digits, value).ptr);
+}
+
+void appendBulkNumber(std::string& out, int64_t value) {
+  char digits[24];
+  valkey::appendBulk(
+      out, std::string_view(digits, std::to_chars(digits, digits + sizeof digits, value).ptr - digits));
+}
+
+}  // namespace
+
 void ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_view request_id) {
-  std::string part;
+  std::string part;  // "<definition>:<cost>,...": short, kept in the string itself
   bool needs_id = false;
   for (const AppliedLimit& l : limits) {
     size_t index = 0;
@@ -65,38 +83,54 @@ void ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_view 
     }
     if (index == definitions_.size()) {
       definitions_.push_back({l.config, l.limit, l.burst});
-      definition_args_.emplace_back(algorithmName(l.config->algorithm));
-      definition_args_.push_back(std::to_string(l.limit));
-      definition_args_.push_back(std::to_string(l.config->window.count()));
-      definition_args_.push_back(std::to_string(l.burst));
-      definition_args_.emplace_back(l.config->count_denied ? "1" : "0");
-      definition_args_.emplace_back(l.config->shadow ? "1" : "0");
+      valkey::appendBulk(definitions_resp_, algorithmName(l.config->algorithm));
+      appendBulkNumber(definitions_resp_, l.limit);
+      appendBulkNumber(definitions_resp_, l.config->window.count());
+      appendBulkNumber(definitions_resp_, l.burst);
+      valkey::appendBulk(definitions_resp_, l.config->count_denied ? "1" : "0");
+      valkey::appendBulk(definitions_resp_, l.config->shadow ? "1" : "0");
     }
     if (!part.empty()) part += ',';
-    part += std::to_string(index + 1);
+    appendNumber(part, static_cast<int64_t>(index + 1));
     part += ':';
-    part += std::to_string(l.cost);
+    appendNumber(part, l.cost);
     needs_id |= l.config->algorithm == config::Algorithm::SlidingLog;
-    keys_.push_back(l.key);
+    if (keys_++ == 0) first_key_ = l.key;
+    valkey::appendBulk(keys_resp_, l.key);
   }
-  request_args_.push_back(std::move(part));
-  if (needs_id) request_args_.emplace_back(request_id);
+  valkey::appendBulk(requests_resp_, part);
+  ++request_args_;
+  if (needs_id) {
+    valkey::appendBulk(requests_resp_, request_id);
+    ++request_args_;
+  }
   ++requests_;
+}
+
+std::string ScriptBatch::command(std::string_view sha) const {
+  char count[24];
+  const std::string_view key_count(count, std::to_chars(count, count + sizeof count, keys_).ptr - count);
+  char defs[24];
+  const std::string_view definition_count(
+      defs, std::to_chars(defs, defs + sizeof defs, definitions_.size()).ptr - defs);
+  std::string out;
+  out.reserve(32 + valkey::bulkSize("EVALSHA") + valkey::bulkSize(sha) + keys_resp_.size() +
+              definitions_resp_.size() + requests_resp_.size());
+  valkey::appendArrayHeader(out, 3 + keys_ + 1 + 6 * definitions_.size() + request_args_);
+  valkey::appendBulk(out, "EVALSHA");
+  valkey::appendBulk(out, sha);
+  valkey::appendBulk(out, key_count);
+  out += keys_resp_;
+  valkey::appendBulk(out, definition_count);
+  out += definitions_resp_;
+  out += requests_resp_;
+  return out;
 }
 
 bool needsRequestId(const std::vector<AppliedLimit>& limits) {
   return std::any_of(limits.begin(), limits.end(), [](const AppliedLimit& l) {
     return l.config->algorithm == config::Algorithm::SlidingLog;
   });
-}
-
-std::vector<std::string> ScriptBatch::args() const {
-  std::vector<std::string> out;
-  out.reserve(1 + definition_args_.size() + request_args_.size());
-  out.push_back(std::to_string(definitions_.size()));
-  out.insert(out.end(), definition_args_.begin(), definition_args_.end());
-  out.insert(out.end(), request_args_.begin(), request_args_.end());
-  return out;
 }
 
 bool skipDecision(size_t count, const std::vector<valkey::Reply>& elements, size_t* pos) {

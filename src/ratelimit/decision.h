@@ -47,18 +47,21 @@ struct Decision {
   int64_t retry_after_s = 0;  // Deny / Unavailable: whole seconds, at least 1
 };
 
-// The KEYS and ARGV of one call of lua/decide.lua: the requests of one batch, in order (see
-// decide.lua's header). Each distinct limit definition (configuration, effective limit and
-// burst) is written once; a request names its limits "<definition>:<cost>".
+// One call of lua/decide.lua for the requests of one batch, in order (see decide.lua's
+// header), written in RESP as requests join it. Each distinct limit definition
+// (configuration, effective limit and burst) is written once; a request names its limits
+// "<definition>:<cost>".
 class ScriptBatch {
  public:
   // Adds the limits of one request (at least one). `request_id` is sent only when one of them
   // needs it (needsRequestId).
   void add(const std::vector<AppliedLimit>& limits, std::string_view request_id);
   size_t requests() const { return requests_; }
-  const std::vector<std::string>& keys() const { return keys_; }
-  // ARGV: the number of definitions, the definitions, then each request's part.
-  std::vector<std::string> args() const;
+  // The key of the first limit (all keys of a gateway share one cluster slot).
+  const std::string& firstKey() const { return first_key_; }
+  // EVALSHA <sha> <keys> <KEYS...> <ARGV...>: ARGV is the number of definitions, the
+  // definitions, then each request's part.
+  std::string command(std::string_view sha) const;
 
  private:
   struct Definition {
@@ -67,9 +70,12 @@ class ScriptBatch {
     int64_t burst;
   };
   std::vector<Definition> definitions_;
-  std::vector<std::string> definition_args_;
-  std::vector<std::string> request_args_;
-  std::vector<std::string> keys_;
+  std::string definitions_resp_;  // 6 bulk strings each
+  std::string keys_resp_;
+  std::string requests_resp_;
+  std::string first_key_;
+  size_t keys_ = 0;
+  size_t request_args_ = 0;
   size_t requests_ = 0;
 };
 

@@ -208,10 +208,8 @@ void Client::onReconnectTimer(void* context) {
   }
 }
 
-PendingCall* Client::evalScript(const std::vector<std::string>& keys,
-                                const std::vector<std::string>& args, CallTarget* target) {
-  if (refuseCall()) return nullptr;  // before formatting what would not be sent
-  return submit(formatEvalsha(options_.script_sha, keys, args), target, true, false);
+PendingCall* Client::evalScript(std::string command, std::string_view, CallTarget* target) {
+  return submit(std::move(command), target, true, false);
 }
 
 PendingCall* Client::command(std::vector<std::string> argv, CallTarget* target) {

@@ -59,8 +59,8 @@ class Client final : public Store {
 
   // EVALSHA of the script; NOSCRIPT (a restarted or flushed server) loads it again and retries
   // at once, within the same deadline. Returns null when not connected: decide now.
-  PendingCall* evalScript(const std::vector<std::string>& keys,
-                          const std::vector<std::string>& args, CallTarget* target) override;
+  PendingCall* evalScript(std::string command, std::string_view first_key,
+                          CallTarget* target) override;
   // Any other command. Returns null when not connected.
   PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
   void cancel(PendingCall* call) override;
@@ -70,7 +70,7 @@ class Client final : public Store {
   // EVALSHA of the script (NOSCRIPT reloads it); `asking`: sent after ASKING (a cluster's ASK
   // redirection).
   PendingCall* submit(std::string command, CallTarget* target, bool script, bool asking);
-  const std::string& scriptSha() const { return options_.script_sha; }
+  const std::string& scriptSha() const override { return options_.script_sha; }
 
   const ClientOptions& options() const { return options_; }
 

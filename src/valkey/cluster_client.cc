@@ -148,12 +148,10 @@ ClusterClient::Node* ClusterClient::node(const std::string& name, bool create) {
   return nodes_.back().get();
 }
 
-PendingCall* ClusterClient::evalScript(const std::vector<std::string>& keys,
-                                       const std::vector<std::string>& args, CallTarget* target) {
-  const unsigned slot = keys.empty() ? 0 : keySlot(keys.front());
-  return route(std::make_unique<RoutedCall>(
-                   *this, target, formatEvalsha(node_options_.script_sha, keys, args), true),
-               slot);
+PendingCall* ClusterClient::evalScript(std::string command, std::string_view first_key,
+                                       CallTarget* target) {
+  return route(std::make_unique<RoutedCall>(*this, target, std::move(command), true),
+               keySlot(first_key));
 }
 
 PendingCall* ClusterClient::command(std::vector<std::string> argv, CallTarget* target) {

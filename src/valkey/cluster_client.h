@@ -36,8 +36,9 @@ class ClusterClient final : public Store, private CallTarget {
 
   void start() override;
   void stop() override;
-  PendingCall* evalScript(const std::vector<std::string>& keys,
-                          const std::vector<std::string>& args, CallTarget* target) override;
+  PendingCall* evalScript(std::string command, std::string_view first_key,
+                          CallTarget* target) override;
+  const std::string& scriptSha() const override { return node_options_.script_sha; }
   PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
   void cancel(PendingCall* call) override;
   // Until stopped: whether the slot's node takes the call is known when it is sent.

@@ -1,7 +1,6 @@
 #include "valkey/resp.h"
 
 #include <charconv>
-#include <cstring>
 
 namespace sluice::valkey {
 
@@ -16,62 +15,34 @@ size_t digits(size_t n) {
   return d;
 }
 
-// "$<len>\r\n<arg>\r\n"
-size_t bulkSize(std::string_view arg) { return 1 + digits(arg.size()) + 2 + arg.size() + 2; }
-
-// Writes into a buffer sized beforehand to the exact length.
-class Writer {
- public:
-  explicit Writer(std::string& out) : p_(out.data()) {}
-  void header(char type, size_t n) {
-    *p_++ = type;
-    p_ = std::to_chars(p_, p_ + 20, n).ptr;
-    crlf();
-  }
-  void bulk(std::string_view arg) {
-    header('$', arg.size());
-    std::memcpy(p_, arg.data(), arg.size());
-    p_ += arg.size();
-    crlf();
-  }
-
- private:
-  void crlf() {
-    *p_++ = '\r';
-    *p_++ = '\n';
-  }
-  char* p_;
-};
+void appendHeader(std::string& out, char type, size_t n) {
+  char buf[24];
+  buf[0] = type;
+  char* end = std::to_chars(buf + 1, buf + sizeof buf - 2, n).ptr;
+  *end++ = '\r';
+  *end++ = '\n';
+  out.append(buf, static_cast<size_t>(end - buf));
+}
 
 }  // namespace
+
+size_t bulkSize(std::string_view arg) { return 1 + digits(arg.size()) + 2 + arg.size() + 2; }
+
+void appendArrayHeader(std::string& out, size_t n) { appendHeader(out, '*', n); }
+
+void appendBulk(std::string& out, std::string_view arg) {
+  appendHeader(out, '$', arg.size());
+  out.append(arg);
+  out.append("\r\n", 2);
+}
 
 std::string formatCommand(const std::vector<std::string>& argv) {
   size_t size = 1 + digits(argv.size()) + 2;
   for (const auto& a : argv) size += bulkSize(a);
-  std::string out(size, '\0');
-  Writer w(out);
-  w.header('*', argv.size());
-  for (const auto& a : argv) w.bulk(a);
-  return out;
-}
-
-std::string formatEvalsha(std::string_view sha, const std::vector<std::string>& keys,
-                          const std::vector<std::string>& args) {
-  char count[24];
-  const std::string_view numkeys(count,
-                                 std::to_chars(count, count + sizeof count, keys.size()).ptr - count);
-  const size_t n = 3 + keys.size() + args.size();
-  size_t size = 1 + digits(n) + 2 + bulkSize("EVALSHA") + bulkSize(sha) + bulkSize(numkeys);
-  for (const auto& k : keys) size += bulkSize(k);
-  for (const auto& a : args) size += bulkSize(a);
-  std::string out(size, '\0');
-  Writer w(out);
-  w.header('*', n);
-  w.bulk("EVALSHA");
-  w.bulk(sha);
-  w.bulk(numkeys);
-  for (const auto& k : keys) w.bulk(k);
-  for (const auto& a : args) w.bulk(a);
+  std::string out;
+  out.reserve(size);
+  appendArrayHeader(out, argv.size());
+  for (const auto& a : argv) appendBulk(out, a);
   return out;
 }
 

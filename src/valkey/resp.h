@@ -1,9 +1,10 @@
 #pragma once
 
 // Commands written in RESP (the Valkey protocol) directly: an array of bulk strings, the bytes
-// hiredis's redisFormatCommandArgv would make, without its per-argument formatting. A
-// decision's EVALSHA is formatted once, straight from its keys and arguments.
+// hiredis's redisFormatCommandArgv would make, without its per-argument formatting. A batch of
+// decisions writes its EVALSHA piece by piece as requests join it (ratelimit::ScriptBatch).
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,8 +14,10 @@ namespace sluice::valkey {
 // *<n>\r\n then $<len>\r\n<arg>\r\n for each argument.
 std::string formatCommand(const std::vector<std::string>& argv);
 
-// EVALSHA <sha> <number of keys> <keys...> <args...>
-std::string formatEvalsha(std::string_view sha, const std::vector<std::string>& keys,
-                          const std::vector<std::string>& args);
+// The pieces: "*<n>\r\n" and "$<len>\r\n<arg>\r\n", appended to `out`.
+void appendArrayHeader(std::string& out, size_t n);
+void appendBulk(std::string& out, std::string_view arg);
+// Bytes appendBulk adds for `arg`.
+size_t bulkSize(std::string_view arg);
 
 }  // namespace sluice::valkey

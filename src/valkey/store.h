@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "valkey/reply.h"
@@ -37,10 +38,12 @@ class Store {
   // Disconnects; calls still pending fail with Disconnected. No reconnection afterwards.
   virtual void stop() = 0;
 
-  // EVALSHA of the decide script. Every key must hash to the same slot (one node). Returns null
-  // when it cannot be sent now: decide at once.
-  virtual PendingCall* evalScript(const std::vector<std::string>& keys,
-                                  const std::vector<std::string>& args, CallTarget* target) = 0;
+  // `command`: an EVALSHA of the decide script (SHA-1 scriptSha()) in RESP. Every key must hash
+  // to the slot of `first_key` (one node). Returns null when it cannot be sent now: decide at
+  // once.
+  virtual PendingCall* evalScript(std::string command, std::string_view first_key,
+                                  CallTarget* target) = 0;
+  virtual const std::string& scriptSha() const = 0;
   // Whether a call made now would be sent (connected and answering). False counts as a refused
   // call in the metrics, as a call refused by evalScript or command would.
   virtual bool accepting() = 0;

@@ -23,6 +23,7 @@
 #include "ratelimit/keys.h"
 #include "ratelimit/scripts.h"
 #include "valkey/reply.h"
+#include "valkey/resp.h"
 
 using namespace sluice::ratelimit;
 using sluice::config::Algorithm;
@@ -358,11 +359,14 @@ TEST_SUITE("ratelimit: decision") {
     batch.add(second, "req-2");
     batch.add(third, "req-3");
     CHECK(batch.requests() == 3);
-    CHECK(batch.keys() == std::vector<std::string>{"rl:a:1", "rl:b:2", "rl:c:3", "rl:d:4",
-                                                   "rl:c:9", "rl:a:9", "rl:b:7"});
-    // ARGV[1] D; then D definitions of 6: algorithm, limit, window_ms, burst, count_denied,
-    // shadow; then per request "<definition>:<cost>,..." and its id if it has a sliding_log.
+    CHECK(batch.firstKey() == "rl:a:1");
+    // KEYS: every limit's key, in order. ARGV[1] D; then D definitions of 6: algorithm, limit,
+    // window_ms, burst, count_denied, shadow; then per request "<definition>:<cost>,..." and
+    // its id if it has a sliding_log.
+    const std::string sha(40, 'f');
     const std::vector<std::string> expected = {
+        "EVALSHA", sha, "7",
+        "rl:a:1", "rl:b:2", "rl:c:3", "rl:d:4", "rl:c:9", "rl:a:9", "rl:b:7",
         "5",
         "token_bucket", "20", "60000", "15", "1", "0",
         "sliding_log", "5", "1000", "5", "0", "1",
@@ -372,7 +376,8 @@ TEST_SUITE("ratelimit: decision") {
         "1:2,2:1,3:1,4:1", "req-1",
         "3:1,5:3",
         "2:1", "req-3"};
-    CHECK(batch.args() == expected);
+    // formatCommand is checked byte for byte against hiredis's formatter (valkey_resp_test).
+    CHECK(batch.command(sha) == sluice::valkey::formatCommand(expected));
 
     // The layout is the one the script documents, and each algorithm name is a module of it.
     const std::string lua = readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/decide.lua");
@@ -391,8 +396,7 @@ TEST_SUITE("ratelimit: decision") {
 
     ScriptBatch empty;
     CHECK(empty.requests() == 0);
-    CHECK(empty.keys().empty());
-    CHECK(empty.args() == std::vector<std::string>{"0"});
+    CHECK(empty.command(sha) == sluice::valkey::formatCommand({"EVALSHA", sha, "0", "0"}));
   }
 
   TEST_CASE("readDecision: the parts of a batch reply, one after the other") {

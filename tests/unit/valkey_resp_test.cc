@@ -40,22 +40,20 @@ TEST_CASE("formatCommand writes what hiredis writes") {
   CHECK(sluice::valkey::formatCommand({"PING"}) == "*1\r\n$4\r\nPING\r\n");
 }
 
-TEST_CASE("formatEvalsha: EVALSHA sha numkeys keys args") {
+TEST_CASE("appendArrayHeader and appendBulk, piece by piece, write what hiredis writes") {
   const std::string sha(40, 'a');
-  const std::vector<std::string> keys = {"rl:v1:per_ip:127.0.0.1", "rl:v1:per_key:~abc"};
-  const std::vector<std::string> args = {"req-1", "fixed_window", "100", "60000", "0", "1",
-                                         "0", "0", ""};
-  std::vector<std::string> argv = {"EVALSHA", sha, "2"};
-  argv.insert(argv.end(), keys.begin(), keys.end());
-  argv.insert(argv.end(), args.begin(), args.end());
-  CHECK(sluice::valkey::formatEvalsha(sha, keys, args) == hiredisFormat(argv));
-  CHECK(sluice::valkey::formatEvalsha(sha, {}, {}) == hiredisFormat({"EVALSHA", sha, "0"}));
-  // two-digit key counts and argument counts
-  std::vector<std::string> many_keys, many_args;
-  argv = {"EVALSHA", sha, "12"};
-  for (int i = 0; i < 12; ++i) many_keys.push_back("rl:v1:limit" + std::to_string(i) + ":x");
-  for (int i = 0; i < 85; ++i) many_args.push_back(std::to_string(i * 1000003));
-  argv.insert(argv.end(), many_keys.begin(), many_keys.end());
-  argv.insert(argv.end(), many_args.begin(), many_args.end());
-  CHECK(sluice::valkey::formatEvalsha(sha, many_keys, many_args) == hiredisFormat(argv));
+  std::vector<std::string> argv = {"EVALSHA", sha, "12"};
+  for (int i = 0; i < 12; ++i) argv.push_back("rl:v1:limit" + std::to_string(i) + ":x");
+  for (int i = 0; i < 85; ++i) argv.push_back(std::to_string(i * 1000003));
+  argv.push_back("");
+  argv.push_back(std::string("a\0b\r\n", 5));
+  std::string out;
+  sluice::valkey::appendArrayHeader(out, argv.size());
+  size_t size = out.size();
+  for (const auto& a : argv) {
+    sluice::valkey::appendBulk(out, a);
+    size += sluice::valkey::bulkSize(a);
+  }
+  CHECK(out == hiredisFormat(argv));
+  CHECK(out.size() == size);
 }
