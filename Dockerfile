@@ -25,4 +25,4 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
 COPY tests/integration/upstream.py /opt/demo/upstream.py
 USER nobody
 EXPOSE 9000
-ENTRYPOINT ["python3", "/opt/demo/upstream.py", "--host", "0.0.0.0", "--port", "9000"]
+ENTRYPOINT ["python3", "/opt/demo/upstream.py", "--host", "0.0.0.0", "--port", "9000", "--strip-prefix", "/api"]

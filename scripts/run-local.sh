@@ -20,7 +20,8 @@ redis-server --bind 127.0.0.1 --port 6380 --save '' --appendonly no --dir "$work
   --daemonize no >"$work/redis.log" 2>&1 &
 pids+=($!)
 for port in 9000 9001; do
-  /usr/bin/python3 tests/integration/upstream.py --port "$port" >"$work/upstream-$port.log" 2>&1 &
+  /usr/bin/python3 tests/integration/upstream.py --port "$port" --strip-prefix /api \
+    >"$work/upstream-$port.log" 2>&1 &
   pids+=($!)
 done
 sleep 0.5

@@ -239,9 +239,11 @@ class ConnRecord:
 
 class UpstreamServer:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, name: Optional[str] = None,
-                 backlog: int = 128):
+                 backlog: int = 128, strip_prefix: str = ""):
         self.host = host
         self.name = name or "upstream"
+        # The demo stack routes /api/ here: /api/echo is /echo (the target is reported whole).
+        self.strip_prefix = strip_prefix
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -478,6 +480,8 @@ class UpstreamServer:
 
     def _dispatch(self, req: Request) -> bool:
         path = req.path
+        if self.strip_prefix and path.startswith(self.strip_prefix + "/"):
+            path = path[len(self.strip_prefix):]
         segs = path.strip("/").split("/")
         head = segs[0] if segs else ""
         arg = segs[1] if len(segs) > 1 else None
@@ -670,8 +674,11 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=9000)
     ap.add_argument("--name", default=None, help="reported in X-Upstream and /echo")
+    ap.add_argument("--strip-prefix", default="",
+                    help="serve <prefix>/echo as /echo and so on (the demo stack's /api/)")
     args = ap.parse_args()
-    server = UpstreamServer(args.host, args.port, name=args.name or f"upstream-{args.port}")
+    server = UpstreamServer(args.host, args.port, name=args.name or f"upstream-{args.port}",
+                            strip_prefix=args.strip_prefix.rstrip("/"))
     print(f"upstream {server.name} listening on {server.address}", flush=True)
     server.serve_forever()
 
