@@ -171,9 +171,10 @@ void Worker::applyConfig(Generation generation) {
     }
   }
   if (snapshot->valkey) {
-    snapshot->decisions = old && old->valkey == snapshot->valkey
-                              ? old->decisions
-                              : std::make_shared<ratelimit::DecisionBatcher>(&loop_, snapshot->valkey);
+    const bool same_store = old && old->valkey == snapshot->valkey;
+    snapshot->decisions = same_store ? old->decisions
+                                     : std::make_shared<ratelimit::DecisionBatcher>(
+                                           &loop_, snapshot->valkey);
   }
   if (old && old->valkey && old->valkey != snapshot->valkey) old->valkey->stop();
   snapshot->deny_cache = std::make_shared<ratelimit::DenyCache>();

@@ -58,8 +58,6 @@ class DecisionBatcher {
   // The target will not be called for this decision. The handle is invalid afterwards.
   void cancel(PendingDecision* pending);
 
-  valkey::Store& store() { return *store_; }
-
  private:
   class Batch;
   struct Flush {  // the uv handle lives apart, freed by its close callback

@@ -64,16 +64,15 @@ void appendNumber(std::string& out, int64_t value) {
 }
 
 void appendBulkNumber(std::string& out, int64_t value) {
-  char digits[24];
-  valkey::appendBulk(
-      out, std::string_view(digits, std::to_chars(digits, digits + sizeof digits, value).ptr - digits));
+  std::string digits;  // short: no allocation
+  appendNumber(digits, value);
+  valkey::appendBulk(out, digits);
 }
 
 }  // namespace
 
 void ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_view request_id) {
   std::string part;  // "<definition>:<cost>,...": short, kept in the string itself
-  bool needs_id = false;
   for (const AppliedLimit& l : limits) {
     size_t index = 0;
     while (index < definitions_.size() &&
@@ -94,13 +93,12 @@ void ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_view 
     appendNumber(part, static_cast<int64_t>(index + 1));
     part += ':';
     appendNumber(part, l.cost);
-    needs_id |= l.config->algorithm == config::Algorithm::SlidingLog;
     if (keys_++ == 0) first_key_ = l.key;
     valkey::appendBulk(keys_resp_, l.key);
   }
   valkey::appendBulk(requests_resp_, part);
   ++request_args_;
-  if (needs_id) {
+  if (needsRequestId(limits)) {
     valkey::appendBulk(requests_resp_, request_id);
     ++request_args_;
   }
@@ -108,20 +106,15 @@ void ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_view 
 }
 
 std::string ScriptBatch::command(std::string_view sha) const {
-  char count[24];
-  const std::string_view key_count(count, std::to_chars(count, count + sizeof count, keys_).ptr - count);
-  char defs[24];
-  const std::string_view definition_count(
-      defs, std::to_chars(defs, defs + sizeof defs, definitions_.size()).ptr - defs);
   std::string out;
   out.reserve(32 + valkey::bulkSize("EVALSHA") + valkey::bulkSize(sha) + keys_resp_.size() +
               definitions_resp_.size() + requests_resp_.size());
   valkey::appendArrayHeader(out, 3 + keys_ + 1 + 6 * definitions_.size() + request_args_);
   valkey::appendBulk(out, "EVALSHA");
   valkey::appendBulk(out, sha);
-  valkey::appendBulk(out, key_count);
+  appendBulkNumber(out, static_cast<int64_t>(keys_));
   out += keys_resp_;
-  valkey::appendBulk(out, definition_count);
+  appendBulkNumber(out, static_cast<int64_t>(definitions_.size()));
   out += definitions_resp_;
   out += requests_resp_;
   return out;
