@@ -28,7 +28,9 @@
 --                       never refuses)
 --   then per request    its limits as "<definition>:<cost>" joined by ",", e.g. "1:1,2:3"
 --                       (one key each, in that order); then its request id (unique;
---                       sliding_log members) if one of its limits is a sliding_log
+--                       sliding_log members) if one of its limits is a sliding_log.
+--                       "<limits>*<n>" (no request id) stands for n requests alike, same
+--                       limits, same keys (written once), decided one after the other
 --   reply               per request, in order, for each of its limits: remaining, reset_ms,
 --                       retry_ms (0 when the limit allows this request, at least 1 when it
 --                       refuses); the request is refused when a limit that is not a shadow
@@ -36,6 +38,12 @@
 --                       wrong type), one string in place of its values: the error. A failed
 --                       request may have been charged in part, as any failed script; the
 --                       others are decided as usual.
+--                       For n requests alike: runs until n are covered, each either
+--                       count c, the values v of the first (as above), then a step d for
+--                       each value (request i of the run, from 0, has v + i * d); or one
+--                       string, the error of one request. A module's optional
+--                       many(key, p, now_us, n, out, pos) -> pos decides n requests alike on
+--                       that limit alone in one step; otherwise each is a run of 1.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
@@ -75,11 +83,18 @@ end
 -- per call. Modules are found when deciding, so an unknown algorithm fails only its requests.
 local parsed = {}
 local function limits_of(text)
-  local list = {}
+  local list = {times = 1}
+  local body = text
+  local star = string.find(text, '*', 1, true)
+  if star then
+    list.times = tonumber(string.sub(text, star + 1)) or 0
+    body = string.sub(text, 1, star - 1)
+    if list.times < 1 then error('no request count in ' .. text) end
+  end
   local from = 1
   while true do
-    local comma = string.find(text, ',', from, true)
-    local ref = string.sub(text, from, (comma or 0) - 1)
+    local comma = string.find(body, ',', from, true)
+    local ref = string.sub(body, from, (comma or 0) - 1)
     local p = params[ref] or params_of(ref)
     list[#list + 1] = p
     if p.algorithm == 'sliding_log' then list.needs_id = true end
@@ -87,6 +102,7 @@ local function limits_of(text)
     from = comma + 1
   end
   list.n = #list
+  if list.needs_id and list.times > 1 then error('each request needs its id in ' .. text) end
   parsed[text] = list
   return list
 end
@@ -127,6 +143,37 @@ local function decide(list, k, id, pos)
   return pos
 end
 
+local function error_text(result)
+  if type(result) == 'table' then result = result.err end
+  return tostring(result)
+end
+
+-- n requests alike in one step, when their only limit's module can (nil when it cannot).
+local function decide_many(list, k, n, pos)
+  if list.n ~= 1 then return nil end
+  local p = list[1]
+  local m = p.module or module_of(p)
+  if m.many == nil then return nil end
+  return m.many(KEYS[k + 1], p, now, n, reply, pos)
+end
+
+-- n requests alike, one after the other, each a run of its own.
+local function decide_each(list, k, n, pos)
+  local m = 3 * list.n
+  for _ = 1, n do
+    local ok, result = pcall(decide, list, k, '', pos + 1)
+    if ok then
+      reply[pos + 1] = 1
+      for i = 1, m do reply[result + i] = 0 end
+      pos = result + m
+    else
+      pos = pos + 1
+      reply[pos] = error_text(result)
+    end
+  end
+  return pos
+end
+
 local pos = 0
 local k = 0
 local last = #ARGV
@@ -139,13 +186,28 @@ while cursor <= last do
     id = ARGV[cursor]
     cursor = cursor + 1
   end
-  local ok, result = pcall(decide, list, k, id, pos)
-  if ok then
-    pos = result
+  local n = list.times
+  if n == 1 then
+    local ok, result = pcall(decide, list, k, id, pos)
+    if ok then
+      pos = result
+    else
+      pos = pos + 1
+      reply[pos] = error_text(result)
+    end
   else
-    if type(result) == 'table' then result = result.err end
-    pos = pos + 1
-    reply[pos] = tostring(result)
+    local ok, result = pcall(decide_many, list, k, n, pos)
+    if not ok then  -- all of them fail alike
+      result = error_text(result)
+      for _ = 1, n do
+        pos = pos + 1
+        reply[pos] = result
+      end
+    elseif result then
+      pos = result
+    else
+      pos = decide_each(list, k, n, pos)
+    end
   end
   k = k + list.n
 end

@@ -75,6 +75,46 @@ function M.report(p, d, out, pos)
   return pos + 3
 end
 
+-- `n` requests alike (this limit alone, the same key and cost), decided in one step exactly as
+-- n requests one after the other would be: the first `fit` are allowed and charged; the others
+-- are refused, and charged only when the limit counts denied requests. Writes their reply as
+-- runs after out[pos] (see decide.lua) and returns the new end.
+function M.many(key, p, now_us, n, out, pos)
+  local cost, limit = p.cost, p.limit
+  local c = M.check(key, p, now_us)  -- charges the first one (in Valkey or in memory)
+  local before = c.used - cost
+  local fit
+  if cost > 0 then
+    fit = math.floor((limit - before) / cost)
+  else
+    fit = before <= limit and n or 0
+  end
+  if fit < 0 then fit = 0 elseif fit > n then fit = n end
+  local used = before + (p.count_denied and n or fit) * cost
+  if used ~= c.used then
+    c.used = used
+    if not c.changed then
+      c.changed = true
+      changed[#changed + 1] = c
+    end
+  end
+  c.allowed = fit == n
+  local reset = c.w.reset
+  if fit > 0 then  -- request j of these: remaining limit - before - j * cost
+    out[pos + 1], out[pos + 2], out[pos + 3], out[pos + 4] = fit, limit - before - cost, reset, 0
+    out[pos + 5], out[pos + 6], out[pos + 7] = -cost, 0, 0
+    pos = pos + 7
+  end
+  if fit < n then  -- what report() says of each refused one: they all see the same counter
+    local remaining = p.count_denied and 0 or limit - before - fit * cost
+    if remaining < 0 then remaining = 0 end
+    out[pos + 1], out[pos + 2], out[pos + 3], out[pos + 4] = n - fit, remaining, reset, reset
+    out[pos + 5], out[pos + 6], out[pos + 7] = 0, 0, 0
+    pos = pos + 7
+  end
+  return pos
+end
+
 -- Writes back what the script counted; a counter that ends at 0 (only requests that were not
 -- counted touched it) is not left behind.
 function M.finish()

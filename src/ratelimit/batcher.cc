@@ -12,7 +12,8 @@ struct Entry final : PendingDecision {
   DecisionTarget* target = nullptr;  // null once told or cancelled
   // The requester's limits, valid until it is told or cancels.
   const std::vector<AppliedLimit>* limits = nullptr;
-  size_t count = 0;  // limits->size(), to skip a cancelled entry
+  size_t count = 0;  // limits->size(), to read past a cancelled entry
+  Entry* next_alike = nullptr;  // the next request of the same script entry
 };
 
 }  // namespace
@@ -23,11 +24,17 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
  public:
   Entry* add(const std::vector<AppliedLimit>& limits, std::string_view request_id,
              DecisionTarget* target) {
-    script_.add(limits, request_id);
+    const size_t index = script_.add(limits, request_id);
     Entry& e = entries_.emplace_back();  // a deque: the handles stay where they are
     e.target = target;
     e.limits = &limits;
     e.count = limits.size();
+    if (index == alike_.size()) {
+      alike_.push_back({&e, &e});
+    } else {
+      alike_[index].last->next_alike = &e;
+      alike_[index].last = &e;
+    }
     return &e;
   }
   size_t requests() const { return entries_.size(); }
@@ -50,27 +57,26 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
       failAll(reply.isError() ? "error reply" : "unexpected reply");
       return;
     }
+    // Script entry after script entry; within one, its requests in the order they joined.
     size_t pos = 0;
-    for (size_t i = 0; i < entries_.size(); ++i) {
-      Entry& e = entries_[i];
-      if (!e.target) {
-        if (skipDecision(e.count, reply.elements, &pos)) continue;
-        malformed(i + 1);
-        return;
-      }
-      Decision decision;
-      std::string error;
-      switch (readDecision(*e.limits, reply.elements, &pos, &decision, &error)) {
-        case ReplyPart::Decided:
-          take(e)->onDecision(decision);
-          break;
-        case ReplyPart::Failed:
-          SLUICE_LOG_WARN("valkey: the decision of a request failed: {}", logging::sanitize(error));
-          take(e)->onDecisionError("error in the script");
-          break;
-        case ReplyPart::Malformed:
-          malformed(i);
-          return;
+    std::string error;
+    for (size_t i = 0; i < alike_.size(); ++i) {
+      DecisionReader reader(reply.elements, &pos, alike_[i].first->count, script_.times(i));
+      for (Entry* e = alike_[i].first; e; e = e->next_alike) {
+        switch (reader.next(&error)) {
+          case ReplyPart::Decided:
+            if (e->target) take(*e)->onDecision(decisionFromValues(*e->limits, reader.values()));
+            break;
+          case ReplyPart::Failed:
+            if (!e->target) break;
+            SLUICE_LOG_WARN("valkey: the decision of a request failed: {}",
+                            logging::sanitize(error));
+            take(*e)->onDecisionError("error in the script");
+            break;
+          case ReplyPart::Malformed:
+            malformed();
+            return;
+        }
       }
     }
     delete this;
@@ -86,20 +92,25 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     e.target = nullptr;
     return target;
   }
-  void failFrom(size_t first, std::string_view why) {
-    for (size_t i = first; i < entries_.size(); ++i) {
-      if (entries_[i].target) take(entries_[i])->onDecisionError(why);
+  // Every request not told yet decides by on_error.
+  void failAll(std::string_view why) {
+    for (Entry& e : entries_) {
+      if (e.target) take(e)->onDecisionError(why);
     }
     delete this;
   }
-  void failAll(std::string_view why) { failFrom(0, why); }
-  void malformed(size_t first) {
+  void malformed() {
     SLUICE_LOG_WARN("valkey: unexpected decision reply: wrong shape");
-    failFrom(first, "unexpected reply");
+    failAll("unexpected reply");
   }
 
+  struct Alike {  // the requests of one script entry, in the order they joined
+    Entry* first;
+    Entry* last;
+  };
   ScriptBatch script_;
   std::deque<Entry> entries_;
+  std::vector<Alike> alike_;  // by script entry
 };
 
 DecisionBatcher::DecisionBatcher(uv_loop_t* loop, std::shared_ptr<valkey::Store> store)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
 
 #include "valkey/resp.h"
 
@@ -71,52 +72,86 @@ void appendBulkNumber(std::string& out, int64_t value) {
 
 }  // namespace
 
-void ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_view request_id) {
-  std::string part;  // "<definition>:<cost>,...": short, kept in the string itself
+size_t ScriptBatch::definition(const AppliedLimit& l) {
+  size_t index = 0;
+  while (index < definitions_.size() &&
+         (definitions_[index].config != l.config || definitions_[index].limit != l.limit ||
+          definitions_[index].burst != l.burst)) {
+    ++index;
+  }
+  if (index == definitions_.size()) {
+    definitions_.push_back({l.config, l.limit, l.burst});
+    valkey::appendBulk(definitions_resp_, algorithmName(l.config->algorithm));
+    appendBulkNumber(definitions_resp_, l.limit);
+    appendBulkNumber(definitions_resp_, l.config->window.count());
+    appendBulkNumber(definitions_resp_, l.burst);
+    valkey::appendBulk(definitions_resp_, l.config->count_denied ? "1" : "0");
+    valkey::appendBulk(definitions_resp_, l.config->shadow ? "1" : "0");
+  }
+  return index;
+}
+
+size_t ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_view request_id) {
+  ++requests_;
+  Entry entry;
   for (const AppliedLimit& l : limits) {
-    size_t index = 0;
-    while (index < definitions_.size() &&
-           (definitions_[index].config != l.config || definitions_[index].limit != l.limit ||
-            definitions_[index].burst != l.burst)) {
-      ++index;
+    if (!entry.part.empty()) entry.part += ',';
+    appendNumber(entry.part, static_cast<int64_t>(definition(l) + 1));
+    entry.part += ':';
+    appendNumber(entry.part, l.cost);
+  }
+  // Requests alike: the script decides them in one step (fixed_window's many()).
+  const bool alike = limits.size() == 1 && limits[0].config->algorithm == config::Algorithm::FixedWindow;
+  if (alike) {
+    const std::hash<std::string_view> hash;
+    entry.hash = (hash(limits[0].key) * 31 + hash(entry.part)) | 1;
+    for (size_t i = entries_.size(); i-- > 0;) {
+      Entry& e = entries_[i];
+      if (e.hash == entry.hash && e.part == entry.part && e.key == limits[0].key) {
+        ++e.times;
+        return i;
+      }
     }
-    if (index == definitions_.size()) {
-      definitions_.push_back({l.config, l.limit, l.burst});
-      valkey::appendBulk(definitions_resp_, algorithmName(l.config->algorithm));
-      appendBulkNumber(definitions_resp_, l.limit);
-      appendBulkNumber(definitions_resp_, l.config->window.count());
-      appendBulkNumber(definitions_resp_, l.burst);
-      valkey::appendBulk(definitions_resp_, l.config->count_denied ? "1" : "0");
-      valkey::appendBulk(definitions_resp_, l.config->shadow ? "1" : "0");
-    }
-    if (!part.empty()) part += ',';
-    appendNumber(part, static_cast<int64_t>(index + 1));
-    part += ':';
-    appendNumber(part, l.cost);
+    entry.key = limits[0].key;
+  }
+  for (const AppliedLimit& l : limits) {
     if (keys_++ == 0) first_key_ = l.key;
     valkey::appendBulk(keys_resp_, l.key);
   }
-  valkey::appendBulk(requests_resp_, part);
-  ++request_args_;
-  if (needsRequestId(limits)) {
-    valkey::appendBulk(requests_resp_, request_id);
-    ++request_args_;
-  }
-  ++requests_;
+  if (needsRequestId(limits)) entry.id = request_id;
+  entries_.push_back(std::move(entry));
+  return entries_.size() - 1;
 }
 
 std::string ScriptBatch::command(std::string_view sha) const {
   std::string out;
-  out.reserve(32 + valkey::bulkSize("EVALSHA") + valkey::bulkSize(sha) + keys_resp_.size() +
-              definitions_resp_.size() + requests_resp_.size());
-  valkey::appendArrayHeader(out, 3 + keys_ + 1 + 6 * definitions_.size() + request_args_);
+  size_t size = 32 + valkey::bulkSize("EVALSHA") + valkey::bulkSize(sha) + keys_resp_.size() +
+                definitions_resp_.size();
+  size_t args = 3 + keys_ + 1 + 6 * definitions_.size();
+  for (const Entry& e : entries_) {
+    size += valkey::bulkSize(e.part) + 24 + (e.id.empty() ? 0 : valkey::bulkSize(e.id));
+    args += e.id.empty() ? 1 : 2;
+  }
+  out.reserve(size);
+  valkey::appendArrayHeader(out, args);
   valkey::appendBulk(out, "EVALSHA");
   valkey::appendBulk(out, sha);
   appendBulkNumber(out, static_cast<int64_t>(keys_));
   out += keys_resp_;
   appendBulkNumber(out, static_cast<int64_t>(definitions_.size()));
   out += definitions_resp_;
-  out += requests_resp_;
+  std::string part;
+  for (const Entry& e : entries_) {
+    if (e.times == 1) {
+      valkey::appendBulk(out, e.part);
+    } else {
+      part = e.part;
+      part += '*';
+      appendNumber(part, static_cast<int64_t>(e.times));
+      valkey::appendBulk(out, part);
+    }
+    if (!e.id.empty()) valkey::appendBulk(out, e.id);
+  }
   return out;
 }
 
@@ -126,42 +161,67 @@ bool needsRequestId(const std::vector<AppliedLimit>& limits) {
   });
 }
 
-bool skipDecision(size_t count, const std::vector<valkey::Reply>& elements, size_t* pos) {
+DecisionReader::DecisionReader(const std::vector<valkey::Reply>& elements, size_t* pos,
+                               size_t limits, size_t times)
+    : elements_(elements), pos_(pos), width_(3 * limits), left_(times), alike_(times > 1),
+      values_(width_) {}
+
+ReplyPart DecisionReader::next(std::string* error) {
   using Type = valkey::Reply::Type;
-  if (*pos >= elements.size()) return false;
-  if (elements[*pos].type == Type::String) {
-    ++*pos;
-    return true;
+  if (left_ == 0 || width_ == 0) return ReplyPart::Malformed;
+  if (run_left_ == 0) {
+    const size_t at = *pos_;
+    if (at >= elements_.size()) return ReplyPart::Malformed;
+    const valkey::Reply& head = elements_[at];
+    if (head.type == Type::String) {
+      *error = head.text;
+      ++*pos_;
+      --left_;
+      return ReplyPart::Failed;
+    }
+    // One request: its values. Requests alike: a run (count, first values, steps).
+    const size_t header = alike_ ? 1 : 0;
+    const size_t size = header + (alike_ ? 2 : 1) * width_;
+    if (elements_.size() - at < size) return ReplyPart::Malformed;
+    for (size_t i = 0; i < size; ++i) {
+      if (elements_[at + i].type != Type::Integer) return ReplyPart::Malformed;
+    }
+    const int64_t count = alike_ ? head.integer : 1;
+    if (count < 1 || static_cast<uint64_t>(count) > left_) return ReplyPart::Malformed;
+    run_at_ = at + header;
+    run_left_ = static_cast<size_t>(count);
+    run_index_ = 0;
+    *pos_ += size;
   }
-  if (count == 0 || elements.size() - *pos < 3 * count) return false;
-  for (size_t i = 0; i < 3 * count; ++i) {
-    if (elements[*pos + i].type != Type::Integer) return false;
+  for (size_t i = 0; i < width_; ++i) {
+    int64_t value = elements_[run_at_ + i].integer;
+    if (run_index_ > 0) {
+      int64_t step = 0;
+      if (__builtin_mul_overflow(elements_[run_at_ + width_ + i].integer, run_index_, &step) ||
+          __builtin_add_overflow(value, step, &value)) {
+        return ReplyPart::Malformed;
+      }
+    }
+    values_[i] = value;
   }
-  *pos += 3 * count;
-  return true;
+  ++run_index_;
+  --run_left_;
+  --left_;
+  return ReplyPart::Decided;
 }
 
-ReplyPart readDecision(const std::vector<AppliedLimit>& limits,
-                       const std::vector<valkey::Reply>& elements, size_t* pos,
-                       Decision* decision, std::string* error) {
-  const size_t start = *pos;
-  if (!skipDecision(limits.size(), elements, pos)) return ReplyPart::Malformed;
-  if (elements[start].type == valkey::Reply::Type::String) {
-    *error = elements[start].text;
-    return ReplyPart::Failed;
-  }
-  const valkey::Reply* v = &elements[start];
+Decision decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* values) {
   Decision d;
   d.limits.reserve(limits.size());
   int64_t retry_ms = 0;
   for (size_t i = 0; i < limits.size(); ++i) {
-    const valkey::Reply* l = &v[3 * i];
+    const int64_t* l = &values[3 * i];
     LimitResult r;
     r.config = limits[i].config;
     r.limit = limits[i].limit;
-    r.remaining = std::max<int64_t>(0, l[0].integer);
-    r.reset_ms = std::max<int64_t>(0, l[1].integer);
-    r.retry_ms = std::max<int64_t>(0, l[2].integer);
+    r.remaining = std::max<int64_t>(0, l[0]);
+    r.reset_ms = std::max<int64_t>(0, l[1]);
+    r.retry_ms = std::max<int64_t>(0, l[2]);
     if (r.retry_ms == 0) {  // the limit allows this request
       r.outcome = Outcome::Allowed;
     } else if (r.config->shadow) {
@@ -174,8 +234,16 @@ ReplyPart readDecision(const std::vector<AppliedLimit>& limits,
     d.limits.push_back(r);
   }
   if (d.verdict == Decision::Verdict::Deny) d.retry_after_s = retryAfterSeconds(retry_ms);
-  *decision = std::move(d);
-  return ReplyPart::Decided;
+  return d;
+}
+
+ReplyPart readDecision(const std::vector<AppliedLimit>& limits,
+                       const std::vector<valkey::Reply>& elements, size_t* pos,
+                       Decision* decision, std::string* error) {
+  DecisionReader reader(elements, pos, limits.size(), 1);
+  const ReplyPart part = reader.next(error);
+  if (part == ReplyPart::Decided) *decision = decisionFromValues(limits, reader.values());
+  return part;
 }
 
 Decision decisionOnError(const std::vector<AppliedLimit>& limits) {

@@ -694,11 +694,15 @@ def script_sha1(script: str) -> str:
 
 def decide_batch(requests: Iterable[tuple]) -> tuple:
     """(KEYS, ARGV) of decide.lua for a batch of requests, as its header lays them out: each
-    request is (request_id, [(key, limit dict)]); a limit dict has algorithm, limit, window_ms,
-    and optionally burst (default limit), cost (1), count_denied (False), shadow (False). Each
-    distinct definition is listed once; each request names its limits "<definition>:<cost>"."""
+    request is (request_id, [(key, limit dict)]), or (request_id, [(key, limit dict)], n) for n
+    requests alike ("<limits>*<n>", keys once, no request id); a limit dict has algorithm,
+    limit, window_ms, and optionally burst (default limit), cost (1), count_denied (False),
+    shadow (False). Each distinct definition is listed once; each request names its limits
+    "<definition>:<cost>"."""
     definitions, keys, per_request = [], [], []
-    for request_id, limits in requests:
+    for request in requests:
+        request_id, limits = request[0], request[1]
+        times = request[2] if len(request) > 2 else 1
         refs = []
         for key, l in limits:
             d = (l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("burst", l["limit"])),
@@ -707,8 +711,8 @@ def decide_batch(requests: Iterable[tuple]) -> tuple:
                 definitions.append(d)
             refs.append(f"{definitions.index(d) + 1}:{l.get('cost', 1)}")
             keys.append(key)
-        per_request.append(",".join(refs))
-        if any(l["algorithm"] == "sliding_log" for _, l in limits):
+        per_request.append(",".join(refs) + (f"*{times}" if times != 1 else ""))
+        if times == 1 and any(l["algorithm"] == "sliding_log" for _, l in limits):
             per_request.append(request_id)
     argv = [str(len(definitions))] + [v for d in definitions for v in d] + per_request
     return keys, argv
@@ -719,29 +723,49 @@ def decide_args(request_id: str, limits: Iterable[dict]) -> list:
     return decide_batch([(request_id, [("", l) for l in limits])])[1]
 
 
-def parse_decide_batch_reply(reply: list, requests: Iterable[list]) -> list:
-    """decide.lua's reply for requests with these limits (a list of limit dicts each): per
-    request either (allowed, [(allowed, remaining, reset_ms, retry_ms)] per limit) or the error
-    string; asserts the layout. The reply has remaining, reset_ms, retry_ms per limit (retry_ms
-    0: the limit allows, at least 1: it refuses); a request is allowed when no limit that is not
-    a shadow refuses."""
+def _decided(values: list, limits: list) -> tuple:
+    """(allowed, [(allowed, remaining, reset_ms, retry_ms)] per limit) from a request's values."""
+    assert all(x >= 0 for x in values), f"negative value: {values!r}"
+    per = [(1 if values[3 * j + 2] == 0 else 0, *values[3 * j: 3 * j + 3]) for j in range(len(limits))]
+    allowed = 0 if any(a == 0 and not l.get("shadow") for (a, *_), l in zip(per, limits)) else 1
+    return allowed, per
+
+
+def parse_decide_batch_reply(reply: list, requests: Iterable) -> list:
+    """decide.lua's reply for requests with these limits (a list of limit dicts each, or
+    (limits, n) for n requests alike): per request either (allowed, [(allowed, remaining,
+    reset_ms, retry_ms)] per limit) or the error string; n requests alike give n results.
+    Asserts the layout. The reply has remaining, reset_ms, retry_ms per limit (retry_ms 0: the
+    limit allows, at least 1: it refuses); a request is allowed when no limit that is not a
+    shadow refuses. n requests alike are runs: count c, the values of the first, a step for each
+    value (request i of the run has value + i * step), or an error string for one request."""
     assert isinstance(reply, list), f"reply layout: {reply!r}"
     out, i = [], 0
-    for limits in requests:
-        n = len(limits)
-        assert i < len(reply), f"reply too short: {reply!r}"
-        if isinstance(reply[i], str):
-            out.append(reply[i])
-            i += 1
-            continue
-        part = reply[i: i + 3 * n]
-        assert len(part) == 3 * n and all(isinstance(x, int) for x in part), \
-            f"reply layout: {reply!r}"
-        assert all(x >= 0 for x in part), f"negative value: {reply!r}"
-        per = [(1 if part[3 * j + 2] == 0 else 0, *part[3 * j: 3 * j + 3]) for j in range(n)]
-        allowed = 0 if any(a == 0 and not l.get("shadow") for (a, *_), l in zip(per, limits)) else 1
-        out.append((allowed, per))
-        i += 3 * n
+    for request in requests:
+        limits, times = request if isinstance(request, tuple) else (request, 1)
+        m = 3 * len(limits)
+        covered = 0
+        while covered < times:
+            assert i < len(reply), f"reply too short: {reply!r}"
+            if isinstance(reply[i], str):
+                out.append(reply[i])
+                i += 1
+                covered += 1
+                continue
+            if times == 1:
+                part = reply[i: i + m]
+                assert len(part) == m and all(isinstance(x, int) for x in part), f"reply layout: {reply!r}"
+                out.append(_decided(part, limits))
+                i += m
+                covered += 1
+                continue
+            run = reply[i: i + 1 + 2 * m]
+            assert len(run) == 1 + 2 * m and all(isinstance(x, int) for x in run), f"run layout: {reply!r}"
+            count, first, step = run[0], run[1: 1 + m], run[1 + m:]
+            assert 1 <= count <= times - covered, f"run count {count}: {reply!r}"
+            out.extend(_decided([v + t * d for v, d in zip(first, step)], limits) for t in range(count))
+            i += 1 + 2 * m
+            covered += count
     assert i == len(reply), f"reply too long: {reply!r}"
     return out
 

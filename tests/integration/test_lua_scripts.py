@@ -433,6 +433,92 @@ def test_decide_batch_a_failing_request_does_not_fail_the_others(valkey):
     assert c.get(f"f:ok:{n}") == "2"
 
 
+def decide_raw(client, requests):
+    keys, argv = decide_batch(requests)
+    return client.eval(decide_script(), len(keys), *keys, *argv)
+
+
+def comparable(results):
+    """Results without reset_ms (from TIME, so it differs between two calls)."""
+    return [r if isinstance(r, str) else (r[0], [(a, rem, retry > 0) for a, rem, _, retry in r[1]])
+            for r in results]
+
+
+def test_decide_requests_alike_as_one_after_the_other(valkey):
+    """n requests alike ("<limits>*<n>", fixed_window decides them in one step) get exactly
+    what n separate requests one after the other get, and leave the counter where they
+    would: limits, costs (also one that never fits), counting denied or not, shadow, a
+    counter already used up to and past its limit."""
+    import random
+    c = valkey.client
+    rnd = random.Random(7)
+    avoid_window_boundary(c, 60.0, 5.0)
+    for case in range(80):
+        lim = {"algorithm": "fixed_window", "limit": rnd.randint(1, 7), "window_ms": 60000,
+               "cost": rnd.randint(1, 3), "count_denied": rnd.random() < 0.5,
+               "shadow": rnd.random() < 0.2}
+        before = rnd.randint(0, 9)
+        n = rnd.randint(2, 12)
+        a, b = f"g:a{case}", f"g:b{case}"
+        for key in (a, b):  # the same history on both counters
+            if before:
+                decide_many(c, [(str(i), [(key, {**lim, "cost": 1})]) for i in range(before)])
+        reply = decide_raw(c, [("x", [(a, lim)], n)])
+        grouped = parse_decide_batch_reply(reply, [([lim], n)])
+        separate = decide_many(c, [(str(i), [(b, lim)]) for i in range(n)])
+        assert comparable(grouped) == comparable(separate), (lim, before, n, reply)
+        assert len(reply) <= 14, f"at most two runs: {reply!r}"
+        assert len({r[1][0][2] for r in grouped}) == 1, "one reset for one window"
+        ka, kb = sorted(c.scan_iter(a + ":*")), sorted(c.scan_iter(b + ":*"))
+        assert [c.get(k) for k in ka] == [c.get(k) for k in kb], (lim, before, n)
+        assert all(c.pttl(k) > 0 for k in ka), "a counter never exists without a TTL"
+
+
+@pytest.mark.parametrize("algorithm", ["sliding_window", "token_bucket", "two_limits"])
+def test_decide_requests_alike_without_a_one_step_module(valkey, algorithm):
+    """Requests alike whose limits have no one-step decision (another algorithm, or two
+    limits) are decided one after the other, each a run of 1, exactly as separate requests."""
+    c = valkey.client
+    avoid_window_boundary(c, 60.0, 5.0)
+    tight = {"algorithm": "fixed_window", "limit": 3, "window_ms": 60000}
+    if algorithm == "two_limits":
+        wide = {"algorithm": "fixed_window", "limit": 100, "window_ms": 60000}
+        limits = lambda p: [(p + ":w", wide), (p + ":t", tight)]  # noqa: E731
+    else:
+        lim = {"algorithm": algorithm, "limit": 4, "window_ms": 60000, "burst": 4, "cost": 1}
+        limits = lambda p: [(p + ":l", lim)]  # noqa: E731
+    n = 6
+    dicts = [l for _, l in limits("x")]
+    reply = decide_raw(c, [("x", limits("m:a"), n)])
+    assert len(reply) == n * (1 + 6 * len(dicts)), f"runs of one: {reply!r}"
+    grouped = parse_decide_batch_reply(reply, [(dicts, n)])
+    separate = decide_many(c, [(str(i), limits("m:b")) for i in range(n)])
+    assert comparable(grouped) == comparable(separate)
+    assert [r[0] for r in grouped] == ([1] * 3 + [0] * 3 if algorithm == "two_limits" else [1] * 4 + [0] * 2)
+
+
+def test_decide_requests_alike_fail_alike(valkey):
+    """A key of the wrong type fails each of the requests alike on it (one error string each);
+    the requests around them are decided as usual. Requests alike cannot need a request id."""
+    c = valkey.client
+    fixed = {"algorithm": "fixed_window", "limit": 5, "window_ms": 60000}
+    avoid_window_boundary(c, 60.0, 2.0)
+    n = math.floor(server_time(c) / 60)
+    c.rpush(f"e:bad:{n}", "not a counter")
+    c.expire(f"e:bad:{n}", 60)
+    reply = decide_raw(c, [("1", [("e:ok", fixed)]), ("2", [("e:bad", fixed)], 3),
+                           ("3", [("e:ok", fixed)], 2)])
+    results = parse_decide_batch_reply(reply, [[fixed], ([fixed], 3), ([fixed], 2)])
+    assert results[0][0] == 1 and results[0][1][0][1] == 4
+    assert all(isinstance(r, str) and "WRONGTYPE" in r for r in results[1:4])
+    assert [r[1][0][1] for r in results[4:]] == [3, 2]
+    assert c.get(f"e:ok:{n}") == "3"
+
+    log = {"algorithm": "sliding_log", "limit": 5, "window_ms": 60000}
+    with pytest.raises(Exception, match="needs its id"):
+        decide_raw(c, [("4", [("e:log", log)], 2)])
+
+
 def test_decide_time_is_the_servers(valkey):
     """The same decision through decide and standalone: same window key, from TIME."""
     c = valkey.client

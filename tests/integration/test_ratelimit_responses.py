@@ -188,22 +188,31 @@ def test_one_evalsha_per_request_one_at_a_time(sluice_factory, upstream, valkey)
 
 
 @pytest.mark.parametrize("n,calls", [(20, [20]), (70, [64, 6])], ids=["20", "70"])
+@pytest.mark.parametrize("alike", [True, False], ids=["one_client", "one_key_each"])
 def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstream, valkey,
-                                                           n, calls):
+                                                           n, calls, alike):
     """Requests that reach the worker together (sent while the gateway is stopped with SIGSTOP,
-    then it continues: one epoll round reads them all) are decided in one EVALSHA that carries
-    all their keys, 64 requests at most per call; each is still decided on its own and exactly
-    (limit 15: 15 pass, the others get 429, each with its own RateLimit remaining)."""
+    then it continues: one epoll round reads them all) are decided in one EVALSHA, 64 requests
+    at most per call; each is still decided on its own and exactly (limit 15: 15 pass, the
+    others get 429, each with its own RateLimit remaining). Requests on keys of their own carry
+    a key each; requests alike (one client, one fixed_window limit) carry their key once, as
+    "1:1*<n>", decided in one step by the script."""
+    by = ["ip"] if alike else ["header:X-Id"]
+    limit = limit_cfg("a", "fixed_window", 15, "1h", by=by)
+    if not alike:
+        limit["limit"] = 1000
+        limit_b = limit_cfg("b", "fixed_window", 15, "1h")  # the one that refuses
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
-                            [limit_cfg("a", "fixed_window", 15, "1h")], workers=1)
+                            [limit] if alike else [limit, limit_b], workers=1)
     c = valkey.client
     before = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-    request = b"GET /status/200 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
     socks = []
     with ValkeyMonitor(valkey) as mon:
         gw.send_signal(signal.SIGSTOP)
         try:
-            for _ in range(n):  # the kernel completes the handshakes and buffers the requests
+            for i in range(n):  # the kernel completes the handshakes and buffers the requests
+                request = (f"GET /status/200 HTTP/1.1\r\nHost: t\r\nX-Id: c{i}\r\n"
+                           "Connection: close\r\n\r\n").encode()
                 s = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
                 s.sendall(request)
                 socks.append(s)
@@ -218,13 +227,21 @@ def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstr
             answers.append(data)
     statuses = sorted(int(a.split(b" ", 2)[1]) for a in answers)
     assert statuses == [200] * 15 + [429] * (n - 15)
-    remaining = sorted(int(re.search(rb'\r\nRateLimit: "a";r=(\d+)', a).group(1)) for a in answers)
+    name = b"a" if alike else b"b"
+    remaining = sorted(int(re.search(rb'[ ,]"' + name + rb'";r=(\d+)', a).group(1)) for a in answers)
     assert remaining == [0] * (n - 14) + list(range(1, 15)), "each request saw the ones before it"
     after = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     sent = mon.commands()
     assert [cmd[0].upper() for cmd in sent] == ["EVALSHA"] * len(calls) and \
         after - before == len(calls), sent
-    assert [int(cmd[2]) for cmd in sent] == calls, "one key per request, 64 requests per call"
+    if alike:
+        assert [int(cmd[2]) for cmd in sent] == [1] * len(calls), "the key once per call"
+        assert [cmd[-1] for cmd in sent] == [f"1:1*{k}" for k in calls], [cmd[-1] for cmd in sent]
+    else:
+        assert [int(cmd[2]) for cmd in sent] == [2 * k for k in calls], "2 keys per request"
+    if not alike:  # a request refused by b cost a nothing
+        assert sorted(int(c.get(k)) for k in limit_keys(c, "*:a:*")) == [1] * 15
+
 
 
 def test_keys_start_with_key_prefix_and_scan_finds_them(sluice_factory, upstream, valkey):

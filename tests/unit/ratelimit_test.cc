@@ -427,16 +427,95 @@ TEST_SUITE("ratelimit: decision") {
     REQUIRE(readDecision(two, reply.elements, &pos, &d, &error) == ReplyPart::Failed);
     CHECK(pos == 10);
     CHECK(error.rfind("WRONGTYPE", 0) == 0);
-    size_t skipped = pos;
-    CHECK(skipDecision(1, reply.elements, &skipped));
-    CHECK(skipped == 13);
     REQUIRE(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Decided);
     CHECK(pos == 13);
     CHECK(d.limits[0].remaining == 8);
     // Nothing is left: another request's part is missing.
     CHECK(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Malformed);
-    CHECK_FALSE(skipDecision(1, reply.elements, &pos));
     CHECK(pos == 13);
+  }
+
+  TEST_CASE("DecisionReader: requests alike, in runs of count, first values, steps") {
+    LimitConfig a = limitConfig("a", Algorithm::FixedWindow, {}, 5, 60000);
+    const std::vector<AppliedLimit> one = {applied(a, "ka")};
+    Reply reply = integers({3, 4, 900, 0, -1, 0, 0,      // 3 allowed: remaining 4, 3, 2
+                            0,                           // (a string: one failed)
+                            2, 0, 900, 900, 0, 0, 0,     // 2 refused
+                            7});                         // next entry: a run too long
+    reply.elements[7].type = Reply::Type::String;
+    reply.elements[7].text = "WRONGTYPE";
+    size_t pos = 0;
+    std::string error;
+    DecisionReader reader(reply.elements, &pos, 1, 6);
+    std::vector<std::vector<int64_t>> seen;
+    for (int i = 0; i < 6; ++i) {
+      INFO(i);
+      const ReplyPart part = reader.next(&error);
+      if (i == 3) {
+        REQUIRE(part == ReplyPart::Failed);
+        CHECK(error == "WRONGTYPE");
+        continue;
+      }
+      REQUIRE(part == ReplyPart::Decided);
+      seen.emplace_back(reader.values(), reader.values() + 3);
+      const Decision d = decisionFromValues(one, reader.values());
+      CHECK(d.verdict == (i < 3 ? Decision::Verdict::Allow : Decision::Verdict::Deny));
+    }
+    CHECK(seen == std::vector<std::vector<int64_t>>{
+                      {4, 900, 0}, {3, 900, 0}, {2, 900, 0}, {0, 900, 900}, {0, 900, 900}});
+    CHECK(pos == 15);
+    CHECK(reader.next(&error) == ReplyPart::Malformed);  // all 6 read
+    DecisionReader too_long(reply.elements, &pos, 1, 2);  // a run of 7 for 2 requests
+    CHECK(too_long.next(&error) == ReplyPart::Malformed);
+    CHECK(pos == 15);
+
+    // A run cut short, a step that overflows: malformed, never undefined.
+    Reply cut = integers({2, 4, 900});
+    pos = 0;
+    CHECK(DecisionReader(cut.elements, &pos, 1, 2).next(&error) == ReplyPart::Malformed);
+    Reply overflow = integers({2, INT64_MAX, 1, 0, INT64_MAX, 0, 0});
+    pos = 0;
+    DecisionReader big(overflow.elements, &pos, 1, 2);
+    CHECK(big.next(&error) == ReplyPart::Decided);
+    CHECK(big.next(&error) == ReplyPart::Malformed);
+  }
+
+  TEST_CASE("ScriptBatch: requests alike on one fixed_window limit share an entry") {
+    LimitConfig fw = limitConfig("fw", Algorithm::FixedWindow, {}, 100, 60000);
+    LimitConfig tb = limitConfig("tb", Algorithm::TokenBucket, {}, 100, 60000);
+    const std::vector<AppliedLimit> ip1 = {applied(fw, "rl:fw:1")};
+    const std::vector<AppliedLimit> ip2 = {applied(fw, "rl:fw:2")};
+    std::vector<AppliedLimit> costly = {applied(fw, "rl:fw:1")};
+    costly[0].cost = 2;
+    const std::vector<AppliedLimit> bucket = {applied(tb, "rl:tb:1")};
+    const std::vector<AppliedLimit> both = {applied(fw, "rl:fw:1"), applied(tb, "rl:tb:1")};
+    ScriptBatch batch;
+    CHECK(batch.add(ip1, "r1") == 0);
+    CHECK(batch.add(ip2, "r2") == 1);    // another key
+    CHECK(batch.add(ip1, "r3") == 0);    // alike: the first entry
+    CHECK(batch.add(costly, "r4") == 2);  // another cost
+    CHECK(batch.add(bucket, "r5") == 3);  // not fixed_window: never shared
+    CHECK(batch.add(bucket, "r6") == 4);
+    CHECK(batch.add(both, "r7") == 5);    // two limits: never shared
+    CHECK(batch.add(both, "r8") == 6);
+    CHECK(batch.add(ip1, "r9") == 0);
+    CHECK(batch.requests() == 9);
+    CHECK(batch.entries() == 7);
+    CHECK(batch.times(0) == 3);
+    CHECK(batch.times(1) == 1);
+    const std::string sha(40, 'f');
+    CHECK(batch.command(sha) ==
+          sluice::valkey::formatCommand(
+              {"EVALSHA", sha, "9",
+               "rl:fw:1", "rl:fw:2", "rl:fw:1", "rl:tb:1", "rl:tb:1", "rl:fw:1", "rl:tb:1",
+               "rl:fw:1", "rl:tb:1",
+               "2",
+               "fixed_window", "100", "60000", "100", "0", "0",
+               "token_bucket", "100", "60000", "100", "0", "0",
+               "1:1*3", "1:1", "1:2", "2:1", "2:1", "1:1,2:1", "1:1,2:1"}));
+    const std::string lua = readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/decide.lua");
+    CHECK(lua.find("\"<limits>*<n>\" (no request id) stands for n requests alike") !=
+          std::string::npos);
   }
 
   TEST_CASE("decisionFromReply: allowed") {
