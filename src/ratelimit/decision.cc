@@ -53,20 +53,22 @@ Decision decisionFromCache(const std::vector<AppliedLimit>& limits, size_t denie
   return d;
 }
 
+void appendDecimal(std::string& out, int64_t value) {
+  char digits[24];
+  // (pointer and length: the iterator-range append would build a temporary string)
+  const char* end = std::to_chars(digits, digits + sizeof digits, value).ptr;
+  out.append(digits, static_cast<size_t>(end - digits));
+}
+
 int64_t retryAfterSeconds(int64_t retry_ms) {
   return std::max<int64_t>(1, (retry_ms + 999) / 1000);
 }
 
 namespace {
 
-void appendNumber(std::string& out, int64_t value) {
-  char digits[24];
-  out.append(digits, std::to_chars(digits, digits + sizeof digits, value).ptr);
-}
-
 void appendBulkNumber(std::string& out, int64_t value) {
   std::string digits;  // short: no allocation
-  appendNumber(digits, value);
+  appendDecimal(digits, value);
   valkey::appendBulk(out, digits);
 }
 
@@ -96,9 +98,9 @@ size_t ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_vie
   Entry entry;
   for (const AppliedLimit& l : limits) {
     if (!entry.part.empty()) entry.part += ',';
-    appendNumber(entry.part, static_cast<int64_t>(definition(l) + 1));
+    appendDecimal(entry.part, static_cast<int64_t>(definition(l) + 1));
     entry.part += ':';
-    appendNumber(entry.part, l.cost);
+    appendDecimal(entry.part, l.cost);
   }
   // Requests alike: the script decides them in one step (fixed_window's many()).
   const bool alike = limits.size() == 1 && limits[0].config->algorithm == config::Algorithm::FixedWindow;
@@ -147,7 +149,7 @@ std::string ScriptBatch::command(std::string_view sha) const {
     } else {
       part = e.part;
       part += '*';
-      appendNumber(part, static_cast<int64_t>(e.times));
+      appendDecimal(part, static_cast<int64_t>(e.times));
       valkey::appendBulk(out, part);
     }
     if (!e.id.empty()) valkey::appendBulk(out, e.id);

@@ -142,6 +142,9 @@ Decision decisionOnError(const std::vector<AppliedLimit>& limits);
 Decision decisionFromCache(const std::vector<AppliedLimit>& limits, size_t denied,
                            int64_t retry_ms);
 
+// Appends `value` in decimal (script arguments, header values).
+void appendDecimal(std::string& out, int64_t value);
+
 // Seconds for Retry-After from milliseconds: rounded up, at least 1.
 int64_t retryAfterSeconds(int64_t retry_ms);
 

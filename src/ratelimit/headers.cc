@@ -1,7 +1,6 @@
 #include "ratelimit/headers.h"
 
 #include <algorithm>
-#include <charconv>
 
 namespace sluice::ratelimit {
 
@@ -46,11 +45,6 @@ const LimitResult* tightest(const Decision& decision) {
   return best;
 }
 
-void appendInt(std::string& out, int64_t value) {
-  char digits[24];
-  out.append(digits, std::to_chars(digits, digits + sizeof digits, value).ptr);
-}
-
 void appendQuoted(std::string& out, const std::string& name) {
   out += '"';
   out += name;
@@ -73,9 +67,9 @@ std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& deci
       separator = ", ";
       appendQuoted(out, r.config->name);
       out += ";q=";
-      appendInt(out, r.limit);
+      appendDecimal(out, r.limit);
       out += ";w=";
-      appendInt(out, windowSeconds(*r.config));
+      appendDecimal(out, windowSeconds(*r.config));
     }
     if (!out.empty()) {
       separator = "\r\nRateLimit: ";
@@ -85,9 +79,9 @@ std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& deci
         separator = ", ";
         appendQuoted(out, r.config->name);
         out += ";r=";
-        appendInt(out, r.outcome == Outcome::Denied ? 0 : r.remaining);
+        appendDecimal(out, r.outcome == Outcome::Denied ? 0 : r.remaining);
         out += ";t=";
-        appendInt(out, resetSeconds(r));
+        appendDecimal(out, resetSeconds(r));
       }
       out += "\r\n";
     }
@@ -95,11 +89,11 @@ std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& deci
   if (mode == Mode::Legacy || mode == Mode::Both) {
     if (const LimitResult* r = tightest(decision)) {
       out += "X-RateLimit-Limit: ";
-      appendInt(out, r->limit);
+      appendDecimal(out, r->limit);
       out += "\r\nX-RateLimit-Remaining: ";
-      appendInt(out, r->outcome == Outcome::Denied ? 0 : r->remaining);
+      appendDecimal(out, r->outcome == Outcome::Denied ? 0 : r->remaining);
       out += "\r\nX-RateLimit-Reset: ";
-      appendInt(out, resetSeconds(*r));
+      appendDecimal(out, resetSeconds(*r));
       out += "\r\n";
     }
   }
