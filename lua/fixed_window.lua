@@ -17,8 +17,6 @@
 -- the script's memory, and finish() writes the difference back with one more INCRBY. The
 -- script is atomic, so nobody sees the counter in between, and each request still sees what
 -- the ones before it charged.
-local M = {}
-
 -- The window of `window_ms` that holds now_us: its key suffix, end and the wait until then.
 -- The time is one instant for a whole script, so each window is worked out once per call.
 local windows = {}
@@ -36,7 +34,7 @@ end
 local counters = {}
 local changed = {}  -- keys whose `used` may differ from `stored`
 
-function M.check(key, p, now_us)
+local function check(key, p, now_us)
   local w = windows[p.window] or window_of(p.window, now_us)
   key = key .. w.suffix
   local c = counters[key]
@@ -59,7 +57,7 @@ function M.check(key, p, now_us)
 end
 
 -- Not to be counted: the charge is taken back (in memory; finish() writes it).
-function M.settle(p, d, charge)
+local function settle(p, d, charge)
   if charge then return end
   d.used = d.used - p.cost
   if not d.changed then
@@ -68,7 +66,7 @@ function M.settle(p, d, charge)
   end
 end
 
-function M.report(p, d, out, pos)
+local function report(p, d, out, pos)
   out[pos + 1] = math.max(0, p.limit - d.used)
   out[pos + 2] = d.w.reset
   out[pos + 3] = d.allowed and 0 or d.w.reset  -- at least 1: the window has not ended
@@ -79,9 +77,9 @@ end
 -- n requests one after the other would be: the first `fit` are allowed and charged; the others
 -- are refused, and charged only when the limit counts denied requests. Writes their reply as
 -- runs after out[pos] (see decide.lua) and returns the new end.
-function M.many(key, p, now_us, n, out, pos)
+local function many(key, p, now_us, n, out, pos)
   local cost, limit = p.cost, p.limit
-  local c = M.check(key, p, now_us)  -- charges the first one (in Valkey or in memory)
+  local c = check(key, p, now_us)  -- charges the first one (in Valkey or in memory)
   local before = c.used - cost
   local fit
   if cost > 0 then
@@ -117,7 +115,7 @@ end
 
 -- Writes back what the script counted; a counter that ends at 0 (only requests that were not
 -- counted touched it) is not left behind.
-function M.finish()
+local function finish()
   for i = 1, #changed do
     local c = changed[i]
     if c.used ~= c.stored then
@@ -127,6 +125,7 @@ function M.finish()
   end
 end
 
+local M = {check = check, settle = settle, report = report, many = many, finish = finish}
 if KEYS == nil then return M end
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
