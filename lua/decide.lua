@@ -75,7 +75,8 @@ local function params_of(ref)
   local a = 2 + 6 * (j - 1)
   local p = {algorithm = ARGV[a], limit = ARGV[a + 1] + 0, window = ARGV[a + 2] + 0,
              burst = ARGV[a + 3] + 0, cost = cost + 0,
-             count_denied = ARGV[a + 4] == '1', shadow = ARGV[a + 5] == '1'}
+             count_denied = ARGV[a + 4] == '1', shadow = ARGV[a + 5] == '1',
+             module = false}  -- (every field in the constructor: one added resizes the table)
   params[ref] = p
   return p
 end
@@ -84,7 +85,7 @@ end
 -- per call. Modules are found when deciding, so an unknown algorithm fails only its requests.
 local parsed = {}
 local function limits_of(text)
-  local list = {times = 1}
+  local list = {times = 1, n = 0, needs_id = false}
   local body = text
   local star = string.find(text, '*', 1, true)
   if star then

@@ -11,12 +11,14 @@
 --   ARGV[5]  count_denied   "1": a refused request is counted too
 --   ARGV[6]  request id     (unused here)
 --   reply    {allowed (1|0), remaining, reset_ms, retry_ms}
--- Inside decide.lua the same code is a module (check, settle, report, finish; see decide.lua).
+-- Inside decide.lua the same code is a module (check, settle, report, many, finish; see
+-- decide.lua).
 -- A script call may decide many requests, several of them on one counter: the first one
 -- charges it in Valkey at once (INCRBY, which also says what it holds), the next ones only in
 -- the script's memory, and finish() writes the difference back with one more INCRBY. The
 -- script is atomic, so nobody sees the counter in between, and each request still sees what
--- the ones before it charged.
+-- the ones before it charged. Requests alike (many()) are charged all at once, and taken back
+-- for the ones that must not count.
 -- The window of `window_ms` that holds now_us: its key suffix, end and the wait until then.
 -- The time is one instant for a whole script, so each window is worked out once per call.
 local windows = {}
@@ -34,36 +36,44 @@ end
 local counters = {}
 local changed = {}  -- keys whose `used` may differ from `stored`
 
+-- A counter this call has not touched yet (`key` with its window's suffix), charged `amount`
+-- in Valkey at once: INCRBY also says what it holds, and the increment that created it gives
+-- it its TTL, in the same atomic script. After that it is counted in memory (count()), and
+-- finish() writes the difference back.
+local function charged(key, w, amount)
+  local used = redis.call('INCRBY', key, amount)
+  if used == amount then redis.call('PEXPIREAT', key, w.end_ms) end
+  -- (every field in the constructor: a field added later resizes the table)
+  local c = {key = key, w = w, used = used, stored = used, allowed = true, changed = false}
+  counters[key] = c
+  return c
+end
+
+-- The counter holds `used` as the script sees it.
+local function count(c, used)
+  c.used = used
+  if used ~= c.stored and not c.changed then
+    c.changed = true
+    changed[#changed + 1] = c
+  end
+end
+
 local function check(key, p, now_us)
   local w = windows[p.window] or window_of(p.window, now_us)
   key = key .. w.suffix
   local c = counters[key]
   if c == nil then
-    local used = redis.call('INCRBY', key, p.cost)
-    -- The increment that created the counter gives it its TTL, in the same atomic script.
-    if used == p.cost then redis.call('PEXPIREAT', key, w.end_ms) end
-    c = {key = key, w = w, used = used, stored = used, allowed = used <= p.limit}
-    counters[key] = c
-    return c
+    c = charged(key, w, p.cost)
+  else
+    count(c, c.used + p.cost)
   end
-  local used = c.used + p.cost
-  c.used = used
-  c.allowed = used <= p.limit
-  if not c.changed then
-    c.changed = true
-    changed[#changed + 1] = c
-  end
+  c.allowed = c.used <= p.limit
   return c
 end
 
 -- Not to be counted: the charge is taken back (in memory; finish() writes it).
 local function settle(p, d, charge)
-  if charge then return end
-  d.used = d.used - p.cost
-  if not d.changed then
-    d.changed = true
-    changed[#changed + 1] = d
-  end
+  if not charge then count(d, d.used - p.cost) end
 end
 
 local function report(p, d, out, pos)
@@ -79,8 +89,18 @@ end
 -- runs after out[pos] (see decide.lua) and returns the new end.
 local function many(key, p, now_us, n, out, pos)
   local cost, limit = p.cost, p.limit
-  local c = check(key, p, now_us)  -- charges the first one (in Valkey or in memory)
-  local before = c.used - cost
+  -- All n charged at once (one INCRBY when the counter is new to this call); count() takes
+  -- back what must not count.
+  local w = windows[p.window] or window_of(p.window, now_us)
+  key = key .. w.suffix
+  local c = counters[key]
+  local before
+  if c == nil then
+    c = charged(key, w, n * cost)
+    before = c.used - n * cost
+  else
+    before = c.used
+  end
   local fit
   if cost > 0 then
     fit = math.floor((limit - before) / cost)
@@ -88,14 +108,7 @@ local function many(key, p, now_us, n, out, pos)
     fit = before <= limit and n or 0
   end
   if fit < 0 then fit = 0 elseif fit > n then fit = n end
-  local used = before + (p.count_denied and n or fit) * cost
-  if used ~= c.used then
-    c.used = used
-    if not c.changed then
-      c.changed = true
-      changed[#changed + 1] = c
-    end
-  end
+  count(c, before + (p.count_denied and n or fit) * cost)
   c.allowed = fit == n
   local reset = c.w.reset
   if fit > 0 then  -- request j of these: remaining limit - before - j * cost

@@ -19,10 +19,10 @@ local M = {}
 function M.check(key, p, now_us)
   local window = p.window * 1000
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now_us - window)
-  local d = {key = key, window = window, now = now_us}
-  d.count = redis.call('ZCARD', key)
-  d.allowed = d.count + p.cost <= p.limit
-  return d
+  local count = redis.call('ZCARD', key)
+  -- (every field in the constructor: a field added later resizes the table)
+  return {key = key, window = window, now = now_us, count = count,
+          allowed = count + p.cost <= p.limit}
 end
 
 function M.settle(p, d, charge, id)

@@ -18,12 +18,15 @@ local M = {}
 function M.check(key, p, now_us)
   local window = p.window * 1000
   local n = math.floor(now_us / window)
-  local d = {key = key .. ':' .. n, window = window, n = n, elapsed = now_us - n * window}
-  d.current = tonumber(redis.call('GET', d.key) or '0')
-  d.previous = tonumber(redis.call('GET', key .. ':' .. (n - 1)) or '0')
-  d.weight = (window - d.elapsed) / window
-  d.allowed = d.current + d.previous * d.weight + p.cost <= p.limit
-  return d
+  local current_key = key .. ':' .. n
+  local elapsed = now_us - n * window
+  local current = tonumber(redis.call('GET', current_key) or '0')
+  local previous = tonumber(redis.call('GET', key .. ':' .. (n - 1)) or '0')
+  local weight = (window - elapsed) / window
+  -- (every field in the constructor: a field added later resizes the table)
+  return {key = current_key, window = window, n = n, elapsed = elapsed, current = current,
+          previous = previous, weight = weight,
+          allowed = current + previous * weight + p.cost <= p.limit}
 end
 
 function M.settle(p, d, charge, id)

@@ -20,9 +20,8 @@ function M.check(key, p, now_us)
   local tokens = tonumber(state[1]) or p.burst
   local ts = tonumber(state[2]) or now_us
   if now_us > ts then tokens = math.min(p.burst, tokens + (now_us - ts) * rate) end
-  local d = {key = key, rate = rate, now = now_us, tokens = tokens}
-  d.allowed = tokens >= p.cost
-  return d
+  -- (every field in the constructor: a field added later resizes the table)
+  return {key = key, rate = rate, now = now_us, tokens = tokens, allowed = tokens >= p.cost}
 end
 
 function M.settle(p, d, charge, id)
