@@ -51,7 +51,7 @@ void Admission::reset() {
   applied_.clear();
   results_.clear();
   std::string().swap(body_);
-  std::string().swap(rate_headers_);
+  rate_headers_.clear();  // its capacity serves the connection's next request
   sent_ms_ = sent_ns_ = valkey_ns_ = 0;
   started_ = done_ = needs_body_ = body_complete_ = waiting_body_ = false;
 }
@@ -168,7 +168,7 @@ void Admission::continueAfterTenant() {
 void Admission::decide() {
   const config::Config& config = *snapshot_->config;
   std::string ambiguous;
-  applied_ = ratelimit::appliedLimits(config, *route_, facts_, &ambiguous);
+  ratelimit::appliedLimits(config, *route_, facts_, &ambiguous, &applied_);
   if (!ambiguous.empty()) {
     refuse(http::problemResponse(400, "several different values for " + ambiguous +
                                           ", which a rate limit is keyed on"));
@@ -250,7 +250,7 @@ void Admission::apply(const ratelimit::Decision& decision) {
   const config::RateLimitHeaders mode = snapshot_->config->server.rate_limit_headers;
   switch (decision.verdict) {
     case ratelimit::Decision::Verdict::Allow:
-      rate_headers_ = ratelimit::rateLimitHeaders(mode, decision);
+      ratelimit::appendRateLimitHeaders(rate_headers_, mode, decision);
       admit();
       return;
     case ratelimit::Decision::Verdict::Deny:

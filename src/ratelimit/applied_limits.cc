@@ -4,15 +4,16 @@
 
 namespace sluice::ratelimit {
 
-std::vector<AppliedLimit> appliedLimits(const config::Config& config,
-                                        const config::RouteConfig& route,
-                                        const identity::RequestFacts& facts,
-                                        std::string* ambiguous) {
-  std::vector<AppliedLimit> out;
-  out.reserve(route.limit_indices.size());
+void appliedLimits(const config::Config& config, const config::RouteConfig& route,
+                   const identity::RequestFacts& facts, std::string* ambiguous,
+                   std::vector<AppliedLimit>* out) {
+  size_t n = 0;
   for (size_t index : route.limit_indices) {
     const config::LimitConfig& limit = config.limits[index];
-    std::string key = config.valkey.key_prefix;
+    if (n == out->size()) out->emplace_back();
+    AppliedLimit& applied = (*out)[n];
+    std::string& key = applied.key;
+    key.assign(config.valkey.key_prefix);
     key += ':';
     key += limit.name;
     bool applies = true;
@@ -20,7 +21,8 @@ std::vector<AppliedLimit> appliedLimits(const config::Config& config,
       identity::FieldValue value = identity::keyPartValue(part, facts);
       if (value.ambiguous) {
         *ambiguous = part.text;
-        return {};
+        out->clear();
+        return;
       }
       if (!value.value) {
         applies = false;
@@ -30,9 +32,7 @@ std::vector<AppliedLimit> appliedLimits(const config::Config& config,
       key += encodeKeyPart(*value.value, part.kind == config::KeyPartKind::Ip);
     }
     if (!applies) continue;
-    AppliedLimit applied;
     applied.config = &limit;
-    applied.key = std::move(key);
     applied.limit = limit.limit;
     applied.burst = limit.burst;
     applied.cost = limit.cost;
@@ -44,9 +44,9 @@ std::vector<AppliedLimit> appliedLimits(const config::Config& config,
                                                                        : it->second.limit);
       }
     }
-    out.push_back(std::move(applied));
+    ++n;
   }
-  return out;
+  out->resize(n);
 }
 
 }  // namespace sluice::ratelimit

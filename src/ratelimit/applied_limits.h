@@ -14,10 +14,10 @@ namespace sluice::ratelimit {
 // (no API key, say) does not apply. The tenant's plan overrides limit and burst; an implicit
 // burst follows an overridden limit, an explicit one stays. When a part is ambiguous (given
 // twice with different values), returns nothing and names the part in *ambiguous: the request
-// must be refused, or a client could pick what the limit sees.
-std::vector<AppliedLimit> appliedLimits(const config::Config& config,
-                                        const config::RouteConfig& route,
-                                        const identity::RequestFacts& facts,
-                                        std::string* ambiguous);
+// must be refused, or a client could pick what the limit sees. Fills *out (its entries and
+// their keys are reused: the next request of a connection builds its keys without allocating).
+void appliedLimits(const config::Config& config, const config::RouteConfig& route,
+                   const identity::RequestFacts& facts, std::string* ambiguous,
+                   std::vector<AppliedLimit>* out);
 
 }  // namespace sluice::ratelimit

@@ -60,12 +60,15 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     // Script entry after script entry; within one, its requests in the order they joined.
     size_t pos = 0;
     std::string error;
+    Decision decision;  // one for all: its vector is reused
     for (size_t i = 0; i < alike_.size(); ++i) {
       DecisionReader reader(reply.elements, &pos, alike_[i].first->count, script_.times(i));
       for (Entry* e = alike_[i].first; e; e = e->next_alike) {
         switch (reader.next(&error)) {
           case ReplyPart::Decided:
-            if (e->target) take(*e)->onDecision(decisionFromValues(*e->limits, reader.values()));
+            if (!e->target) break;
+            decisionFromValues(*e->limits, reader.values(), &decision);
+            take(*e)->onDecision(decision);
             break;
           case ReplyPart::Failed:
             if (!e->target) break;

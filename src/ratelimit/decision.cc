@@ -212,9 +212,12 @@ ReplyPart DecisionReader::next(std::string* error) {
   return ReplyPart::Decided;
 }
 
-Decision decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* values) {
-  Decision d;
-  d.limits.reserve(limits.size());
+void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* values,
+                        Decision* decision) {
+  Decision& d = *decision;
+  d.verdict = Decision::Verdict::Allow;
+  d.retry_after_s = 0;
+  d.limits.clear();
   int64_t retry_ms = 0;
   for (size_t i = 0; i < limits.size(); ++i) {
     const int64_t* l = &values[3 * i];
@@ -236,7 +239,6 @@ Decision decisionFromValues(const std::vector<AppliedLimit>& limits, const int64
     d.limits.push_back(r);
   }
   if (d.verdict == Decision::Verdict::Deny) d.retry_after_s = retryAfterSeconds(retry_ms);
-  return d;
 }
 
 ReplyPart readDecision(const std::vector<AppliedLimit>& limits,
@@ -244,7 +246,7 @@ ReplyPart readDecision(const std::vector<AppliedLimit>& limits,
                        Decision* decision, std::string* error) {
   DecisionReader reader(elements, pos, limits.size(), 1);
   const ReplyPart part = reader.next(error);
-  if (part == ReplyPart::Decided) *decision = decisionFromValues(limits, reader.values());
+  if (part == ReplyPart::Decided) decisionFromValues(limits, reader.values(), decision);
   return part;
 }
 

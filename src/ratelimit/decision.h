@@ -125,8 +125,10 @@ class DecisionReader {
   std::vector<int64_t> values_;
 };
 
-// The decision of a request on `limits` from its values (DecisionReader::values()).
-Decision decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* values);
+// The decision of a request on `limits` from its values (DecisionReader::values()), into
+// *decision (whose vector is reused).
+void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* values,
+                        Decision* decision);
 
 // One request's part of a batch reply (an entry of one request): its decision, or why not.
 ReplyPart readDecision(const std::vector<AppliedLimit>& limits,

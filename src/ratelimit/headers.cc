@@ -54,10 +54,17 @@ void appendQuoted(std::string& out, const std::string& name) {
 }  // namespace
 
 std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& decision) {
-  using Mode = config::RateLimitHeaders;
   std::string out;
-  if (mode == Mode::None) return out;
-  out.reserve(160);
+  appendRateLimitHeaders(out, mode, decision);
+  return out;
+}
+
+void appendRateLimitHeaders(std::string& out, config::RateLimitHeaders mode,
+                            const Decision& decision) {
+  using Mode = config::RateLimitHeaders;
+  if (mode == Mode::None) return;
+  const size_t start = out.size();
+  if (out.capacity() < start + 160) out.reserve(start + 160);
   if (mode == Mode::Ietf || mode == Mode::Both) {
     // RateLimit-Policy: "name";q=100;w=60, ...  then  RateLimit: "name";r=0;t=17, ...
     const char* separator = "RateLimit-Policy: ";
@@ -71,7 +78,7 @@ std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& deci
       out += ";w=";
       appendDecimal(out, windowSeconds(*r.config));
     }
-    if (!out.empty()) {
+    if (out.size() > start) {
       separator = "\r\nRateLimit: ";
       for (const auto& r : decision.limits) {
         if (!shown(r)) continue;
@@ -97,7 +104,6 @@ std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& deci
       out += "\r\n";
     }
   }
-  return out;
 }
 
 http::LocalResponse quotaExceededResponse(config::RateLimitHeaders mode, const Decision& decision) {

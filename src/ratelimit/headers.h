@@ -16,6 +16,9 @@ namespace sluice::ratelimit {
 // Serialized "Name: value\r\n" lines for the limits Valkey described (shadow limits are not
 // shown to clients). Empty for mode None or when no limit is described.
 std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& decision);
+// The same, appended to `out` (a string kept from one request to the next allocates once).
+void appendRateLimitHeaders(std::string& out, config::RateLimitHeaders mode,
+                            const Decision& decision);
 
 // 429 Too Many Requests: Retry-After, the RateLimit fields and a problem+json body of type
 // quota-exceeded whose violated-policies names the limits that refused.

@@ -127,7 +127,9 @@ void exerciseRequest(const http::MessageHead& head, std::string_view body) {
   if (const std::string* type = head.headers.get("content-type")) facts.content_type = *type;
   facts.body = body;
   std::string ambiguous;
-  for (const auto& applied : ratelimit::appliedLimits(config, *route, facts, &ambiguous)) {
+  std::vector<ratelimit::AppliedLimit> limits;
+  ratelimit::appliedLimits(config, *route, facts, &ambiguous, &limits);
+  for (const auto& applied : limits) {
     // Keys stay bounded whatever the client sends: prefix, name and at most 64 bytes or a
     // 33-byte digest per part.
     if (applied.key.size() > 512) __builtin_trap();

@@ -228,7 +228,8 @@ TEST_SUITE("ratelimit: applied limits") {
     }
     std::vector<AppliedLimit> run() {
       std::string ambiguous;
-      auto out = appliedLimits(config, route, facts, &ambiguous);
+      std::vector<AppliedLimit> out;
+      appliedLimits(config, route, facts, &ambiguous, &out);
       REQUIRE(ambiguous.empty());
       return out;
     }
@@ -259,6 +260,36 @@ TEST_SUITE("ratelimit: applied limits") {
     CHECK(limits[1].burst == 50);
     CHECK(limits[2].cost == 3);
     for (size_t i = 0; i < limits.size(); ++i) CHECK(limits[i].config == &f.config.limits[i]);
+  }
+
+  TEST_CASE("the vector of the previous request is reused: its entries, never its values") {
+    Fixture f;
+    f.facts.api_key = "key_abc";
+    f.head.headers.add("X-Team", "blue");
+    f.facts.plan = &f.plan;
+    std::vector<AppliedLimit> limits;
+    std::string ambiguous;
+    appliedLimits(f.config, f.route, f.facts, &ambiguous, &limits);
+    REQUIRE(limits.size() == 5);
+    // The next request of the connection: another client address, no API key, no plan.
+    Fixture g;
+    g.facts.client_key = "198.51.100.23";
+    appliedLimits(g.config, g.route, g.facts, &ambiguous, &limits);
+    REQUIRE(limits.size() == 2);
+    CHECK(limits[0].key == "rl:v1:per_ip:198.51.100.23");
+    CHECK(limits[0].config == &g.config.limits[0]);
+    CHECK(limits[0].limit == 100);
+    CHECK(limits[1].key == "rl:v1:composite:198.51.100.23:api:POST");
+    CHECK(limits[1].config == &g.config.limits[3]);
+    CHECK(limits[1].cost == 1);
+    // An ambiguous part: nothing applies, whatever was there.
+    Fixture h;
+    h.config.limits[4].by[0].text = "header:X-Team";
+    h.head.headers.add("X-Team", "red");
+    h.head.headers.add("X-Team", "blue");
+    appliedLimits(h.config, h.route, h.facts, &ambiguous, &limits);
+    CHECK(ambiguous == "header:X-Team");
+    CHECK(limits.empty());
   }
 
   TEST_CASE("part values are encoded: IPv6 keeps its colons, other values do not") {
@@ -458,7 +489,8 @@ TEST_SUITE("ratelimit: decision") {
       }
       REQUIRE(part == ReplyPart::Decided);
       seen.emplace_back(reader.values(), reader.values() + 3);
-      const Decision d = decisionFromValues(one, reader.values());
+      Decision d;
+      decisionFromValues(one, reader.values(), &d);
       CHECK(d.verdict == (i < 3 ? Decision::Verdict::Allow : Decision::Verdict::Deny));
     }
     CHECK(seen == std::vector<std::vector<int64_t>>{
