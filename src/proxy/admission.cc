@@ -48,7 +48,7 @@ void Admission::reset() {
   snapshot_ = nullptr;
   route_ = nullptr;
   facts_ = identity::RequestFacts{};
-  applied_.clear();
+  // applied_ stays: the next request's appliedLimits() overwrites it, reusing its keys' storage.
   results_.clear();
   std::string().swap(body_);
   rate_headers_.clear();  // its capacity serves the connection's next request
