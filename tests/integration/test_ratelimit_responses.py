@@ -5,6 +5,7 @@ EVALSHA per request at most, concurrent requests sharing one, keys under key_pre
 import re
 import signal
 import socket
+import time
 
 import pytest
 
@@ -242,6 +243,52 @@ def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstr
     if not alike:  # a request refused by b cost a nothing
         assert sorted(int(c.get(k)) for k in limit_keys(c, "*:a:*")) == [1] * 15
 
+
+
+def test_clients_that_leave_before_their_decision(sluice_factory, upstream, valkey):
+    """Requests of one client queued in one call while Valkey is paused; most of the clients
+    leave before the reply. Their decisions were sent, so the script still counts them; the
+    reply reaches only the requests still there, each with its own remaining, and the gateway
+    goes on."""
+    gw = sluice_with_limits(sluice_factory, upstream, valkey,
+                            [limit_cfg("a", "fixed_window", 100, "1h")], workers=1,
+                            valkey_options={"timeout": "3s"})
+    request = b"GET /status/200 HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    with ValkeyMonitor(valkey) as mon:
+        valkey.pause()
+        try:
+            socks = []
+            gw.send_signal(signal.SIGSTOP)  # so that one round of events reads all six
+            try:
+                for _ in range(6):
+                    s = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
+                    s.sendall(request)
+                    socks.append(s)
+            finally:
+                gw.send_signal(signal.SIGCONT)
+            time.sleep(0.3)  # read, and the call written to the paused server
+            for s in socks[:4]:
+                s.close()
+            time.sleep(0.2)
+        finally:
+            valkey.resume()
+        answers = []
+        for s in socks[4:]:
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+            s.close()
+            answers.append(data)
+    # Usually one call, "1:1*6", so the ones that left are members of an entry of requests
+    # alike (a connection handed to a later round of events goes in a call of its own).
+    parts = [cmd[-1] for cmd in mon.commands()]
+    assert sum(int(p.partition("*")[2] or 1) for p in parts) == 6, parts
+    assert [a.split(b" ", 2)[1] for a in answers] == [b"200", b"200"], answers
+    remaining = sorted(int(re.search(rb'\r\nRateLimit: "a";r=(\d+)', a).group(1)) for a in answers)
+    assert len(set(remaining)) == 2 and all(94 <= r <= 99 for r in remaining), remaining
+    r = gw.get("/status/200")
+    assert r.status == 200
+    assert parse_rl_list(r.header("ratelimit"))["a"]["r"] == 93, "the 6 queued ones counted"
 
 
 def test_keys_start_with_key_prefix_and_scan_finds_them(sluice_factory, upstream, valkey):
