@@ -416,15 +416,22 @@ def test_decide_batch_one_counter_many_requests(valkey, count_denied):
         assert left == []
 
 
+def wrong_type_counter(c, base):
+    """A 5-per-minute fixed_window limit and the number of the current window, whose counter
+    under `base` is a list (a key of the wrong type)."""
+    fixed = {"algorithm": "fixed_window", "limit": 5, "window_ms": 60000}
+    avoid_window_boundary(c, 60.0, 2.0)
+    n = math.floor(server_time(c) / 60)
+    c.rpush(f"{base}:{n}", "not a counter")
+    c.expire(f"{base}:{n}", 60)
+    return fixed, n
+
+
 def test_decide_batch_a_failing_request_does_not_fail_the_others(valkey):
     """A key of the wrong type fails the request that uses it (the string is the error); the
     requests before and after it are decided and charged as usual."""
     c = valkey.client
-    fixed = {"algorithm": "fixed_window", "limit": 5, "window_ms": 60000}
-    avoid_window_boundary(c, 60.0, 2.0)
-    n = math.floor(server_time(c) / 60)
-    c.rpush(f"f:bad:{n}", "not a counter")
-    c.expire(f"f:bad:{n}", 60)
+    fixed, n = wrong_type_counter(c, "f:bad")
     results = decide_many(c, [("1", [("f:ok", fixed)]), ("2", [("f:bad", fixed)]),
                               ("3", [("f:ok", fixed)])])
     assert results[0][0] == 1 and results[0][1][0][1] == 4
@@ -501,11 +508,7 @@ def test_decide_requests_alike_fail_alike(valkey):
     """A key of the wrong type fails each of the requests alike on it (one error string each);
     the requests around them are decided as usual. Requests alike cannot need a request id."""
     c = valkey.client
-    fixed = {"algorithm": "fixed_window", "limit": 5, "window_ms": 60000}
-    avoid_window_boundary(c, 60.0, 2.0)
-    n = math.floor(server_time(c) / 60)
-    c.rpush(f"e:bad:{n}", "not a counter")
-    c.expire(f"e:bad:{n}", 60)
+    fixed, n = wrong_type_counter(c, "e:bad")
     reply = decide_raw(c, [("1", [("e:ok", fixed)]), ("2", [("e:bad", fixed)], 3),
                            ("3", [("e:ok", fixed)], 2)])
     results = parse_decide_batch_reply(reply, [[fixed], ([fixed], 3), ([fixed], 2)])
