@@ -103,7 +103,8 @@ size_t ScriptBatch::add(const std::vector<AppliedLimit>& limits, std::string_vie
     appendDecimal(entry.part, l.cost);
   }
   // Requests alike: the script decides them in one step (fixed_window's many()).
-  const bool alike = limits.size() == 1 && limits[0].config->algorithm == config::Algorithm::FixedWindow;
+  const bool alike =
+      limits.size() == 1 && limits[0].config->algorithm == config::Algorithm::FixedWindow;
   if (alike) {
     const std::hash<std::string_view> hash;
     entry.hash = (hash(limits[0].key) * 31 + hash(entry.part)) | 1;
@@ -239,15 +240,6 @@ void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* 
     d.limits.push_back(r);
   }
   if (d.verdict == Decision::Verdict::Deny) d.retry_after_s = retryAfterSeconds(retry_ms);
-}
-
-ReplyPart readDecision(const std::vector<AppliedLimit>& limits,
-                       const std::vector<valkey::Reply>& elements, size_t* pos,
-                       Decision* decision, std::string* error) {
-  DecisionReader reader(elements, pos, limits.size(), 1);
-  const ReplyPart part = reader.next(error);
-  if (part == ReplyPart::Decided) decisionFromValues(limits, reader.values(), decision);
-  return part;
 }
 
 Decision decisionOnError(const std::vector<AppliedLimit>& limits) {

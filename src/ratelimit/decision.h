@@ -130,11 +130,6 @@ class DecisionReader {
 void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* values,
                         Decision* decision);
 
-// One request's part of a batch reply (an entry of one request): its decision, or why not.
-ReplyPart readDecision(const std::vector<AppliedLimit>& limits,
-                       const std::vector<valkey::Reply>& elements, size_t* pos,
-                       Decision* decision, std::string* error);
-
 // Valkey unreachable, late or failing: each limit decides by its on_error. A shadow limit
 // never refuses, whatever its on_error.
 Decision decisionOnError(const std::vector<AppliedLimit>& limits);

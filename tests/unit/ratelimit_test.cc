@@ -112,6 +112,15 @@ std::string readFile(const std::string& path) {
 
 }  // namespace
 
+// One request's part of a batch reply (an entry of one request): its decision, or why not.
+ReplyPart readDecision(const std::vector<AppliedLimit>& limits, const std::vector<Reply>& elements,
+                       size_t* pos, Decision* decision, std::string* error) {
+  DecisionReader reader(elements, pos, limits.size(), 1);
+  const ReplyPart part = reader.next(error);
+  if (part == ReplyPart::Decided) decisionFromValues(limits, reader.values(), decision);
+  return part;
+}
+
 // A reply for one request, read whole.
 std::optional<Decision> decisionFromReply(const std::vector<AppliedLimit>& limits,
                                           const Reply& reply) {
