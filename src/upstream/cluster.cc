@@ -16,7 +16,8 @@ Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
       response_timeout_ms_(static_cast<uint64_t>(config.response_timeout.count())),
       idle_timeout_ms_(static_cast<uint64_t>(config.idle_timeout.count())),
       fail_timeout_ms_(static_cast<uint64_t>(config.fail_timeout.count())),
-      max_idle_(config.max_idle_connections) {
+      max_idle_(config.max_idle_connections),
+      trim_timer_(loop, onTrim, this) {
   endpoints_.resize(config.endpoints.size());
   for (size_t i = 0; i < endpoints_.size(); ++i) {
     endpoints_[i].name = config.endpoints[i].text;
@@ -48,7 +49,7 @@ Cluster::Acquired Cluster::acquire(UpstreamCallbacks* owner, bool fresh) {
   const size_t index = pickEndpoint();
   Endpoint& endpoint = endpoints_[index];
   if (!fresh && !endpoint.idle.empty()) {
-    UpstreamConnection* connection = endpoint.idle.back();
+    UpstreamConnection* connection = endpoint.idle.back().connection;
     endpoint.idle.pop_back();
     connection->attach(owner);
     out.connection = connection;
@@ -77,26 +78,48 @@ void Cluster::reportFailure(size_t endpoint) {
 
 void Cluster::returnIdle(UpstreamConnection* connection) {
   Endpoint& endpoint = endpoints_[connection->endpoint()];
-  if (retired_ || endpoint.idle.size() >= max_idle_) {
+  if (retired_ || max_idle_ == 0) {
     connection->abort();
     return;
   }
-  endpoint.idle.push_back(connection);
+  endpoint.idle.push_back({connection, uv_now(loop_)});
   connection->makeIdle(idle_timeout_ms_);
+  if (endpoint.idle.size() > max_idle_ && !trim_timer_.active()) {
+    trim_timer_.start(kIdleTrimDelayMs);
+  }
 }
 
 void Cluster::removeIdle(UpstreamConnection* connection) {
   auto& idle = endpoints_[connection->endpoint()].idle;
-  std::erase(idle, connection);
+  std::erase_if(idle, [connection](const Endpoint::Idle& i) { return i.connection == connection; });
+}
+
+void Cluster::onTrim(void* context) {
+  Cluster* self = static_cast<Cluster*>(context);
+  const uint64_t now = uv_now(self->loop_);
+  uint64_t next = 0;  // when the oldest connection kept beyond the cap has waited enough
+  for (auto& endpoint : self->endpoints_) {
+    while (endpoint.idle.size() > self->max_idle_) {
+      const Endpoint::Idle& oldest = endpoint.idle.front();
+      if (now - oldest.since < kIdleTrimDelayMs) {
+        const uint64_t due = oldest.since + kIdleTrimDelayMs - now;
+        if (next == 0 || due < next) next = due;
+        break;
+      }
+      oldest.connection->abort();  // calls removeIdle(), which takes it off the list
+    }
+  }
+  if (next != 0) self->trim_timer_.start(next);
 }
 
 void Cluster::retire() {
   retired_ = true;
+  trim_timer_.stop();
   for (auto& endpoint : endpoints_) {
     // abort() calls removeIdle(), which edits the list: take it first.
-    std::vector<UpstreamConnection*> idle;
+    std::vector<Endpoint::Idle> idle;
     idle.swap(endpoint.idle);
-    for (UpstreamConnection* connection : idle) connection->abort();
+    for (const Endpoint::Idle& i : idle) i.connection->abort();
   }
 }
 

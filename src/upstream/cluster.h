@@ -4,6 +4,12 @@
 // an endpoint for fail_timeout after it failed, and a keep-alive pool per endpoint. Single
 // threaded (one per worker loop); shared_ptr only so that connections in flight keep a
 // cluster alive after a reload retired it.
+//
+// The pool keeps max_idle_connections per endpoint once traffic is steady. A connection freed
+// while that many are idle is still pooled: under more concurrent requests than the cap, the
+// pool fills as responses finish and empties as the next requests start, and closing then
+// reopening connections at each swing would cost a TCP (and TLS) handshake per request. Only
+// connections beyond the cap that stay unused for kIdleTrimDelayMs are closed, oldest first.
 
 #include <uv.h>
 
@@ -12,6 +18,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "core/timer.h"
 
 namespace sluice::net {
 class TlsClientContext;
@@ -54,15 +61,24 @@ class Cluster : public std::enable_shared_from_this<Cluster> {
 
   uint64_t responseTimeoutMs() const { return response_timeout_ms_; }
 
+  // How long a connection beyond max_idle_connections may stay idle before it is closed.
+  static constexpr uint64_t kIdleTrimDelayMs = 1000;
+
  private:
   struct Endpoint {
     std::string name;  // as configured: "127.0.0.1:9000"
     std::string host;  // "127.0.0.1", "api.internal": SNI and the name TLS verifies
     sockaddr_storage address{};
     uint64_t down_until = 0;  // loop time (ms)
-    std::vector<UpstreamConnection*> idle;  // most recently used last
+    struct Idle {
+      UpstreamConnection* connection;
+      uint64_t since;  // loop time (ms) it was freed
+    };
+    std::vector<Idle> idle;  // most recently freed last (handed out first)
   };
   size_t pickEndpoint();
+  // Closes the connections beyond the cap idle for kIdleTrimDelayMs; re-arms for the others.
+  static void onTrim(void* context);
 
   uv_loop_t* loop_;
   std::shared_ptr<const net::TlsClientContext> tls_;
@@ -75,6 +91,7 @@ class Cluster : public std::enable_shared_from_this<Cluster> {
   uint64_t fail_timeout_ms_;
   size_t max_idle_;
   bool retired_ = false;
+  Timer trim_timer_;
 };
 
 }  // namespace sluice::upstream

@@ -182,14 +182,25 @@ def test_pool_idle_cap(sluice_factory, upstream):
     def slow(i):
         results.append(gw.get(f"/slow/400?i={i}", timeout=10).status)
 
-    threads = [threading.Thread(target=slow, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert results == [200, 200, 200]
+    def burst(first):
+        threads = [threading.Thread(target=slow, args=(i,)) for i in range(first, first + 3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+
+    burst(0)
+    assert results == [200] * 3
     assert upstream.connection_count == 3
-    # only one of the three is kept idle; the gateway closes the other two
+    # More concurrent requests than the cap right after: the three freed connections were kept
+    # (closing them at once would cost a new connection per request under such a load).
+    started = time.monotonic()
+    burst(3)
+    assert results == [200] * 6
+    assert time.monotonic() - started < 0.9
+    assert upstream.connection_count == 3, upstream.stats()["connections"]
+    # Once they stay unused (about a second), only one of the three is kept idle.
+    assert upstream.open_connection_count == 3
     assert upstream.wait_for(lambda u: u.open_connection_count == 1, 3), upstream.stats()["connections"]
     for i in range(3):
         assert gw.get(f"/echo?i={i}").status == 200
