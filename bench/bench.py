@@ -1266,6 +1266,28 @@ def summarize_runs(runs):
     return entry
 
 
+def throughput_table(entries):
+    """The table of keep-alive runs: (variant, summarize_runs() of its rounds) in order."""
+    rows = []
+    for v, e in entries:
+        if "rps" not in e:
+            rows.append([v, "no data"] + ["-"] * 7)
+            continue
+        per_round = " ".join(f"{d['rps'] / 1000:.1f}k" for d in e["rounds"])
+        cpu = e.get("gateway_cpu_us_per_req")
+        if cpu is not None and e.get("valkey_cpu_us_per_req") is not None:
+            cpu_txt = f"{cpu:.1f} (+{e['valkey_cpu_us_per_req']:.1f} valkey)"
+        else:
+            cpu_txt = "-" if cpu is None else f"{cpu:.1f}"
+        opened = e.get("upstream_connections_opened")
+        rows.append([v, f"{e['rps']:,.0f}", fmt_us(e["p50_us"]), fmt_us(e["p99_us"]),
+                     fmt_us(e["p999_us"]), cpu_txt,
+                     "-" if opened is None else str(opened),
+                     f"{e['non2xx']}/{e['socket_errors']}", per_round])
+    return table(rows, ["gateway", "requests/s", "p50", "p99", "p99.9", "CPU us/req",
+                        "upstream conns", "non-2xx/sock-err", "req/s per round"])
+
+
 def comparisons(variants, ref, entries, args):
     """(variant, base, targets) for every variant but the reference. targets maps a figure
     (rps, p99, hs) to its bound; an empty dict means the row is for information only."""
@@ -1289,7 +1311,12 @@ def comparisons(variants, ref, entries, args):
                 out.append((v, ref, {}))
         elif kind == "sluice" and e.get("limit"):
             if plain_sluice and plain_sluice != v:
-                out.append((v, plain_sluice, {"rps": (">=", args.limit_rps_ratio_min)}))
+                # Judged where both are saturated (capacity rounds) when those ran: with few
+                # connections the requests/s of a closed loop measure latency.
+                at_capacity = "rps" in (e.get("capacity") or {}) and \
+                    "rps" in (entries[plain_sluice].get("capacity") or {})
+                key = "cap" if at_capacity else "rps"
+                out.append((v, plain_sluice, {key: (">=", args.limit_rps_ratio_min)}))
                 out.append((v, ref, {}))
             else:
                 out.append((v, ref, plain))
@@ -1328,6 +1355,10 @@ def cmd_report(args):
                           for r in range(1, args.handshake_rounds + 1)) if d]
         if hs:
             entry["handshake"] = summarize_runs(hs)
+        cap = [d for d in (load(os.path.join(args.dir, f"cap_{v}_{r}.json"))
+                           for r in range(1, args.capacity_rounds + 1)) if d]
+        if cap:
+            entry["capacity"] = summarize_runs(cap)
         mon = load(os.path.join(args.dir, f"monitor_{v}.json"))
         if mon:
             entry["valkey_monitor"] = mon
@@ -1344,25 +1375,16 @@ def cmd_report(args):
         print()
         print(f"== Throughput: wrk -t{meta['threads']} -c{meta['connections']} -d{meta['duration']}, "
               f"keep-alive, {args.rounds} round(s) alternating, median per metric ==")
-        rows = []
-        for v in variants:
-            e = E[v]
-            if "rps" not in e:
-                rows.append([v, "no data"] + ["-"] * 7)
-                continue
-            per_round = " ".join(f"{d['rps'] / 1000:.1f}k" for d in e["rounds"])
-            cpu = e.get("gateway_cpu_us_per_req")
-            if cpu is not None and e.get("valkey_cpu_us_per_req") is not None:
-                cpu_txt = f"{cpu:.1f} (+{e['valkey_cpu_us_per_req']:.1f} valkey)"
-            else:
-                cpu_txt = "-" if cpu is None else f"{cpu:.1f}"
-            opened = e.get("upstream_connections_opened")
-            rows.append([v, f"{e['rps']:,.0f}", fmt_us(e["p50_us"]), fmt_us(e["p99_us"]),
-                         fmt_us(e["p999_us"]), cpu_txt,
-                         "-" if opened is None else str(opened),
-                         f"{e['non2xx']}/{e['socket_errors']}", per_round])
-        print(table(rows, ["gateway", "requests/s", "p50", "p99", "p99.9", "CPU us/req",
-                           "upstream conns", "non-2xx/sock-err", "req/s per round"]))
+        print(throughput_table([(v, E[v]) for v in variants]))
+
+    cap_meta = meta.get("capacity") or {}
+    cap_variants = [v for v in variants if "capacity" in E[v]]
+    if args.capacity_rounds and cap_variants:
+        print()
+        print(f"== Capacity: wrk -t{meta['threads']} -c{cap_meta.get('connections')} "
+              f"-d{meta['duration']}, each gateway saturated (what rate limiting costs in "
+              f"requests/s is judged here), {args.capacity_rounds} round(s) alternating, median ==")
+        print(throughput_table([(v, E[v]["capacity"]) for v in cap_variants]))
 
     if args.handshake_rounds and any("handshake" in E[v] for v in variants):
         hm = meta.get("handshake") or {}
@@ -1441,8 +1463,10 @@ def cmd_report(args):
 
     if args.rounds or args.handshake_rounds:
         print()
-        names = {"rps": "requests/s", "p99": "p99", "hs": "new TLS connections/s"}
-        ran = {"rps": bool(args.rounds), "p99": bool(args.rounds), "hs": bool(args.handshake_rounds)}
+        names = {"rps": "requests/s", "p99": "p99", "hs": "new TLS connections/s",
+                 "cap": "requests/s at capacity"}
+        ran = {"rps": bool(args.rounds), "p99": bool(args.rounds), "hs": bool(args.handshake_rounds),
+               "cap": bool(args.capacity_rounds)}
         wanted = [f"{v}/{b} " + ", ".join(f"{names[k]} {op} {lim}x" for k, (op, lim) in tg.items()
                                           if ran[k])
                   for v, b, tg in pairs if any(ran[k] for k in tg)]
@@ -1456,15 +1480,18 @@ def cmd_report(args):
                 "hs": (e["handshake"]["rps"] / b["handshake"]["rps"]
                        if (e.get("handshake") or {}).get("rps") and (b.get("handshake") or {}).get("rps")
                        else None),
+                "cap": (e["capacity"]["rps"] / b["capacity"]["rps"]
+                        if (e.get("capacity") or {}).get("rps") and (b.get("capacity") or {}).get("rps")
+                        else None),
             }
             comp = {"variant": v, "base": base, "info_only": not tg}
             cells = []
-            ran = {"rps": bool(args.rounds), "p99": bool(args.rounds), "hs": bool(args.handshake_rounds)}
-            for key in ("rps", "p99", "hs"):
+            for key in ("rps", "p99", "hs", "cap"):
                 comp[f"{key}_ratio"] = values[key]
                 if key in tg and ran[key]:
                     ok = check_value(values[key], tg[key])
-                    name = {"rps": "rps_ratio", "p99": "p99_ratio", "hs": "handshake_ratio"}[key]
+                    name = {"rps": "rps_ratio", "p99": "p99_ratio", "hs": "handshake_ratio",
+                            "cap": "capacity_rps_ratio"}[key]
                     summary["checks"].append({"variant": v, "base": base, "check": name,
                                               "value": values[key],
                                               "target": f"{tg[key][0]} {tg[key][1]}",
@@ -1475,8 +1502,9 @@ def cmd_report(args):
             if tg:
                 runs_ok = "rps" in e or "handshake" in e
                 err = e.get("non2xx", 0) + e.get("socket_errors", 0)
-                h = e.get("handshake") or {}
-                err += h.get("non2xx", 0) + h.get("socket_errors", 0)
+                for part in ("handshake", "capacity"):
+                    h = e.get(part) or {}
+                    err += h.get("non2xx", 0) + h.get("socket_errors", 0)
                 ok_err = None if not runs_ok else err == 0
                 if not any(c["variant"] == v and c["check"] == "no_errors" for c in summary["checks"]):
                     summary["checks"].append({"variant": v, "check": "no_errors", "value": err,
@@ -1487,7 +1515,7 @@ def cmd_report(args):
             summary["comparisons"].append(comp)
             rows.append([f"{v}/{base}"] + cells)
         print(table(rows, ["ratio", "requests/s", "target", "p99", "target",
-                           "new TLS conn/s", "target", "errors"]))
+                           "new TLS conn/s", "target", "req/s at capacity", "target", "errors"]))
 
     if mode in ("all", "idle"):
         print()
@@ -1568,6 +1596,15 @@ def cmd_report(args):
                          f"during the measured runs (keep-alive pool not reused?)")
         if e.get("errors") and any(e["errors"].values()):
             notes.append(f"{v}: wrk errors over all rounds: {e['errors']}")
+        c = e.get("capacity") or {}
+        if c.get("errors") and any(c["errors"].values()):
+            notes.append(f"{v}: wrk errors in the capacity rounds: {c['errors']}")
+        # (At most one per client connection and round: those beyond max_idle_connections
+        # close between rounds.)
+        if (c.get("upstream_connections_opened") or 0) > len(c.get("rounds", [])) * (
+                cap_meta.get("connections") or 0):
+            notes.append(f"{v}: opened {c['upstream_connections_opened']} upstream connections "
+                         f"during the capacity rounds (keep-alive pool not reused?)")
         h = e.get("handshake") or {}
         if h.get("errors") and any(h["errors"].values()):
             notes.append(f"{v}: errors during the new-connection runs: {h['errors']}")
@@ -1583,12 +1620,13 @@ def cmd_report(args):
                          f"({', '.join(f'{k} {int(n)}' for k, n in sorted(bad.items()))}; "
                          f"Valkey errors: {e.get('valkey_errors')}): those requests cost no round "
                          f"trip, and requests/s is flattered")
-        if e.get("limit") and e.get("valkey_evalsha_total") is not None:
+        if e.get("limit") and e.get("requests"):
+            # Every request decided by Valkey (one EVALSHA decides a batch of them).
             allowed = (e.get("decisions") or {}).get("allowed")
-            if allowed is not None and abs(allowed - e["valkey_evalsha_total"]) > (
+            if allowed is not None and abs(allowed - e["requests"]) > (
                     meta.get("connections", 0) * len(e["rounds"])):
-                notes.append(f"{v}: Valkey ran {e['valkey_evalsha_total']} EVALSHA, Sluice counted "
-                             f"{int(allowed)} allowed decisions")
+                notes.append(f"{v}: Sluice counted {int(allowed)} allowed decisions for "
+                             f"{e['requests']} requests")
         if e.get("crashed"):
             notes.append(f"{v}: process died during the benchmark ({e.get('crash_phase')})")
         if e.get("exit_status") not in (None, 0):
@@ -1725,6 +1763,7 @@ def main():
     s.add_argument("--reference", default="nginx")
     s.add_argument("--rounds", type=int, required=True)
     s.add_argument("--handshake-rounds", type=int, default=0)
+    s.add_argument("--capacity-rounds", type=int, default=0)
     s.add_argument("--meta", default="{}")
     s.add_argument("--rps-ratio-min", type=float, default=0.9)
     s.add_argument("--p99-ratio-max", type=float, default=1.2)

@@ -13,6 +13,9 @@
 #   SLUICE_BIN               use this binary instead of building build-release/sluice
 #   BENCH_DURATION=10s       wrk duration of one measured run
 #   BENCH_CONNECTIONS=50     wrk connections
+#   BENCH_CAPACITY_CONNECTIONS=200  wrk connections of the capacity rounds: plain Sluice and
+#                            Sluice with limits again, each saturated (its worker always busy),
+#                            where the cost of rate limiting in requests/s is judged (0: skip)
 #   BENCH_THREADS=1          wrk threads
 #   BENCH_WARMUP=3s          wrk warm-up per gateway before the measured runs (0 = none)
 #   BENCH_ROUNDS=3           measured runs per gateway, alternating order; the median is reported
@@ -44,6 +47,7 @@ ROOT=$(dirname "$BENCH_DIR")
 
 DURATION=${BENCH_DURATION:-10s}
 CONNECTIONS=${BENCH_CONNECTIONS:-50}
+CAPACITY_CONNECTIONS=${BENCH_CAPACITY_CONNECTIONS:-200}
 THREADS=${BENCH_THREADS:-1}
 WARMUP=${BENCH_WARMUP:-3s}
 ROUNDS=${BENCH_ROUNDS:-3}
@@ -67,7 +71,7 @@ RESULTS_DIR=${BENCH_RESULTS_DIR:-$BENCH_DIR/results}
 RPS_RATIO_MIN=0.9          # sluice / nginx and sluice-tls / nginx-tls, keep-alive requests/s
 P99_RATIO_MAX=1.2          # the same pairs, p99 latency
 IDLE_KIB_MAX=16            # Sluice (plain HTTP), Pss per idle keep-alive connection
-LIMIT_RPS_RATIO_MIN=0.85   # sluice+limit / sluice, requests/s (rate limiting costs <= 15%)
+LIMIT_RPS_RATIO_MIN=0.85   # sluice+limit / sluice, requests/s at capacity (rate limiting costs <= 15%)
 HANDSHAKE_RATIO_MIN=0.9    # sluice-tls / nginx-tls, new TLS connections (full handshakes) per second
 
 usage() { sed -n '2,/^set -E/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -318,7 +322,7 @@ nginx_proxy() {  # $1 = name, $2 = "tls" or ""
     $tls_http
     upstream origin {
         server 127.0.0.1:$UPSTREAM_PORT;
-        keepalive 64;
+        keepalive $(( CONNECTIONS > 64 ? CONNECTIONS : 64 ));
         keepalive_requests 1000000;
     }
     server {
@@ -487,6 +491,33 @@ run_wrk() {
     -s "$BENCH_DIR/wrk_report.lua" "${@:5}" "$(url_of "$v")" >"$3" 2>&1 || true
 }
 
+# Measured keep-alive runs: $1 = file prefix (wrk: the throughput rounds, cap: capacity),
+# $2 = label, $3 = connections, then the variants. ROUNDS rounds, the order reversed every
+# other round so that no gateway always runs first.
+keepalive_rounds() {
+  local prefix=$1 label=$2 conns=$3 r i v list
+  local order=("${@:4}")
+  for ((r = 1; r <= ROUNDS; r++)); do
+    list=("${order[@]}")
+    if ((r % 2 == 0)); then
+      list=(); for ((i = ${#order[@]} - 1; i >= 0; i--)); do list+=("${order[i]}"); done
+    fi
+    for v in "${list[@]}"; do
+      check_alive "$v" "$label round $r" || continue
+      sleep 1
+      probe "$v" "$OUT/probe_${prefix}_${v}_${r}_before.json"
+      run_wrk "$v" "$DURATION" "$RUN_DIR/${prefix}_${v}_$r.txt" "$conns"
+      probe "$v" "$OUT/probe_${prefix}_${v}_${r}_after.json"
+      "${HELPER[@]}" wrk-parse --in "$RUN_DIR/${prefix}_${v}_$r.txt" \
+        --out "$OUT/${prefix}_${v}_$r.json" --before "$OUT/probe_${prefix}_${v}_${r}_before.json" \
+        --after "$OUT/probe_${prefix}_${v}_${r}_after.json" --label "$label $r/$ROUNDS $v" \
+        || { log "wrk output for $v:"; cat "$RUN_DIR/${prefix}_${v}_$r.txt"; }
+      grep -E "Non-2xx|Socket errors" "$RUN_DIR/${prefix}_${v}_$r.txt" | sed "s/^/    $v: /" || true
+      check_alive "$v" "$label round $r" || true
+    done
+  done
+}
+
 # $1 = variant, $2 = output: CPU time of the gateway and the upstream, upstream counters; for
 # a variant with limits also Valkey's INFO commandstats and CPU time and Sluice's decision
 # counters; for nginx-tls the number of resumed TLS sessions so far.
@@ -564,25 +595,34 @@ if [[ $MODE == all || $MODE == throughput ]]; then
     done
   fi
   read -r -a order <<<"$VARIANTS"
-  for ((r = 1; r <= ROUNDS; r++)); do
-    list=("${order[@]}")
-    if ((r % 2 == 0)); then  # alternate the order so neither gateway always runs first
-      list=(); for ((i = ${#order[@]} - 1; i >= 0; i--)); do list+=("${order[i]}"); done
-    fi
-    for v in "${list[@]}"; do
-      check_alive "$v" "throughput round $r" || continue
-      sleep 1
-      probe "$v" "$OUT/probe_${v}_${r}_before.json"
-      run_wrk "$v" "$DURATION" "$RUN_DIR/wrk_${v}_$r.txt"
-      probe "$v" "$OUT/probe_${v}_${r}_after.json"
-      "${HELPER[@]}" wrk-parse --in "$RUN_DIR/wrk_${v}_$r.txt" --out "$OUT/wrk_${v}_$r.json" \
-        --before "$OUT/probe_${v}_${r}_before.json" --after "$OUT/probe_${v}_${r}_after.json" \
-        --label "round $r/$ROUNDS $v" \
-        || { log "wrk output for $v:"; cat "$RUN_DIR/wrk_${v}_$r.txt"; }
-      grep -E "Non-2xx|Socket errors" "$RUN_DIR/wrk_${v}_$r.txt" | sed "s/^/    $v: /" || true
-      check_alive "$v" "throughput round $r" || true
-    done
+  keepalive_rounds wrk "round" "$CONNECTIONS" "${order[@]}"
+fi
+
+# 5. Capacity: plain Sluice and Sluice with limits again, with enough connections that each
+#    one's worker is always busy. With 50 connections a closed loop gives 50 / latency requests
+#    per second, and each decision adds a Valkey round trip to the latency while the worker
+#    waits idle: that measures latency (reported above). Here the requests/s are what the
+#    gateway can serve, so what rate limiting costs in requests/s is judged here.
+CAP_VARIANTS=() CAP_ROUNDS=0
+if [[ $MODE == all || $MODE == throughput ]] && ((CAPACITY_CONNECTIONS > 0)); then
+  cap_limit=0
+  for v in $VARIANTS; do
+    [[ ${GW_KIND[$v]} == sluice && ${GW_TLS[$v]:-0} != 1 ]] || continue
+    CAP_VARIANTS+=("$v")
+    [[ ${GW_VALKEY[$v]:-0} == 1 ]] && cap_limit=1
   done
+  ((cap_limit && ${#CAP_VARIANTS[@]} > 1)) || CAP_VARIANTS=()
+fi
+if ((${#CAP_VARIANTS[@]})); then
+  CAP_ROUNDS=$ROUNDS
+  log "capacity: ${CAP_VARIANTS[*]} with $CAPACITY_CONNECTIONS connections"
+  if [[ $(seconds "$WARMUP") != 0 ]]; then
+    for v in "${CAP_VARIANTS[@]}"; do
+      check_alive "$v" "capacity warm-up" || continue
+      run_wrk "$v" "$WARMUP" "$OUT/capwarmup_$v.txt" "$CAPACITY_CONNECTIONS"
+    done
+  fi
+  keepalive_rounds cap "capacity" "$CAPACITY_CONNECTIONS" "${CAP_VARIANTS[@]}"
 fi
 
 # Round trips to Valkey per request: commandstats also counts the commands a Lua script runs,
@@ -716,6 +756,8 @@ print(json.dumps({
     "date": "$(date -Is)",
     "mode": "$MODE",
     "duration": "$DURATION", "connections": $CONNECTIONS, "threads": $THREADS,
+    "capacity": {"connections": $CAPACITY_CONNECTIONS, "rounds": $CAP_ROUNDS,
+                 "variants": "${CAP_VARIANTS[*]}".split()},
     "warmup": "$WARMUP", "rounds": $ROUNDS, "idle_connections": $IDLE_CONNECTIONS,
     "variants": "$VARIANTS".split(), "reference": "$REFERENCE",
     "pinned": "$PIN" == "1", "cpus": $(nproc),
@@ -741,7 +783,7 @@ EOF
 
 "${HELPER[@]}" report --dir "$OUT" --variants "$VARIANTS" --reference "$REFERENCE" \
   --rounds "$([[ $MODE == all || $MODE == throughput ]] && echo "$ROUNDS" || echo 0)" \
-  --handshake-rounds "$HS_ROUNDS" --meta "$meta" \
+  --handshake-rounds "$HS_ROUNDS" --capacity-rounds "$CAP_ROUNDS" --meta "$meta" \
   --rps-ratio-min "$RPS_RATIO_MIN" --p99-ratio-max "$P99_RATIO_MAX" --idle-kib-max "$IDLE_KIB_MAX" \
   --limit-rps-ratio-min "$LIMIT_RPS_RATIO_MIN" --handshake-ratio-min "$HANDSHAKE_RATIO_MIN" \
   --connections-hint "$(( CONNECTIONS > 64 ? CONNECTIONS : 64 ))" \
