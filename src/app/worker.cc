@@ -178,6 +178,7 @@ void Worker::applyConfig(Generation generation) {
   }
   if (old && old->valkey && old->valkey != snapshot->valkey) old->valkey->stop();
   snapshot->deny_cache = std::make_shared<ratelimit::DenyCache>();
+  snapshot->policy_items = ratelimit::PolicyItems(*config);
   snapshot->tenant_cache = std::make_shared<identity::TenantCache>();
   const bool listen_changed = old && listener_ &&
                               old->config->server.listen.text != config->server.listen.text;

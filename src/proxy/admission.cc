@@ -250,7 +250,7 @@ void Admission::apply(const ratelimit::Decision& decision) {
   const config::RateLimitHeaders mode = snapshot_->config->server.rate_limit_headers;
   switch (decision.verdict) {
     case ratelimit::Decision::Verdict::Allow:
-      ratelimit::appendRateLimitHeaders(rate_headers_, mode, decision);
+      ratelimit::appendRateLimitHeaders(rate_headers_, mode, decision, &snapshot_->policy_items);
       admit();
       return;
     case ratelimit::Decision::Verdict::Deny:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "ratelimit/headers.h"
 
 namespace sluice::stats {
 struct WorkerStats;
@@ -54,6 +55,7 @@ struct Snapshot {
   std::shared_ptr<valkey::Store> valkey;                     // null without [valkey]
   std::shared_ptr<ratelimit::DecisionBatcher> decisions;     // with valkey: its batches
   std::shared_ptr<ratelimit::DenyCache> deny_cache;          // per configuration generation
+  ratelimit::PolicyItems policy_items;                       // of config's limits
   std::shared_ptr<identity::TenantCache> tenant_cache;       // per configuration generation
   std::shared_ptr<stats::AccessLog> access_log;              // null: access_log = "off"
   std::shared_ptr<net::TlsServerContext> tls;                // null: plain HTTP listener

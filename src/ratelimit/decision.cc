@@ -54,6 +54,10 @@ Decision decisionFromCache(const std::vector<AppliedLimit>& limits, size_t denie
 }
 
 void appendDecimal(std::string& out, int64_t value) {
+  if (value >= 0 && value < 10) {  // a definition's number, a cost: most are one digit
+    out += static_cast<char>('0' + value);
+    return;
+  }
   char digits[24];
   // (pointer and length: the iterator-range append would build a temporary string)
   const char* end = std::to_chars(digits, digits + sizeof digits, value).ptr;

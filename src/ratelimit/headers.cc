@@ -51,7 +51,28 @@ void appendQuoted(std::string& out, const std::string& name) {
   out += '"';
 }
 
+void appendPolicyItem(std::string& out, const config::LimitConfig& config, int64_t limit) {
+  appendQuoted(out, config.name);
+  out += ";q=";
+  appendDecimal(out, limit);
+  out += ";w=";
+  appendDecimal(out, windowSeconds(config));
+}
+
 }  // namespace
+
+PolicyItems::PolicyItems(const config::Config& config)
+    : first_(config.limits.data()), items_(config.limits.size()) {
+  for (size_t i = 0; i < items_.size(); ++i) {
+    appendPolicyItem(items_[i], config.limits[i], config.limits[i].limit);
+  }
+}
+
+const std::string* PolicyItems::find(const LimitResult& r) const {
+  if (first_ == nullptr || r.config < first_ || r.config >= first_ + items_.size()) return nullptr;
+  if (r.limit != r.config->limit) return nullptr;
+  return &items_[static_cast<size_t>(r.config - first_)];
+}
 
 std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& decision) {
   std::string out;
@@ -60,7 +81,7 @@ std::string rateLimitHeaders(config::RateLimitHeaders mode, const Decision& deci
 }
 
 void appendRateLimitHeaders(std::string& out, config::RateLimitHeaders mode,
-                            const Decision& decision) {
+                            const Decision& decision, const PolicyItems* items) {
   using Mode = config::RateLimitHeaders;
   if (mode == Mode::None) return;
   const size_t start = out.size();
@@ -72,11 +93,12 @@ void appendRateLimitHeaders(std::string& out, config::RateLimitHeaders mode,
       if (!shown(r)) continue;
       out += separator;
       separator = ", ";
-      appendQuoted(out, r.config->name);
-      out += ";q=";
-      appendDecimal(out, r.limit);
-      out += ";w=";
-      appendDecimal(out, windowSeconds(*r.config));
+      const std::string* item = items ? items->find(r) : nullptr;
+      if (item) {
+        out += *item;
+      } else {
+        appendPolicyItem(out, *r.config, r.limit);
+      }
     }
     if (out.size() > start) {
       separator = "\r\nRateLimit: ";

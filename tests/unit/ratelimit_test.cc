@@ -753,6 +753,34 @@ TEST_SUITE("ratelimit: headers") {
           "RateLimit: \"per_ip\";r=42;t=17, \"per_key\";r=49;t=72\r\n");
   }
 
+  TEST_CASE("policy items rendered once per configuration give the same fields") {
+    Config config;
+    config.limits.push_back(limitConfig("per_ip", Algorithm::SlidingWindow, {}, 100, 60000));
+    config.limits.push_back(limitConfig("per_key", Algorithm::TokenBucket, {}, 1000, 1500));
+    const PolicyItems items(config);
+    Limits other;  // limits of another configuration: formatted, not looked up
+    Decision d;
+    d.limits.push_back(result(config.limits[0], Outcome::Allowed, 42, 17000));
+    LimitResult key = result(config.limits[1], Outcome::Allowed, 49, 71500);
+    key.limit = 10000;  // a plan's quota: formatted
+    d.limits.push_back(key);
+    d.limits.push_back(result(other.per_key, Outcome::Allowed, 7, 1000));
+    d.limits.push_back(result(config.limits[1], Outcome::Allowed, 1, 1000));
+    CHECK(items.find(d.limits[0]) != nullptr);
+    CHECK(items.find(d.limits[1]) == nullptr);
+    CHECK(items.find(d.limits[2]) == nullptr);
+    CHECK(*items.find(d.limits[3]) == "\"per_key\";q=1000;w=2");
+    CHECK(PolicyItems().find(d.limits[0]) == nullptr);
+    for (auto mode : {RateLimitHeaders::Ietf, RateLimitHeaders::Both, RateLimitHeaders::Legacy}) {
+      std::string with = "X: 1\r\n";
+      appendRateLimitHeaders(with, mode, d, &items);
+      CHECK(with == "X: 1\r\n" + rateLimitHeaders(mode, d));
+    }
+    CHECK(field(rateLimitHeaders(RateLimitHeaders::Ietf, d), "RateLimit-Policy") ==
+          "\"per_ip\";q=100;w=60, \"per_key\";q=10000;w=2, \"per_key\";q=1000;w=3600, "
+          "\"per_key\";q=1000;w=2");
+  }
+
   TEST_CASE("a refusing limit shows r=0 and t until this request could pass") {
     Limits l;
     Decision d;
