@@ -1317,7 +1317,8 @@ def comparisons(variants, ref, entries, args):
                     "rps" in (entries[plain_sluice].get("capacity") or {})
                 key = "cap" if at_capacity else "rps"
                 out.append((v, plain_sluice, {key: (">=", args.limit_rps_ratio_min)}))
-                out.append((v, ref, {}))
+                if ref != plain_sluice:
+                    out.append((v, ref, {}))
             else:
                 out.append((v, ref, plain))
         elif kind == "sluice":
