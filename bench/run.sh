@@ -491,18 +491,24 @@ run_wrk() {
     -s "$BENCH_DIR/wrk_report.lua" "${@:5}" "$(url_of "$v")" >"$3" 2>&1 || true
 }
 
+# ROUND_ORDER: the variants after $1 (a round number) in the order of that round: reversed every
+# other round, so that no gateway always runs first.
+round_order() {
+  local r=$1 i
+  shift
+  ROUND_ORDER=("$@")
+  if ((r % 2 == 0)); then
+    ROUND_ORDER=(); for ((i = $#; i >= 1; i--)); do ROUND_ORDER+=("${!i}"); done
+  fi
+}
+
 # Measured keep-alive runs: $1 = file prefix (wrk: the throughput rounds, cap: capacity),
-# $2 = label, $3 = connections, then the variants. ROUNDS rounds, the order reversed every
-# other round so that no gateway always runs first.
+# $2 = label, $3 = connections, then the variants; ROUNDS rounds (round_order).
 keepalive_rounds() {
-  local prefix=$1 label=$2 conns=$3 r i v list
-  local order=("${@:4}")
+  local prefix=$1 label=$2 conns=$3 r v
   for ((r = 1; r <= ROUNDS; r++)); do
-    list=("${order[@]}")
-    if ((r % 2 == 0)); then
-      list=(); for ((i = ${#order[@]} - 1; i >= 0; i--)); do list+=("${order[i]}"); done
-    fi
-    for v in "${list[@]}"; do
+    round_order "$r" "${@:4}"
+    for v in "${ROUND_ORDER[@]}"; do
       check_alive "$v" "$label round $r" || continue
       sleep 1
       probe "$v" "$OUT/probe_${prefix}_${v}_${r}_before.json"
@@ -662,11 +668,8 @@ if [[ $MODE == all || $MODE == handshake ]] && ((${#HS_VARIANTS[@]})); then
   fi
   log "new TLS connections: $HANDSHAKE_TOOL, $HANDSHAKE_CONNECTIONS connections, $HANDSHAKE_DURATION per run, one request per connection, no session reuse"
   for ((r = 1; r <= ROUNDS; r++)); do
-    list=("${HS_VARIANTS[@]}")
-    if ((r % 2 == 0)); then
-      list=(); for ((i = ${#HS_VARIANTS[@]} - 1; i >= 0; i--)); do list+=("${HS_VARIANTS[i]}"); done
-    fi
-    for v in "${list[@]}"; do
+    round_order "$r" "${HS_VARIANTS[@]}"
+    for v in "${ROUND_ORDER[@]}"; do
       check_alive "$v" "handshake round $r" || continue
       sleep 1
       raw=$RUN_DIR/handshake_${v}_$r.txt
