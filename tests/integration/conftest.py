@@ -247,6 +247,27 @@ class Sluice:
     def send_signal(self, signum: int = signal.SIGTERM) -> None:
         self.proc.send_signal(signum)
 
+    def pause(self, timeout: float = 5.0) -> None:
+        """SIGSTOP, then wait until every thread is stopped: kill() returns before the signal
+        is delivered, and a worker still running would read what is sent meanwhile."""
+        self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = []
+            for tid in os.listdir(f"/proc/{self.pid}/task"):
+                try:
+                    with open(f"/proc/{self.pid}/task/{tid}/stat") as f:
+                        states.append(f.read().rpartition(")")[2].split()[0])
+                except OSError:
+                    pass  # a thread that just exited
+            if states and all(s in ("T", "t") for s in states):
+                return
+            time.sleep(0.001)
+        raise AssertionError("the gateway did not stop after SIGSTOP")
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
     def wait(self, timeout: float = 10.0) -> Optional[int]:
         """Exit code, or None when still running after timeout."""
         try:

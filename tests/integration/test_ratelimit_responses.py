@@ -209,7 +209,7 @@ def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstr
     before = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
     socks = []
     with ValkeyMonitor(valkey) as mon:
-        gw.send_signal(signal.SIGSTOP)
+        gw.pause()
         try:
             for i in range(n):  # the kernel completes the handshakes and buffers the requests
                 request = (f"GET /status/200 HTTP/1.1\r\nHost: t\r\nX-Id: c{i}\r\n"
@@ -258,7 +258,7 @@ def test_clients_that_leave_before_their_decision(sluice_factory, upstream, valk
         valkey.pause()
         try:
             socks = []
-            gw.send_signal(signal.SIGSTOP)  # so that one round of events reads all six
+            gw.pause()  # so that one round of events reads all six
             try:
                 for _ in range(6):
                     s = socket.create_connection(("127.0.0.1", gw.port), timeout=10)
