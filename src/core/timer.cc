@@ -15,17 +15,35 @@ Timer::~Timer() {
            [](uv_handle_t* h) { delete static_cast<Block*>(h->data); });
 }
 
-void Timer::start(uint64_t timeout_ms) { uv_timer_start(&block_->handle, onTimer, timeout_ms, 0); }
-
-void Timer::stop() { uv_timer_stop(&block_->handle); }
-
-bool Timer::active() const {
-  return uv_is_active(reinterpret_cast<const uv_handle_t*>(&block_->handle)) != 0;
+void Timer::start(uint64_t timeout_ms) {
+  Block* b = block_;
+  auto* handle = reinterpret_cast<uv_handle_t*>(&b->handle);
+  b->started = true;
+  b->due = uv_now(b->handle.loop) + timeout_ms;
+  uv_ref(handle);
+  if (uv_is_active(handle) && b->armed <= b->due) return;  // fires first, then set again
+  uv_timer_start(&b->handle, onTimer, timeout_ms, 0);
+  b->armed = b->due;
 }
+
+void Timer::stop() {
+  block_->started = false;
+  uv_unref(reinterpret_cast<uv_handle_t*>(&block_->handle));  // may still fire: does nothing
+}
+
+bool Timer::active() const { return block_->started; }
 
 void Timer::onTimer(uv_timer_t* handle) {
   auto* block = static_cast<Block*>(handle->data);
-  if (block->callback) block->callback(block->context);
+  if (!block->started || !block->callback) return;
+  const uint64_t now = uv_now(handle->loop);
+  if (now < block->due) {  // restarted later since this was set
+    uv_timer_start(handle, onTimer, block->due - now, 0);
+    block->armed = block->due;
+    return;
+  }
+  block->started = false;
+  block->callback(block->context);
 }
 
 }  // namespace sluice

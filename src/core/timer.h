@@ -1,8 +1,15 @@
 #pragma once
 
-// A one-shot/repeating libuv timer that its owner may destroy at any time: the uv handle lives
-// in its own heap block, which the close callback frees (close-then-free), and the owner's
-// callback can no longer run once the Timer is destroyed.
+// A one-shot libuv timer that its owner may destroy at any time: the uv handle lives in its own
+// heap block, which the close callback frees (close-then-free), and the owner's callback can no
+// longer run once the Timer is destroyed.
+//
+// Restarting and stopping are cheap: a connection restarts its timer several times per request
+// (header, idle, response deadlines), and each uv_timer_start or uv_timer_stop moves the handle
+// in the loop's timer heap. start() only records the new due time when the uv timer is already
+// set to fire no later; stop() only marks the timer stopped (and stops it keeping the loop
+// alive). A uv timer that fires early is set again for what is left; one that fires for a
+// stopped Timer does nothing. The callback runs exactly when a started timer is due.
 
 #include <uv.h>
 
@@ -29,6 +36,9 @@ class Timer {
     uv_timer_t handle;
     Callback callback;
     void* context;
+    bool started = false;  // start() called, not stopped, not fired since
+    uint64_t due = 0;      // loop time (ms) the callback is due, when started
+    uint64_t armed = 0;    // loop time the uv timer fires, while the handle is active
   };
   static void onTimer(uv_timer_t* handle);
   Block* block_;
