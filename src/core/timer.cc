@@ -21,9 +21,9 @@ void Timer::start(uint64_t timeout_ms) {
   b->started = true;
   b->due = uv_now(b->handle.loop) + timeout_ms;
   uv_ref(handle);
-  if (uv_is_active(handle) && b->armed <= b->due) return;  // fires first, then set again
+  // Set to fire no later: it will, and is set again then for what is left.
+  if (uv_is_active(handle) && uv_timer_get_due_in(&b->handle) <= timeout_ms) return;
   uv_timer_start(&b->handle, onTimer, timeout_ms, 0);
-  b->armed = b->due;
 }
 
 void Timer::stop() {
@@ -39,7 +39,6 @@ void Timer::onTimer(uv_timer_t* handle) {
   const uint64_t now = uv_now(handle->loop);
   if (now < block->due) {  // restarted later since this was set
     uv_timer_start(handle, onTimer, block->due - now, 0);
-    block->armed = block->due;
     return;
   }
   block->started = false;

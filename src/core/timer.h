@@ -38,7 +38,6 @@ class Timer {
     void* context;
     bool started = false;  // start() called, not stopped, not fired since
     uint64_t due = 0;      // loop time (ms) the callback is due, when started
-    uint64_t armed = 0;    // loop time the uv timer fires, while the handle is active
   };
   static void onTimer(uv_timer_t* handle);
   Block* block_;
