@@ -85,8 +85,10 @@ def main():
                     # decide.lua's layout: one definition, then this request ("1:1": the
                     # definition, cost 1) and its id, which sliding_log needs.
                     request = ["1:1"] + ([f"w-{i}-{j}"] if algorithm == "sliding_log" else [])
+                    # (definition: algorithm, limit, window, burst, count_denied, shadow,
+                    # keep)
                     pipe.evalsha(sha, 1, key, "1", algorithm, limit, window, limit, "0", "0",
-                                 *request)
+                                 limit, *request)
                 if len(pipe) >= 2000:
                     pipe.execute()
             pipe.execute()

@@ -23,9 +23,11 @@
 --   KEYS                the base keys of every limit of every request, in order:
 --                       "<key_prefix>:<limit name>:<parts>"
 --   ARGV[1]             D, the number of limit definitions
---   ARGV[2 .. 1 + 6D]   definition j: algorithm, limit, window_ms, burst, count_denied
+--   ARGV[2 .. 1 + 7D]   definition j: algorithm, limit, window_ms, burst, count_denied
 --                       ("1"|"0"), shadow ("1"|"0": decided and charged like the others,
---                       never refuses)
+--                       never refuses), keep (the largest limit of the quotas that share the
+--                       limit's keys: a plan's for one client, the limit's own for another; a
+--                       sliding_log keeps that many entries)
 --   then per request    its limits as "<definition>:<cost>" joined by ",", e.g. "1:1,2:3"
 --                       (one key each, in that order); then its request id (unique;
 --                       sliding_log members) if one of its limits is a sliding_log.
@@ -63,7 +65,7 @@ local function module_of(p)
 end
 
 local definitions = ARGV[1] + 0
-local cursor = 2 + 6 * definitions
+local cursor = 2 + 7 * definitions
 
 -- The parameters of one limit of a request, "<definition>:<cost>", built once per call.
 local params = {}
@@ -72,10 +74,11 @@ local function params_of(ref)
   local j, cost = string.match(ref, '^(%d+):(%d+)$')
   j = j and j + 0
   if j == nil or j < 1 or j > definitions then error('no limit definition in ' .. ref) end
-  local a = 2 + 6 * (j - 1)
+  local a = 2 + 7 * (j - 1)
   local p = {algorithm = ARGV[a], limit = ARGV[a + 1] + 0, window = ARGV[a + 2] + 0,
              burst = ARGV[a + 3] + 0, cost = cost + 0,
              count_denied = ARGV[a + 4] == '1', shadow = ARGV[a + 5] == '1',
+             keep = ARGV[a + 6] + 0,
              module = false}  -- (every field in the constructor: one added resizes the table)
   params[ref] = p
   return p

@@ -1,8 +1,12 @@
 -- sliding_log: a sorted set of request times (score: microseconds, member: unique per request
 -- and unit of cost). Expired entries are trimmed, the rest counted; the key's TTL is one window
 -- after its newest entry. Memory is bounded: accepted requests never exceed the limit, and
--- with count_denied the set is trimmed to its newest `limit` entries, so a key never holds
--- more than limit + 1 entries, even while a client keeps hammering.
+-- with count_denied the set is trimmed to its newest `keep` entries (the largest limit of the
+-- quotas that share the key: a plan's and the limit's own), so a key never holds more than
+-- that, even while a client keeps hammering. Trimming to the refused request's own limit
+-- would erase what a larger quota on the same key still counts; `keep` entries are all that
+-- any of them reads (a quota of L refuses at L entries and waits for the (L - cost + 1)th
+-- newest to expire).
 --
 -- Standalone (EVAL this file):
 --   KEYS[1]  the sorted set
@@ -13,6 +17,7 @@
 --   ARGV[5]  count_denied   "1": a refused request is recorded too (it stays blocked while it
 --                           keeps hammering)
 --   ARGV[6]  request id     makes members unique across gateways
+--   ARGV[7]  keep           optional (default limit): the largest limit sharing the key
 --   reply    {allowed (1|0), remaining, reset_ms, retry_ms}
 local M = {}
 
@@ -31,7 +36,7 @@ function M.settle(p, d, charge, id)
     redis.call('ZADD', d.key, d.now, d.now .. ':' .. id .. ':' .. i)
   end
   if not d.allowed then
-    redis.call('ZREMRANGEBYRANK', d.key, 0, -(p.limit + 1))
+    redis.call('ZREMRANGEBYRANK', d.key, 0, -(math.max(p.keep, p.limit) + 1))
   end
   d.count = redis.call('ZCARD', d.key)
   redis.call('PEXPIRE', d.key, p.window)
@@ -64,7 +69,8 @@ end
 if KEYS == nil then return M end
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
-           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
+           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1',
+           keep = tonumber(ARGV[7] or ARGV[1])}
 local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
 M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
 local out = {d.allowed and 1 or 0}

@@ -29,4 +29,18 @@ const PlanConfig* Config::findPlan(const std::string& name) const {
   return findByName(plans, name);
 }
 
+int64_t overriddenBurst(const LimitConfig& limit, const PlanLimitOverride& override) {
+  return override.burst.value_or(limit.burst_explicit ? limit.burst : override.limit);
+}
+
+void resolveSharedQuotas(Config& config) {
+  for (LimitConfig& limit : config.limits) {
+    limit.most_limit = limit.limit;
+    for (const PlanConfig& plan : config.plans) {
+      auto it = plan.limits.find(limit.name);
+      if (it != plan.limits.end()) limit.most_limit = std::max(limit.most_limit, it->second.limit);
+    }
+  }
+}
+
 }  // namespace sluice::config

@@ -142,6 +142,11 @@ struct LimitConfig {
   bool count_denied = false;  // default true for sliding_log, false otherwise
   OnError on_error = OnError::Allow;
   bool shadow = false;
+  // The largest `limit` of this limit and of every plan's override of it: the quotas that
+  // share its keys (one client with and without a plan's API key). A sliding_log keeps that
+  // many entries, so that no request trims what a larger quota still counts. Filled by
+  // resolveSharedQuotas().
+  int64_t most_limit = 0;
 };
 
 struct RouteMatch {
@@ -171,6 +176,10 @@ struct PlanConfig {
   std::map<std::string, PlanLimitOverride> limits;  // by limit name
 };
 
+// A token bucket's capacity under a plan's override: the plan's burst, else the limit's own
+// burst when it was written, else the plan's limit (an implicit burst follows the limit).
+int64_t overriddenBurst(const LimitConfig& limit, const PlanLimitOverride& override);
+
 struct TenantConfig {
   std::string name;
   std::string plan;  // empty: no plan
@@ -196,6 +205,10 @@ struct Config {
   const LimitConfig* findLimit(const std::string& name) const;
   const PlanConfig* findPlan(const std::string& name) const;
 };
+
+// Fills each limit's most_limit from the limit and the plans (the loader calls it once every
+// plan is read).
+void resolveSharedQuotas(Config& config);
 
 using ConfigPtr = std::shared_ptr<const Config>;
 

@@ -718,6 +718,7 @@ LoadResult loadConfigString(std::string_view toml, const std::string& source_nam
     try {
       const toml::table root = toml::parse(toml, std::string_view(source_name));
       Loader(diag, *config).load(root);
+      resolveSharedQuotas(*config);
     } catch (const toml::parse_error& e) {
       diag.add(positionOf(e.source()), "", std::string(e.description()));
     }

@@ -179,14 +179,10 @@ void Admission::decide() {
     return;
   }
   const uint64_t now = uv_now(worker_.loop());
-  ratelimit::DenyCache& cache = *snapshot_->deny_cache;
-  for (size_t i = 0; i < applied_.size() && !cache.empty(); ++i) {  // no key built when empty
-    const config::LimitConfig& limit = *applied_[i].config;
-    if (limit.shadow || limit.count_denied) continue;
-    if (const uint64_t left = cache.remaining(ratelimit::denyCacheKey(applied_[i]), now)) {
-      apply(ratelimit::decisionFromCache(applied_, i, static_cast<int64_t>(left)));
-      return;
-    }
+  ratelimit::Decision cached;
+  if (ratelimit::refusalFromCache(*snapshot_->deny_cache, applied_, now, &cached)) {
+    apply(cached);
+    return;
   }
   sent_ms_ = now;
   sent_ns_ = uv_hrtime();
@@ -220,15 +216,8 @@ void Admission::onValkeyFailure(valkey::Failure) {
 void Admission::onDecision(const ratelimit::Decision& decision) {
   decision_ = nullptr;
   valkey_ns_ = uv_hrtime() - sent_ns_;
-  // Remember refusals from the time the question was asked: never longer than Valkey's own.
-  ratelimit::DenyCache& cache = *snapshot_->deny_cache;
-  const uint64_t now = uv_now(worker_.loop());
-  for (size_t i = 0; i < decision.limits.size(); ++i) {
-    const ratelimit::LimitResult& r = decision.limits[i];
-    if (r.outcome != ratelimit::Outcome::Denied || r.config->count_denied) continue;
-    cache.remember(ratelimit::denyCacheKey(applied_[i]),
-                   sent_ms_ + static_cast<uint64_t>(r.retry_ms), now);
-  }
+  ratelimit::rememberRefusals(*snapshot_->deny_cache, applied_, decision, sent_ms_,
+                              uv_now(worker_.loop()));
   apply(decision);
 }
 

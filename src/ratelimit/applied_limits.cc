@@ -40,8 +40,7 @@ void appliedLimits(const config::Config& config, const config::RouteConfig& rout
       auto it = facts.plan->limits.find(limit.name);
       if (it != facts.plan->limits.end()) {
         applied.limit = it->second.limit;
-        applied.burst = it->second.burst.value_or(limit.burst_explicit ? limit.burst
-                                                                       : it->second.limit);
+        applied.burst = config::overriddenBurst(limit, it->second);
       }
     }
     ++n;

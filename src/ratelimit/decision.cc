@@ -33,23 +33,26 @@ const char* toString(Outcome outcome) {
   return "unknown";
 }
 
-Decision decisionFromCache(const std::vector<AppliedLimit>& limits, size_t denied,
-                           int64_t retry_ms) {
+Decision decisionFromCache(const std::vector<AppliedLimit>& limits,
+                           const std::vector<int64_t>& left_ms) {
   Decision d;
   d.verdict = Decision::Verdict::Deny;
+  int64_t longest = 0;
   for (size_t i = 0; i < limits.size(); ++i) {
     LimitResult r;
     r.config = limits[i].config;
     r.limit = limits[i].limit;
-    if (i == denied) {
+    const int64_t left = i < left_ms.size() ? left_ms[i] : 0;
+    if (left > 0) {
       r.outcome = Outcome::Denied;
-      r.retry_ms = r.reset_ms = retry_ms;
+      r.retry_ms = r.reset_ms = left;
+      longest = std::max(longest, left);
     } else {
       r.decided = false;
     }
     d.limits.push_back(r);
   }
-  d.retry_after_s = retryAfterSeconds(retry_ms);
+  d.retry_after_s = retryAfterSeconds(longest);
   return d;
 }
 
@@ -93,6 +96,8 @@ size_t ScriptBatch::definition(const AppliedLimit& l) {
     appendBulkNumber(definitions_resp_, l.burst);
     valkey::appendBulk(definitions_resp_, l.config->count_denied ? "1" : "0");
     valkey::appendBulk(definitions_resp_, l.config->shadow ? "1" : "0");
+    // The largest quota on this limit's keys (its plans' too): what a sliding_log keeps.
+    appendBulkNumber(definitions_resp_, std::max(l.limit, l.config->most_limit));
   }
   return index;
 }
@@ -134,7 +139,7 @@ std::string ScriptBatch::command(std::string_view sha) const {
   std::string out;
   size_t size = 32 + valkey::bulkSize("EVALSHA") + valkey::bulkSize(sha) + keys_resp_.size() +
                 definitions_resp_.size();
-  size_t args = 3 + keys_ + 1 + 6 * definitions_.size();
+  size_t args = 3 + keys_ + 1 + kDefinitionFields * definitions_.size();
   for (const Entry& e : entries_) {
     size += valkey::bulkSize(e.part) + 24 + (e.id.empty() ? 0 : valkey::bulkSize(e.id));
     args += e.id.empty() ? 1 : 2;
@@ -229,7 +234,9 @@ void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* 
     LimitResult r;
     r.config = limits[i].config;
     r.limit = limits[i].limit;
-    r.remaining = std::max<int64_t>(0, l[0]);
+    // Never more than the quota announced in RateLimit-Policy (a token bucket whose burst is
+    // above its limit holds more).
+    r.remaining = std::clamp<int64_t>(l[0], 0, r.limit);
     r.reset_ms = std::max<int64_t>(0, l[1]);
     r.retry_ms = std::max<int64_t>(0, l[2]);
     if (r.retry_ms == 0) {  // the limit allows this request

@@ -55,6 +55,8 @@ struct Decision {
 // after the other, and answers in runs.
 class ScriptBatch {
  public:
+  // algorithm, limit, window_ms, burst, count_denied, shadow, keep (decide.lua).
+  static constexpr size_t kDefinitionFields = 7;
   // Adds the limits of one request (at least one); returns the index of its entry. `request_id`
   // is sent only when one of the limits needs it (needsRequestId).
   size_t add(const std::vector<AppliedLimit>& limits, std::string_view request_id);
@@ -65,7 +67,7 @@ class ScriptBatch {
   // The key of the first limit (all keys of a gateway share one cluster slot).
   const std::string& firstKey() const { return first_key_; }
   // EVALSHA <sha> <keys> <KEYS...> <ARGV...>: ARGV is the number of definitions, the
-  // definitions, then each entry's part.
+  // definitions (kDefinitionFields each), then each entry's part.
   std::string command(std::string_view sha) const;
 
  private:
@@ -84,7 +86,7 @@ class ScriptBatch {
   size_t definition(const AppliedLimit& l);
 
   std::vector<Definition> definitions_;
-  std::string definitions_resp_;  // 6 bulk strings each
+  std::string definitions_resp_;  // kDefinitionFields bulk strings each
   std::string keys_resp_;
   std::vector<Entry> entries_;
   std::string first_key_;
@@ -134,10 +136,10 @@ void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* 
 // never refuses, whatever its on_error.
 Decision decisionOnError(const std::vector<AppliedLimit>& limits);
 
-// Refused from the deny cache: `denied` (an index into limits) stays refused for `retry_ms`;
-// the other limits were not asked.
-Decision decisionFromCache(const std::vector<AppliedLimit>& limits, size_t denied,
-                           int64_t retry_ms);
+// Refused from the deny cache: limits[i] stays refused for left_ms[i] (0: not in the cache,
+// not asked). Retry-After is the longest of these waits.
+Decision decisionFromCache(const std::vector<AppliedLimit>& limits,
+                           const std::vector<int64_t>& left_ms);
 
 // Appends `value` in decimal (script arguments, header values).
 void appendDecimal(std::string& out, int64_t value);

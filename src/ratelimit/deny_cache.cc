@@ -27,4 +27,38 @@ uint64_t DenyCache::remaining(const std::string& key, uint64_t now_ms) {
   return it->second - now_ms;
 }
 
+namespace {
+
+// Limits the cache may answer for: a refusal of theirs is the same whether Valkey sees it
+// or not.
+bool cacheable(const config::LimitConfig& limit) { return !limit.shadow && !limit.count_denied; }
+
+}  // namespace
+
+bool refusalFromCache(DenyCache& cache, const std::vector<AppliedLimit>& limits,
+                      uint64_t now_ms, Decision* decision) {
+  if (cache.empty()) return false;  // (no key built)
+  for (const AppliedLimit& l : limits) {
+    if (l.config->count_denied && !l.config->shadow) return false;  // Valkey records it
+  }
+  std::vector<int64_t> left(limits.size(), 0);
+  bool refused = false;
+  for (size_t i = 0; i < limits.size(); ++i) {
+    if (!cacheable(*limits[i].config)) continue;
+    left[i] = static_cast<int64_t>(cache.remaining(denyCacheKey(limits[i]), now_ms));
+    refused |= left[i] > 0;
+  }
+  if (refused) *decision = decisionFromCache(limits, left);
+  return refused;
+}
+
+void rememberRefusals(DenyCache& cache, const std::vector<AppliedLimit>& limits,
+                      const Decision& decision, uint64_t asked_ms, uint64_t now_ms) {
+  for (size_t i = 0; i < decision.limits.size() && i < limits.size(); ++i) {
+    const LimitResult& r = decision.limits[i];
+    if (r.outcome != Outcome::Denied || !cacheable(*r.config)) continue;
+    cache.remember(denyCacheKey(limits[i]), asked_ms + static_cast<uint64_t>(r.retry_ms), now_ms);
+  }
+}
+
 }  // namespace sluice::ratelimit

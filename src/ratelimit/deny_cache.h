@@ -3,12 +3,15 @@
 // Per-worker memory of refusals: after Valkey refused a key until T, more requests for that key
 // before T are refused here without a round trip. Exact, because until T no other request can
 // make the refusal wrong: windows only fill, logs only age out on schedule, buckets only drain.
-// Limits that count denied requests are never cached (their refusals must reach Valkey), nor
-// shadow limits. Bounded in size.
+// Shadow limits are never cached. Limits that count denied requests are never cached either,
+// and while one of them applies to a request the cache is not asked at all: the attempt must
+// reach Valkey, which records it. A cached refusal announces the longest wait of every limit
+// of the request that the cache holds (several may refuse). Bounded in size.
 
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "ratelimit/decision.h"
 
@@ -33,5 +36,15 @@ class DenyCache {
   size_t max_entries_;
   std::unordered_map<std::string, uint64_t> entries_;
 };
+
+// Refusal of a request from the cache, when one of its limits is held there (false: ask
+// Valkey). Fills *decision.
+bool refusalFromCache(DenyCache& cache, const std::vector<AppliedLimit>& limits,
+                      uint64_t now_ms, Decision* decision);
+
+// Remembers the limits that Valkey refused in `decision` (of the request on `limits`, asked at
+// `asked_ms`): each until asked_ms + its wait, never longer than Valkey's own answer.
+void rememberRefusals(DenyCache& cache, const std::vector<AppliedLimit>& limits,
+                      const Decision& decision, uint64_t asked_ms, uint64_t now_ms);
 
 }  // namespace sluice::ratelimit

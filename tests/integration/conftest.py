@@ -718,7 +718,8 @@ def decide_batch(requests: Iterable[tuple]) -> tuple:
     request is (request_id, [(key, limit dict)]), or (request_id, [(key, limit dict)], n) for n
     requests alike ("<limits>*<n>", keys once, no request id); a limit dict has algorithm,
     limit, window_ms, and optionally burst (default limit), cost (1), count_denied (False),
-    shadow (False). Each distinct definition is listed once; each request names its limits
+    shadow (False), keep (the largest limit of the quotas that share the key; default: this
+    limit's own). Each distinct definition is listed once; each request names its limits
     "<definition>:<cost>"."""
     definitions, keys, per_request = [], [], []
     for request in requests:
@@ -727,7 +728,8 @@ def decide_batch(requests: Iterable[tuple]) -> tuple:
         refs = []
         for key, l in limits:
             d = (l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("burst", l["limit"])),
-                 "1" if l.get("count_denied") else "0", "1" if l.get("shadow") else "0")
+                 "1" if l.get("count_denied") else "0", "1" if l.get("shadow") else "0",
+                 str(l.get("keep", l["limit"])))
             if d not in definitions:
                 definitions.append(d)
             refs.append(f"{definitions.index(d) + 1}:{l.get('cost', 1)}")

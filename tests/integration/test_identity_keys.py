@@ -288,13 +288,12 @@ def test_api_key_with_unsafe_characters_is_a_tenants_key(sluice_factory, upstrea
                for k in limit_keys(valkey.client, "rl:v1:per_key:*"))
 
 
-# (token_bucket is left out: its bucket holds tokens, not a count, so an emptied bucket is empty
-# whatever the capacity; the counters of the others are compared with each request's own limit.)
 @pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "sliding_log"])
 def test_plan_raised_limit_on_a_shared_key(sluice_factory, upstream, valkey, algorithm):
     """A per-address limit that a plan raises: anonymous requests from one address use up the
-    default limit; a tenant on the plan, from the same address, still has its higher limit
-    (the counter in Valkey is 3 of the tenant's 10)."""
+    default limit; a tenant on the plan, from the same address, still has its higher limit.
+    The counter is compared with each request's own limit: 3 of the tenant's 10, and a
+    sliding_log (count_denied by default) also recorded the refused fourth."""
     limits = [limit_cfg("per_ip", algorithm, 3, "1h")]
     gw = sluice_with_limits(sluice_factory, upstream, valkey, limits,
                             plans=[{"name": "pro", "limits": {"per_ip": 10}}],
@@ -303,7 +302,28 @@ def test_plan_raised_limit_on_a_shared_key(sluice_factory, upstream, valkey, alg
     r = key_get(gw, "acme-1")[0]
     assert r.status == 200, f"the pro tenant was refused at the default limit: {r}"
     assert quota(r, "per_ip") == 10
-    assert parse_rl_list(r.header("ratelimit"))["per_ip"]["r"] == 6
+    used = 4 if algorithm == "sliding_log" else 3
+    assert parse_rl_list(r.header("ratelimit"))["per_ip"]["r"] == 10 - used - 1
+
+
+def test_plan_raised_token_bucket_on_a_shared_key(sluice_factory, upstream, valkey):
+    """A token bucket that a plan raises is shared in time (GCRA): each request uses cost /
+    limit of the window under its own quota, and each quota admits while the bucket holds its
+    own burst. Three anonymous requests (limit 3 an hour) use the whole hour, so the pro
+    tenant (10 an hour) on the same address waits for one of its tokens (6 minutes); a fresh
+    address gives it all 10."""
+    limits = [limit_cfg("per_ip", "token_bucket", 3, "1h")]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits, identity=TRUSTED_LOOPBACK,
+                            plans=[{"name": "pro", "limits": {"per_ip": 10}}],
+                            tenants=[{"name": "acme", "plan": "pro", "api_keys": ["acme-1"]}])
+    assert [gw.get("/status/200").status for _ in range(4)] == [200, 200, 200, 429]
+    r = key_get(gw, "acme-1")[0]
+    assert r.status == 429, r
+    assert 355 <= int(r.header("retry-after")) <= 360, r.headers
+    fresh = [("X-Forwarded-For", "203.0.113.9")]
+    statuses = [gw.get("/status/200", [("X-API-Key", "acme-1")] + fresh).status
+                for _ in range(11)]
+    assert statuses == [200] * 10 + [429]
 
 
 def test_session_cookie_header_and_method_parts(sluice_factory, upstream, valkey):

@@ -356,6 +356,63 @@ TEST_SUITE("ratelimit: applied limits") {
   }
 }
 
+TEST_SUITE("ratelimit: quotas that share a key") {
+  TEST_CASE("resolveSharedQuotas: the largest limit over the limit and its plans") {
+    Config config;
+    LimitConfig log = limitConfig("log", Algorithm::SlidingLog, {}, 5, 60000);
+    LimitConfig implicit = limitConfig("implicit", Algorithm::TokenBucket, {}, 10, 1000);
+    LimitConfig explicit_burst = limitConfig("explicit", Algorithm::TokenBucket, {}, 10, 1000);
+    explicit_burst.burst = 4;
+    explicit_burst.burst_explicit = true;
+    LimitConfig alone = limitConfig("alone", Algorithm::FixedWindow, {}, 3, 1000);
+    config.limits = {log, implicit, explicit_burst, alone};
+    PlanConfig pro;
+    pro.name = "pro";
+    pro.limits["log"] = PlanLimitOverride{60, std::nullopt};
+    pro.limits["implicit"] = PlanLimitOverride{50, std::nullopt};  // burst follows: 50
+    pro.limits["explicit"] = PlanLimitOverride{2, std::nullopt};   // burst stays 4
+    PlanConfig lite;
+    lite.name = "lite";
+    lite.limits["log"] = PlanLimitOverride{2, std::nullopt};
+    lite.limits["implicit"] = PlanLimitOverride{3, 7};
+    config.plans = {pro, lite};
+    sluice::config::resolveSharedQuotas(config);
+    CHECK(config.limits[0].most_limit == 60);
+    CHECK(config.limits[1].most_limit == 50);
+    CHECK(config.limits[2].most_limit == 10);
+    CHECK(config.limits[3].most_limit == 3);
+    CHECK(sluice::config::overriddenBurst(config.limits[1], pro.limits["implicit"]) == 50);
+    CHECK(sluice::config::overriddenBurst(config.limits[1], lite.limits["implicit"]) == 7);
+    CHECK(sluice::config::overriddenBurst(config.limits[2], pro.limits["explicit"]) == 4);
+  }
+
+  TEST_CASE("a definition carries the largest limit of every quota on its keys (keep)") {
+    LimitConfig log = limitConfig("log", Algorithm::SlidingLog, {}, 5, 60000);
+    log.most_limit = 60;
+    log.count_denied = true;
+    LimitConfig bucket = limitConfig("b", Algorithm::TokenBucket, {}, 5, 3600000);
+    bucket.most_limit = 50;
+    std::vector<AppliedLimit> free_request = {applied(log, "rl:log:1"), applied(bucket, "rl:b:1")};
+    std::vector<AppliedLimit> pro_request = free_request;
+    pro_request[0].limit = 60;
+    pro_request[1].limit = pro_request[1].burst = 50;
+    ScriptBatch batch;
+    batch.add(free_request, "req-1");
+    batch.add(pro_request, "req-2");
+    const std::string sha(40, 'f');
+    const std::vector<std::string> expected = {
+        "EVALSHA", sha, "4", "rl:log:1", "rl:b:1", "rl:log:1", "rl:b:1",
+        "4",
+        "sliding_log", "5", "60000", "5", "1", "0", "60",
+        "token_bucket", "5", "3600000", "5", "0", "0", "50",
+        "sliding_log", "60", "60000", "5", "1", "0", "60",
+        "token_bucket", "50", "3600000", "50", "0", "0", "50",
+        "1:1,2:1", "req-1",
+        "3:1,4:1", "req-2"};
+    CHECK(batch.command(sha) == sluice::valkey::formatCommand(expected));
+  }
+}
+
 TEST_SUITE("ratelimit: decision") {
   TEST_CASE("outcome names are the metric labels") {
     CHECK(std::string(toString(Outcome::Allowed)) == "allowed");
@@ -400,19 +457,19 @@ TEST_SUITE("ratelimit: decision") {
     batch.add(third, "req-3");
     CHECK(batch.requests() == 3);
     CHECK(batch.firstKey() == "rl:a:1");
-    // KEYS: every limit's key, in order. ARGV[1] D; then D definitions of 6: algorithm, limit,
-    // window_ms, burst, count_denied, shadow; then per request "<definition>:<cost>,..." and
-    // its id if it has a sliding_log.
+    // KEYS: every limit's key, in order. ARGV[1] D; then D definitions of 7: algorithm, limit,
+    // window_ms, burst, count_denied, shadow, keep; then per request
+    // "<definition>:<cost>,..." and its id if it has a sliding_log.
     const std::string sha(40, 'f');
     const std::vector<std::string> expected = {
         "EVALSHA", sha, "7",
         "rl:a:1", "rl:b:2", "rl:c:3", "rl:d:4", "rl:c:9", "rl:a:9", "rl:b:7",
         "5",
-        "token_bucket", "20", "60000", "15", "1", "0",
-        "sliding_log", "5", "1000", "5", "0", "1",
-        "fixed_window", "1", "86400000", "1", "0", "0",
-        "sliding_window", "2", "500", "2", "0", "0",
-        "token_bucket", "10", "60000", "10", "1", "0",
+        "token_bucket", "20", "60000", "15", "1", "0", "20",
+        "sliding_log", "5", "1000", "5", "0", "1", "5",
+        "fixed_window", "1", "86400000", "1", "0", "0", "1",
+        "sliding_window", "2", "500", "2", "0", "0", "2",
+        "token_bucket", "10", "60000", "10", "1", "0", "10",
         "1:2,2:1,3:1,4:1", "req-1",
         "3:1,5:3",
         "2:1", "req-3"};
@@ -424,7 +481,7 @@ TEST_SUITE("ratelimit: decision") {
     CHECK(lua.find("ARGV[1]             D, the number of limit definitions") != std::string::npos);
     CHECK(lua.find("definition j: algorithm, limit, window_ms, burst, count_denied") !=
           std::string::npos);
-    CHECK(lua.find("local a = 2 + 6 * (j - 1)") != std::string::npos);
+    CHECK(lua.find("local a = 2 + 7 * (j - 1)") != std::string::npos);
     CHECK(lua.find("its limits as \"<definition>:<cost>\" joined by \",\"") != std::string::npos);
     for (const char* name : {"token_bucket", "sliding_log", "fixed_window", "sliding_window"}) {
       INFO(std::string(name));
@@ -551,8 +608,8 @@ TEST_SUITE("ratelimit: decision") {
                "rl:fw:1", "rl:fw:2", "rl:fw:1", "rl:tb:1", "rl:tb:1", "rl:fw:1", "rl:tb:1",
                "rl:fw:1", "rl:tb:1",
                "2",
-               "fixed_window", "100", "60000", "100", "0", "0",
-               "token_bucket", "100", "60000", "100", "0", "0",
+               "fixed_window", "100", "60000", "100", "0", "0", "100",
+               "token_bucket", "100", "60000", "100", "0", "0", "100",
                "1:1*3", "1:1", "1:2", "2:1", "2:1", "1:1,2:1", "1:1,2:1"}));
     const std::string lua = readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/decide.lua");
     CHECK(lua.find("\"<limits>*<n>\" (no request id) stands for n requests alike") !=
@@ -684,7 +741,7 @@ TEST_SUITE("ratelimit: decision") {
   TEST_CASE("decisionFromCache: the cached limit refuses, the others were not asked") {
     LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
     LimitConfig b = limitConfig("b", Algorithm::FixedWindow, {}, 5, 60000);
-    const Decision d = decisionFromCache({applied(a, "ka"), applied(b, "kb")}, 1, 2500);
+    const Decision d = decisionFromCache({applied(a, "ka"), applied(b, "kb")}, {0, 2500});
     CHECK(d.verdict == Decision::Verdict::Deny);
     REQUIRE(d.limits.size() == 2);
     CHECK_FALSE(d.limits[0].decided);
@@ -695,6 +752,22 @@ TEST_SUITE("ratelimit: decision") {
     CHECK(d.limits[1].retry_ms == 2500);
     CHECK(d.limits[1].limit == 5);
     CHECK(d.retry_after_s == 3);
+  }
+}
+
+TEST_SUITE("ratelimit: remaining") {
+  TEST_CASE("remaining is never above the quota (a token bucket with burst > limit)") {
+    LimitConfig bucket = limitConfig("b", Algorithm::TokenBucket, {}, 10, 60000);
+    bucket.burst = 40;
+    std::vector<AppliedLimit> limits = {applied(bucket, "rl:b:1")};
+    const int64_t values[3] = {37, 18000, 0};
+    Decision d;
+    decisionFromValues(limits, values, &d);
+    CHECK(d.limits[0].remaining == 10);
+    std::string headers;
+    appendRateLimitHeaders(headers, RateLimitHeaders::Ietf, d);
+    CHECK(headers.find("\"b\";q=10;w=60") != std::string::npos);
+    CHECK(headers.find("\"b\";r=10;t=18") != std::string::npos);
   }
 }
 
@@ -896,7 +969,7 @@ TEST_SUITE("ratelimit: headers") {
   TEST_CASE("429 from the deny cache and with legacy headers") {
     LimitConfig a = limitConfig("per_ip", Algorithm::SlidingWindow, {}, 100, 60000);
     LimitConfig b = limitConfig("per_key", Algorithm::TokenBucket, {}, 10, 1000);
-    const Decision d = decisionFromCache({applied(a, "ka"), applied(b, "kb")}, 0, 1);
+    const Decision d = decisionFromCache({applied(a, "ka"), applied(b, "kb")}, {1, 0});
     const sluice::http::LocalResponse r = quotaExceededResponse(RateLimitHeaders::Legacy, d);
     CHECK(field(r.extra_headers, "Retry-After") == "1");
     CHECK(field(r.extra_headers, "X-RateLimit-Limit") == "100");
@@ -931,6 +1004,68 @@ TEST_SUITE("ratelimit: deny cache") {
     CHECK(cache.remaining("rl:v1:per_ip:1.2.3.4", 5000) == 0);
     CHECK(cache.size() == 0);  // an expired entry is dropped when found
     CHECK(cache.remaining("rl:v1:per_ip:1.2.3.4", 1000) == 0);
+  }
+
+  TEST_CASE("a cached refusal announces the longest wait of every cached limit") {
+    LimitConfig minute = limitConfig("minute", Algorithm::FixedWindow, {}, 2, 60000);
+    LimitConfig long_log = limitConfig("long", Algorithm::SlidingLog, {}, 2, 900000);
+    long_log.count_denied = false;
+    const std::vector<AppliedLimit> limits = {applied(minute, "rl:minute:a"),
+                                              applied(long_log, "rl:long:a")};
+    // Valkey refused both: the window for 25 s, the log for 900 s.
+    Decision answer;
+    answer.verdict = Decision::Verdict::Deny;
+    answer.limits.resize(2);
+    answer.limits[0].config = &minute;
+    answer.limits[0].outcome = Outcome::Denied;
+    answer.limits[0].retry_ms = 25000;
+    answer.limits[1].config = &long_log;
+    answer.limits[1].outcome = Outcome::Denied;
+    answer.limits[1].retry_ms = 900000;
+    DenyCache cache;
+    rememberRefusals(cache, limits, answer, 1000, 1010);
+    CHECK(cache.size() == 2);
+    Decision d;
+    REQUIRE(refusalFromCache(cache, limits, 2000, &d));
+    CHECK(d.verdict == Decision::Verdict::Deny);
+    CHECK(d.retry_after_s == 899);
+    CHECK(d.limits[0].retry_ms == 24000);
+    CHECK(d.limits[1].retry_ms == 899000);
+    // A route with only the minute window is not refused beyond its own wait.
+    REQUIRE(refusalFromCache(cache, {limits[0]}, 2000, &d));
+    CHECK(d.retry_after_s == 24);
+    // After the window's refusal ends, the log's still answers.
+    REQUIRE(refusalFromCache(cache, limits, 30000, &d));
+    CHECK(d.retry_after_s == 871);
+    CHECK_FALSE(d.limits[0].decided);
+  }
+
+  TEST_CASE("while a limit that counts denied requests applies, Valkey is asked") {
+    LimitConfig minute = limitConfig("minute", Algorithm::FixedWindow, {}, 2, 60000);
+    LimitConfig log = limitConfig("log", Algorithm::SlidingLog, {}, 2, 900000);
+    log.count_denied = true;
+    LimitConfig shadow = limitConfig("shadow", Algorithm::SlidingLog, {}, 1, 900000);
+    shadow.count_denied = true;
+    shadow.shadow = true;
+    DenyCache cache;
+    const std::vector<AppliedLimit> both = {applied(minute, "rl:minute:a"), applied(log, "rl:l:a")};
+    Decision answer;
+    answer.verdict = Decision::Verdict::Deny;
+    answer.limits.resize(2);
+    answer.limits[0].config = &minute;
+    answer.limits[0].outcome = Outcome::Denied;
+    answer.limits[0].retry_ms = 25000;
+    answer.limits[1].config = &log;
+    answer.limits[1].outcome = Outcome::Denied;
+    answer.limits[1].retry_ms = 900000;
+    rememberRefusals(cache, both, answer, 1000, 1000);
+    CHECK(cache.size() == 1);  // the log counts denied requests: never cached
+    Decision d;
+    CHECK_FALSE(refusalFromCache(cache, both, 2000, &d));
+    CHECK(refusalFromCache(cache, {both[0]}, 2000, &d));
+    // A shadow limit records nothing for a refused request: it does not stop the cache.
+    CHECK(refusalFromCache(cache, {both[0], applied(shadow, "rl:s:a")}, 2000, &d));
+    CHECK(d.retry_after_s == 24);
   }
 
   TEST_CASE("a time already past is not remembered") {
