@@ -388,7 +388,9 @@ class Loader {
     if (!r.has("window")) r.missing("window");
     const auto burst = r.integer("burst", 1, kMaxCount);
     l.burst = burst.value_or(l.limit);
-    l.burst_explicit = burst.has_value();
+    // Written, even if wrong: a plan then leaves the capacity to this burst, and loadPlan()
+    // does not add a second, derived error to the one reported here.
+    l.burst_explicit = r.has("burst");
     const auto cost = r.integer("cost", 1, kMaxCount);
     if (cost) l.cost = *cost;
     l.count_denied = l.algorithm == Algorithm::SlidingLog;
@@ -610,16 +612,23 @@ class Loader {
       }
       if (!limit) continue;
       override.limit = *limit;
-      // Same rule as on the limit itself: a cost above the capacity never passes. For a token
-      // bucket without a burst override the capacity is decided at run time, so it is not
-      // checked here.
+      // Same rule as on the limit itself: a cost above the capacity never passes. A token
+      // bucket's capacity under a plan is the plan's burst, else the limit's written burst
+      // (already checked against the cost in loadLimit()), else the plan's limit, which an
+      // implicit burst follows (see ratelimit/applied_limits.cc). Limits are read before plans
+      // whatever their order in the file, so the limit's burst is known here.
       const LimitConfig& l = config_.limits[entry->index];
       const bool bucket = l.algorithm == Algorithm::TokenBucket;
-      const std::optional<int64_t> capacity = bucket ? override.burst : override.limit;
+      const bool follows_limit = bucket && !override.burst && !l.burst_explicit;
+      const std::optional<int64_t> capacity =
+          bucket ? (follows_limit ? override.limit : override.burst) : override.limit;
       if (capacity && l.cost > *capacity) {
         diag_.add(*capacity_node, capacity_path,
                   "below the cost of limit " + quoted(name) + " (cost = " + std::to_string(l.cost) +
-                      "): no request could ever pass");
+                      "): no request could ever pass" +
+                      (follows_limit ? " (the bucket's capacity is this limit, as neither the "
+                                       "limit nor the plan sets a burst)"
+                                     : ""));
       }
       plan.limits[name] = override;
     }

@@ -135,6 +135,7 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
   out.push_back(' ');
   out.append(context.target);
   out.append(" HTTP/1.1\r\n");
+  const size_t fields_start = out.size();
   bool kept_proto = false;
   bool kept_host = false;
   const std::string* host = nullptr;
@@ -165,7 +166,17 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
     }
     appendField(out, field.name, field.value);
   }
+  if (!host && !context.default_host.empty()) {
+    // Only an HTTP/1.0 request gets here without Host. Put first, where clients send it
+    // (RFC 9110 7.2); inserting rather than looking for Host before the loop keeps the common
+    // case, a request with Host, to one pass over the fields.
+    std::string field;
+    appendField(field, "Host", context.default_host);
+    out.insert(fields_start, field);
+  }
   if (!kept_proto) appendField(out, "X-Forwarded-Proto", context.scheme);
+  // Only a Host the client sent is forwarded as X-Forwarded-Host: one made up here is not
+  // what the client asked for.
   if (!kept_host && host) appendField(out, "X-Forwarded-Host", *host);
   if (!context.forwarded_for.empty()) appendField(out, "X-Forwarded-For", context.forwarded_for);
   if (!context.real_ip.empty()) appendField(out, "X-Real-IP", context.real_ip);
@@ -183,6 +194,20 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
   }
   if (context.tunnel) appendField(out, "Connection", "upgrade");
   out.append("\r\n");
+  return out;
+}
+
+std::string upstreamAuthority(std::string_view host, uint16_t port, bool tls) {
+  const bool ipv6 = host.find(':') != std::string_view::npos;
+  std::string out;
+  out.reserve(host.size() + 8);
+  if (ipv6) out.push_back('[');
+  out.append(host);
+  if (ipv6) out.push_back(']');
+  if (port != (tls ? 443 : 80)) {
+    out.push_back(':');
+    out.append(std::to_string(port));
+  }
   return out;
 }
 

@@ -4,6 +4,7 @@
 // Via), and how a body is framed on the other side. Pure functions over heads, so that they
 // are unit-tested without sockets.
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -34,7 +35,16 @@ struct UpstreamRequestContext {
   bool trusted_peer = false;           // keep a trusted peer's X-Forwarded-Proto / -Host
   bool tunnel = false;                 // keep Upgrade and send Connection: upgrade
   Framing body = Framing::None;        // None, ContentLength or Chunked
+  // Host to send when the client sent none, as HTTP/1.0 may: an HTTP/1.1 request needs one
+  // (RFC 9112 3.2). The authority of an absolute-form target, else the upstream endpoint's
+  // (upstreamAuthority()).
+  std::string_view default_host;
 };
+
+// The authority of an upstream endpoint for a Host field, as nginx's $proxy_host: the host as
+// configured ("[v6]" in brackets), with ":port" unless it is the scheme's default (80, or 443
+// over TLS).
+std::string upstreamAuthority(std::string_view host, uint16_t port, bool tls);
 
 // Serializes the request head sent upstream (HTTP/1.1, keep-alive), ending with CRLF CRLF.
 std::string buildUpstreamRequestHead(const MessageHead& request,

@@ -265,6 +265,9 @@ void Exchange::sendRequestHead() {
   context.scheme = conn_.transport().scheme();
   context.tunnel = wants_upgrade_;
   context.body = request_framing_;
+  context.default_host = !target_.authority.empty()
+                             ? std::string_view(target_.authority)
+                             : std::string_view(cluster_->endpointAuthority(upstream_->endpoint()));
   const std::string head = http::buildUpstreamRequestHead(request_, context);
   upstream_->expectResponse(head_request_, cluster_->responseTimeoutMs());
   std::string_view parts[3] = {head, body_buffer_, {}};

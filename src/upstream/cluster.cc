@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/logging.h"
+#include "http/forwarding.h"
 #include "upstream/upstream_connection.h"
 
 namespace sluice::upstream {
@@ -22,6 +23,8 @@ Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
   for (size_t i = 0; i < endpoints_.size(); ++i) {
     endpoints_[i].name = config.endpoints[i].text;
     endpoints_[i].host = config.endpoints[i].host;
+    endpoints_[i].authority = http::upstreamAuthority(config.endpoints[i].host,
+                                                      config.endpoints[i].port, tls_ != nullptr);
     if (i < config.resolved.size()) endpoints_[i].address = config.resolved[i];
   }
 }

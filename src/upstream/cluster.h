@@ -39,6 +39,8 @@ class Cluster : public std::enable_shared_from_this<Cluster> {
   const std::string& name() const { return name_; }
   size_t endpointCount() const { return endpoints_.size(); }
   const std::string& endpointName(size_t index) const { return endpoints_[index].name; }
+  // The Host of a request whose client sent none: "127.0.0.1:9000", "api.internal" (port 80).
+  const std::string& endpointAuthority(size_t index) const { return endpoints_[index].authority; }
 
   struct Acquired {
     UpstreamConnection* connection = nullptr;  // null: could not even start connecting
@@ -68,6 +70,8 @@ class Cluster : public std::enable_shared_from_this<Cluster> {
   struct Endpoint {
     std::string name;  // as configured: "127.0.0.1:9000"
     std::string host;  // "127.0.0.1", "api.internal": SNI and the name TLS verifies
+    // http::upstreamAuthority() of host and port: "api.internal", "127.0.0.1:9000".
+    std::string authority;
     sockaddr_storage address{};
     uint64_t down_until = 0;  // loop time (ms)
     struct Idle {

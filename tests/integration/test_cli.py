@@ -297,6 +297,25 @@ def test_duplicate_route_names(tmp_path):
     assert "route[1].name" in lines[0] and "duplicate" in lines[0], lines[0]
 
 
+def test_plan_lowers_token_bucket_capacity_below_cost(tmp_path):
+    """A token bucket without a burst has the plan's limit as its capacity: a plan limit below
+    the cost is refused at load, pointing at that value, though the plan comes first."""
+    check_error(tmp_path, """
+        [[plan]]
+        name = "free"
+        limits = { tb = 2 }
+
+        [[limit]]
+        name = "tb"
+        algorithm = "token_bucket"
+        by = ["ip"]
+        limit = 10
+        window = "1s"
+        cost = 3
+        """, "tb = 2", "plan[0].limits.tb", r"below the cost of limit 'tb' \(cost = 3\)",
+                column_of=("tb = 2", len("tb = ")))
+
+
 def test_toml_syntax_error(tmp_path):
     p = write(tmp_path, """
         [server]

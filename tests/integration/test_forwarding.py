@@ -66,6 +66,34 @@ def test_x_forwarded_proto_not_spoofable_by_untrusted_client(sluice, upstream):
     assert hv(h, "x-forwarded-host") == ["front.example:8443"]
 
 
+def raw_echo(gw, request):
+    """Sends one raw request; returns the headers the upstream received, [[name, value]]."""
+    with gw.client() as c:
+        c.send(request)
+        r = c.read_response()
+    assert r.status == 200, r
+    return r.json()["headers"]
+
+
+def test_http10_without_host_gets_the_upstream_authority(sluice_factory, upstream):
+    """HTTP/1.1 upstream needs a Host (RFC 9112 3.2); an HTTP/1.0 client may send none. Sluice
+    then sends the endpoint as configured, as nginx's $proxy_host, with no X-Forwarded-Host."""
+    gw = sluice_factory(upstream)
+    h = raw_echo(gw, b"GET /echo HTTP/1.0\r\n\r\n")
+    assert hv(h, "host") == [f"127.0.0.1:{upstream.port}"], h
+    assert hv(h, "x-forwarded-host") == [], h
+    # A Host the client sent is passed as it is.
+    h = raw_echo(gw, b"GET /echo HTTP/1.0\r\nHost: front.example\r\n\r\n")
+    assert hv(h, "host") == ["front.example"], h
+    # An absolute-form target names the host (RFC 9112 3.2.3), which the route matched on too.
+    h = raw_echo(gw, b"GET http://front.example:8080/echo HTTP/1.0\r\n\r\n")
+    assert hv(h, "host") == ["front.example:8080"], h
+    # The endpoint's name as written, not its address.
+    gw = sluice_factory(f"localhost:{upstream.port}")
+    h = raw_echo(gw, b"GET /echo HTTP/1.0\r\n\r\n")
+    assert hv(h, "host") == [f"localhost:{upstream.port}"], h
+
+
 def test_via_added_to_request(sluice, upstream):
     _, h = echo(sluice)
     via = hv(h, "via")

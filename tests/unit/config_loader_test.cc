@@ -710,6 +710,53 @@ limits = { l = { limit = 1 } })") ==
           "request could ever pass");
   }
 
+  TEST_CASE("a plan may not lower a token bucket's capacity under the cost") {
+    const std::string bucket = R"([[limit]]
+name = "tb"
+algorithm = "token_bucket"
+by = ["ip"]
+limit = 10
+window = "1s"
+cost = 3
+)";
+    // Without a burst on the limit, the capacity follows the plan's limit (applied_limits.cc),
+    // whether the plan writes the limit alone or in a table.
+    CHECK(errorsOf(bucket + R"([[plan]]
+name = "p"
+limits = { tb = 2 }
+[[plan]]
+name = "q"
+limits = { tb = { limit = 1 } })") ==
+          "t.toml:10:17: plan[0].limits.tb: below the cost of limit 'tb' (cost = 3): no request "
+          "could ever pass (the bucket's capacity is this limit, as neither the limit nor the "
+          "plan sets a burst)\n"
+          "t.toml:13:27: plan[1].limits.tb.limit: below the cost of limit 'tb' (cost = 3): no "
+          "request could ever pass (the bucket's capacity is this limit, as neither the limit "
+          "nor the plan sets a burst)");
+    // The same when the plan comes first in the file: limits are read before plans.
+    CHECK(errorsOf(R"([[plan]]
+name = "p"
+limits = { tb = 2 }
+)" + bucket) ==
+          "t.toml:3:17: plan[0].limits.tb: below the cost of limit 'tb' (cost = 3): no "
+          "request could ever pass (the bucket's capacity is this limit, as neither the "
+          "limit nor the plan sets a burst)");
+    // A burst written on the limit stays when a plan lowers only the limit.
+    const ConfigPtr explicit_burst =
+        load(bucket + "burst = 3\n[[plan]]\nname = \"p\"\nlimits = { tb = 1 }\n");
+    CHECK(explicit_burst->plans[0].limits.at("tb").limit == 1);
+    // A plan's burst is the capacity, below the cost or not.
+    CHECK(errorsOf(bucket + "[[plan]]\nname = \"p\"\nlimits = { tb = { limit = 5, burst = 2 } }") ==
+          "t.toml:10:38: plan[0].limits.tb.burst: below the cost of limit 'tb' (cost = 3): no "
+          "request could ever pass");
+    const ConfigPtr plan_burst =
+        load(bucket + "[[plan]]\nname = \"p\"\nlimits = { tb = { limit = 1, burst = 5 } }\n");
+    CHECK(plan_burst->plans[0].limits.at("tb").burst == 5);
+    // A burst on the limit that is itself wrong is reported once, not again on the plan.
+    CHECK(errorsOf(bucket + "burst = 0\n[[plan]]\nname = \"p\"\nlimits = { tb = 1 }") ==
+          "t.toml:8:9: limit[0].burst: must be between 1 and 1000000000000000, got 0");
+  }
+
   TEST_CASE("unknown enum values list the choices") {
     CHECK(errorsOf("[server]\nrate_limit_headers = \"draft\"\n") ==
           "t.toml:2:22: server.rate_limit_headers: unknown value 'draft' (expected ietf, legacy, "

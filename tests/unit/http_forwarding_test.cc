@@ -339,6 +339,48 @@ TEST_SUITE("http forwarding: upstream request head") {
     CHECK(values(s, "X-Forwarded-Host") == kNone);
   }
 
+  TEST_CASE("no Host (HTTP/1.0): the default host is sent, first; a client's Host is kept") {
+    UpstreamRequestContext c = upstreamContext();
+    c.default_host = "127.0.0.1:9000";
+    SUBCASE("absent: added first, and not as X-Forwarded-Host") {
+      const Serialized s = split(
+          buildUpstreamRequestHead(requestHead({{"Accept", "*/*"}, {"X-A", "1"}}, 0), c));
+      CHECK(s.start_line == "POST /target?x HTTP/1.1");
+      REQUIRE(s.fields.size() >= 3);
+      CHECK(s.fields[0].name == "Host");
+      CHECK(s.fields[0].value == "127.0.0.1:9000");
+      CHECK(s.fields[1].name == "Accept");
+      CHECK(values(s, "Host") == one("127.0.0.1:9000"));
+      CHECK(values(s, "X-Forwarded-Host") == kNone);
+      CHECK(s.terminated);
+    }
+    SUBCASE("no fields at all") {
+      const Serialized s = split(buildUpstreamRequestHead(requestHead({}, 0), c));
+      REQUIRE_FALSE(s.fields.empty());
+      CHECK(s.fields[0].name == "Host");
+      CHECK(values(s, "Host") == one("127.0.0.1:9000"));
+    }
+    SUBCASE("present: passed unchanged") {
+      const Serialized s =
+          split(buildUpstreamRequestHead(requestHead({{"hOsT", "Front.Example:8443"}}, 0), c));
+      CHECK(s.fields[0].name == "hOsT");
+      CHECK(values(s, "Host") == one("Front.Example:8443"));
+      CHECK(values(s, "X-Forwarded-Host") == one("Front.Example:8443"));
+    }
+  }
+
+  TEST_CASE("upstreamAuthority: as nginx's $proxy_host, port only when not the default") {
+    CHECK(upstreamAuthority("127.0.0.1", 9000, false) == "127.0.0.1:9000");
+    CHECK(upstreamAuthority("127.0.0.1", 80, false) == "127.0.0.1");
+    CHECK(upstreamAuthority("127.0.0.1", 443, false) == "127.0.0.1:443");
+    CHECK(upstreamAuthority("api.internal", 443, true) == "api.internal");
+    CHECK(upstreamAuthority("api.internal", 80, true) == "api.internal:80");
+    CHECK(upstreamAuthority("Api.Internal", 8443, true) == "Api.Internal:8443");
+    CHECK(upstreamAuthority("::1", 9000, false) == "[::1]:9000");
+    CHECK(upstreamAuthority("2001:db8::7", 80, false) == "[2001:db8::7]");
+    CHECK(upstreamAuthority("2001:db8::7", 443, true) == "[2001:db8::7]");
+  }
+
   TEST_CASE("Via is appended with the client's version") {
     SUBCASE("HTTP/1.1 client, no Via") {
       const Serialized s =
