@@ -1,0 +1,208 @@
+"""Randomized: the gateway against a small reference model of each algorithm.
+
+Random configurations (two limits of one algorithm on a route, random limits, costs, bursts,
+count_denied and shadow, plans that raise or lower them for some API keys) and random request
+sequences on shared keys (one address; API keys with and without plans; a header part that is
+there or not) are decided by the gateway one request at a time and by the model below; every
+answer (200 or 429, and the RateLimit remaining of an admitted request) and the counters left in
+Valkey must agree. Windows are long (an hour, a day) so that nothing refills or ages out while a
+sequence runs; the tests that exercise time are in test_ratelimit_algorithms.py.
+
+Bounded: SLUICE_MODEL_SECONDS (default 6) per algorithm. The seed is printed; SLUICE_MODEL_SEED
+replays one.
+"""
+
+import math
+import os
+import random
+import time
+from fractions import Fraction
+
+import pytest
+
+from conftest import (avoid_window_boundary, limit_cfg, limit_keys, parse_rl_list, server_time,
+                      server_time_us, sluice_with_limits, wait_admin)
+
+ALGORITHMS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket"]
+WINDOW = {"fixed_window": ("1h", 3600), "sliding_window": ("1h", 3600),
+          "sliding_log": ("1h", 3600), "token_bucket": ("1d", 86400)}
+API_KEYS = {"k-none": None, "k-one": "one", "k-two": "two"}  # API key -> plan (None: no plan)
+USERS = ["u1", "u2", None]  # X-User values (None: absent, limit "b" does not apply)
+
+
+class Quota:
+    """One limit as it applies to one request (its plan's override, if any)."""
+
+    def __init__(self, cfg: dict, limit: int, burst: int):
+        self.cfg, self.limit, self.burst = cfg, limit, burst
+        self.cost = cfg.get("cost", 1)
+        self.shadow = cfg.get("shadow", False)
+        self.count_denied = cfg.get("count_denied", cfg["algorithm"] == "sliding_log")
+
+
+class Model:
+    """Counters as the contract defines them, per key: (limit name, key part). Nothing refills
+    or ages out."""
+
+    def __init__(self, algorithm: str, window_s: int, keep: dict):
+        self.algorithm, self.window_s, self.keep = algorithm, window_s, keep
+        self.state: dict = {}  # fixed/sliding window and log: count; bucket: debt (seconds)
+
+    def fits(self, name: tuple, q: Quota) -> bool:
+        used = self.state.get(name, 0)
+        if self.algorithm == "token_bucket":  # GCRA in time: a token is window / limit
+            token = Fraction(self.window_s, q.limit)
+            return used + q.cost * token <= q.burst * token
+        return used + q.cost <= q.limit
+
+    def charge(self, name: tuple, q: Quota, allowed: bool) -> None:
+        used = self.state.get(name, 0)
+        if self.algorithm == "token_bucket":
+            token = Fraction(self.window_s, q.limit)
+            # A refused request that counts empties the bucket (never refills it).
+            self.state[name] = used + q.cost * token if allowed else max(used, q.burst * token)
+        elif self.algorithm == "sliding_log" and not allowed:
+            self.state[name] = min(used + q.cost, self.keep[name[0]])  # the newest `keep` stay
+        else:
+            self.state[name] = used + q.cost
+
+    def remaining(self, name: tuple, q: Quota) -> int:
+        used = self.state.get(name, 0)
+        if self.algorithm == "token_bucket":
+            token = Fraction(self.window_s, q.limit)
+            left = math.floor((q.burst * token - used) / token)
+        else:
+            left = q.limit - used
+        return max(0, min(left, q.limit))
+
+    def decide(self, quotas: dict) -> tuple:
+        """All or nothing, as decide.lua, for {(limit name, key part): quota}: (allowed,
+        {limit name: remaining} of an admitted request)."""
+        fits = {n: self.fits(n, q) for n, q in quotas.items()}
+        refused = any(not ok and not quotas[n].shadow for n, ok in fits.items())
+        for n, q in quotas.items():
+            if refused:
+                charge = not fits[n] and not q.shadow and q.count_denied
+            else:
+                charge = fits[n] or q.count_denied
+            if charge:
+                self.charge(n, q, fits[n])
+        if refused:
+            return False, {}
+        return True, {n[0]: self.remaining(n, q) for n, q in quotas.items() if not q.shadow}
+
+
+def random_limit(rng: random.Random, name: str, algorithm: str, by: str) -> dict:
+    limit = rng.randint(2, 9)
+    cfg = limit_cfg(name, algorithm, limit, WINDOW[algorithm][0], by=[by])
+    cfg["cost"] = rng.choice([1, 1, 2, 3]) if limit >= 3 else 1
+    if algorithm == "token_bucket" and rng.random() < 0.5:
+        cfg["burst"] = rng.randint(cfg["cost"], 12)
+    if rng.random() < 0.5:
+        cfg["count_denied"] = rng.random() < 0.5
+    if rng.random() < 0.2:
+        cfg["shadow"] = True
+    return cfg
+
+
+def random_plans(rng: random.Random, limits: list) -> list:
+    plans = []
+    for plan in ("one", "two"):
+        overrides = {}
+        for cfg in limits:
+            if rng.random() < 0.7:
+                value = rng.randint(cfg["cost"], 12)
+                if cfg["algorithm"] == "token_bucket" and rng.random() < 0.4:
+                    overrides[cfg["name"]] = {"limit": value, "burst": rng.randint(cfg["cost"], 12)}
+                else:
+                    overrides[cfg["name"]] = value
+        plans.append({"name": plan, "limits": overrides})
+    return plans
+
+
+def quota_of(cfg: dict, plan: dict) -> Quota:
+    """The plan's override, as the README says: an implicit burst follows the limit."""
+    over = plan["limits"].get(cfg["name"]) if plan else None
+    if over is None:
+        return Quota(cfg, cfg["limit"], cfg.get("burst", cfg["limit"]))
+    if isinstance(over, int):
+        over = {"limit": over}
+    burst = over.get("burst", cfg.get("burst", over["limit"]))
+    return Quota(cfg, over["limit"], burst)
+
+
+def run_sequence(sluice_factory, upstream, valkey, algorithm: str, rng: random.Random,
+                 requests: int) -> int:
+    limits = [random_limit(rng, "a", algorithm, "ip"),
+              random_limit(rng, "b", algorithm, "header:X-User")]
+    plans = random_plans(rng, limits)
+    tenants = [{"name": f"t-{k}", "plan": p, "api_keys": [k]} if p else
+               {"name": f"t-{k}", "api_keys": [k]} for k, p in API_KEYS.items()]
+    valkey.client.flushall()
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits, plans=plans, tenants=tenants)
+    window_s = WINDOW[algorithm][1]
+    if algorithm in ("fixed_window", "sliding_window"):
+        avoid_window_boundary(valkey.client, window_s, 60)
+    by_plan = {p["name"]: p for p in plans}
+    keep = {c["name"]: max([quota_of(c, p).limit for p in [None, *plans]]) for c in limits}
+    model = Model(algorithm, window_s, keep)
+    context = f"limits {limits}, plans {plans}"
+    for i in range(requests):
+        api_key = rng.choice([None, *API_KEYS])
+        user = rng.choice(USERS)
+        plan = by_plan.get(API_KEYS.get(api_key)) if api_key else None
+        quotas = {("a", "127.0.0.1"): quota_of(limits[0], plan)}
+        if user:
+            quotas[("b", user)] = quota_of(limits[1], plan)
+        headers = ([("X-API-Key", api_key)] if api_key else []) + ([("X-User", user)] if user else [])
+        allowed, remaining = model.decide(quotas)
+        r = gw.get("/status/200", headers)
+        where = f"request {i} (key {api_key}, user {user}); {context}; model {model.state}"
+        assert r.status == (200 if allowed else 429), f"{r.status}: {where}"
+        if allowed:
+            shown = {n: v["r"] for n, v in parse_rl_list(r.header("ratelimit")).items()}
+            assert shown == remaining, f"RateLimit {shown}, model {remaining}: {where}"
+    check_counters(valkey, algorithm, model, context)
+    gw.stop()
+    return requests
+
+
+def check_counters(valkey, algorithm: str, model: Model, context: str) -> None:
+    """What Valkey holds under each key the model knows (and nothing else)."""
+    c = valkey.client
+    seen = []
+    for (name, part), expected in sorted(model.state.items()):
+        if algorithm == "token_bucket":
+            key = f"rl:v1:{name}:{part}"
+            seen.append(key)
+            debt_s = (int(c.get(key) or 0) - server_time_us(c)) / 1e6
+            # The model lets nothing refill; the bucket did, for the seconds the test took.
+            assert float(expected) - 120 <= debt_s <= float(expected) + 0.001, \
+                f"{key}: TAT {debt_s:.3f} s ahead, model {float(expected):.3f}; {context}"
+            continue
+        if algorithm == "sliding_log":
+            key = f"rl:v1:{name}:{part}"
+            got = c.zcard(key)
+        else:
+            # fixed_window: this window's counter; sliding_window: this window's (the one
+            # before holds nothing on a fresh server)
+            (key,) = limit_keys(c, f"rl:v1:{name}:{part}:*")
+            got = int(c.get(key))
+        seen.append(key)
+        assert got == expected, f"{key}: Valkey {got}, model {expected}; {context}"
+    left = sorted(set(limit_keys(c, "rl:v1:*")) - set(seen))
+    assert left == [], f"keys the model does not know: {left}; {context}"
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_gateway_decides_as_the_model(sluice_factory, upstream, valkey, algorithm):
+    seed = int(os.environ.get("SLUICE_MODEL_SEED") or random.SystemRandom().randrange(1 << 32))
+    budget = float(os.environ.get("SLUICE_MODEL_SECONDS", "6"))
+    print(f"\nseed {seed} (SLUICE_MODEL_SEED={seed} replays it), {budget} s")
+    rng = random.Random(f"{algorithm}-{seed}")
+    deadline = time.monotonic() + budget
+    sequences = decided = 0
+    while sequences == 0 or time.monotonic() < deadline:
+        decided += run_sequence(sluice_factory, upstream, valkey, algorithm, rng, 60)
+        sequences += 1
+    print(f"{algorithm}: {sequences} configurations, {decided} requests agreed")
