@@ -238,6 +238,21 @@ def test_token_bucket_refill_and_ttl(valkey):
         "refilled up to burst, never above"
 
 
+def test_token_bucket_reads_a_bucket_of_the_hash_layout(valkey):
+    """A bucket written by an earlier version (a hash of tokens and ts) keeps its state: it is
+    read as the TAT it stands for, and the charge replaces it with the string layout."""
+    c = valkey.client
+    now = server_time_us(c)
+    c.hset("t:old", mapping={"tokens": "2.000000", "ts": str(now)})
+    c.pexpire("t:old", 60000)
+    limit, window_ms, burst = 1, 3_600_000, 5  # a token an hour: nothing refills meanwhile
+    r = run(c, "token_bucket", "t:old", limit, window_ms, burst)
+    assert r[:2] == [1, 1], "2 tokens were left; this request took one"
+    assert c.type("t:old") == "string"
+    assert run(c, "token_bucket", "t:old", limit, window_ms, burst)[:2] == [1, 0]
+    assert run(c, "token_bucket", "t:old", limit, window_ms, burst)[0] == 0
+
+
 def test_token_bucket_count_denied_empties_the_bucket(valkey):
     c = valkey.client
     for key, cd in (("t:tbh", True), ("t:tbp", False)):
