@@ -1,78 +1,112 @@
--- sliding_log: a sorted set of request times (score: microseconds, member: unique per request
--- and unit of cost). Expired entries are trimmed, the rest counted; the key's TTL is one window
--- after its newest entry. Memory is bounded: accepted requests never exceed the limit, and
--- with count_denied the set is trimmed to its newest `keep` entries (the largest limit of the
--- quotas that share the key: a plan's and the limit's own), so a key never holds more than
--- that, even while a client keeps hammering. Trimming to the refused request's own limit
--- would erase what a larger quota on the same key still counts; `keep` entries are all that
--- any of them reads (a quota of L refuses at L entries and waits for the (L - cost + 1)th
--- newest to expire).
+-- sliding_log: the times of the requests in the last window (server microseconds), oldest
+-- first, one 8-byte little-endian double each, in one string key that expires one window after
+-- its newest entry. An entry older than the window no longer counts and is dropped the next
+-- time the key is written. A request of `cost` adds `cost` entries. Memory is bounded:
+-- accepted requests never exceed the limit, and with count_denied the log keeps its newest
+-- `keep` entries (the largest limit of the quotas that share the key: a plan's and the limit's
+-- own), so a key never holds more than that, even while a client keeps hammering. Trimming to
+-- the refused request's own limit would erase what a larger quota on the same key still
+-- counts; `keep` entries are all that any of them reads (a quota of L refuses at L entries and
+-- waits for the (L - cost + 1)th newest to expire).
 --
 -- Standalone (EVAL this file):
---   KEYS[1]  the sorted set
+--   KEYS[1]  the key
 --   ARGV[1]  limit          requests per window
 --   ARGV[2]  window_ms
 --   ARGV[3]  burst          (unused here)
 --   ARGV[4]  cost
 --   ARGV[5]  count_denied   "1": a refused request is recorded too (it stays blocked while it
 --                           keeps hammering)
---   ARGV[6]  request id     makes members unique across gateways
---   ARGV[7]  keep           optional (default limit): the largest limit sharing the key
+--   ARGV[6]  keep           optional (default limit): the largest limit sharing the key
 --   reply    {allowed (1|0), remaining, reset_ms, retry_ms}
-local M = {}
+-- Inside decide.lua the same code is a module (check, settle, report, finish; see decide.lua):
+-- it keeps each key's log by the key's index for the whole call, and writes each changed key
+-- once.
+-- (library functions as locals: a global lookup per use costs more)
+local floor, ceil, max, rep, sub = math.floor, math.ceil, math.max, string.rep, string.sub
+local pack, unpack = struct.pack, struct.unpack
+local ENTRY = 8
 
-function M.check(key, p, now_us)
-  local window = p.window * 1000
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now_us - window)
-  local count = redis.call('ZCARD', key)
-  -- (every field in the constructor: a field added later resizes the table)
-  return {key = key, window = window, now = now_us, count = count,
-          allowed = count + p.cost <= p.limit}
+-- By key index: the key, its live entries, how many, the window (us).
+local key_of, log_of, count_of, window_of = {}, {}, {}, {}
+local queued, changed = {}, {}  -- key indices to write, in order
+local now  -- the call's time (us)
+
+-- Entry i (from 1, the oldest) of a log.
+local function entry(log, i)
+  return (unpack('<d', log, (i - 1) * ENTRY + 1))
 end
 
-function M.settle(p, d, charge, id)
+local function check(k, key, value, p, now_us)
+  local count = count_of[k]
+  if count == nil then
+    now = now_us
+    local window = p.window * 1000
+    local log = value or ''
+    local n = floor(#log / ENTRY)
+    local first, cutoff = 1, now_us - window
+    while first <= n and entry(log, first) <= cutoff do first = first + 1 end
+    if first > 1 then log = sub(log, (first - 1) * ENTRY + 1, n * ENTRY) end
+    count = n - first + 1
+    key_of[k], log_of[k], count_of[k], window_of[k] = key, log, count, window
+  end
+  return count + p.cost <= p.limit
+end
+
+local function settle(k, p, allowed, charge)
   if not charge then return end
-  for i = 1, p.cost do
-    redis.call('ZADD', d.key, d.now, d.now .. ':' .. id .. ':' .. i)
+  local log, count = log_of[k] .. rep(pack('<d', now), p.cost), count_of[k] + p.cost
+  local keep = max(p.keep or p.limit, p.limit)
+  if not allowed and count > keep then
+    log, count = sub(log, -keep * ENTRY), keep
   end
-  if not d.allowed then
-    redis.call('ZREMRANGEBYRANK', d.key, 0, -(math.max(p.keep, p.limit) + 1))
+  log_of[k], count_of[k] = log, count
+  if not queued[k] then
+    queued[k] = true
+    changed[#changed + 1] = k
   end
-  d.count = redis.call('ZCARD', d.key)
-  redis.call('PEXPIRE', d.key, p.window)
 end
 
--- Microseconds until entry number `rank` (0 = oldest) leaves the window.
-local function expiry_of(d, rank)
-  local entry = redis.call('ZRANGE', d.key, rank, rank, 'WITHSCORES')
-  if entry[2] == nil then return 0 end
-  return math.max(0, tonumber(entry[2]) + d.window - d.now)
+-- Microseconds until entry i (from 1, the oldest) of key index k leaves the window.
+local function expiry_of(k, i)
+  if i < 1 or i > count_of[k] then return 0 end
+  return max(0, entry(log_of[k], i) + window_of[k] - now)
 end
 
-function M.report(p, d, out, pos)
-  local reset = 0
-  if d.count > 0 then reset = expiry_of(d, d.count - 1) end
+local function report(k, p, allowed, out, pos)
+  local count = count_of[k]
+  local reset = expiry_of(k, count)
   local retry = 0
-  if not d.allowed then
+  if not allowed then
     if p.cost > p.limit then
-      retry = reset + d.window
+      retry = reset + window_of[k]
     else
-      retry = expiry_of(d, d.count + p.cost - p.limit - 1)
+      retry = expiry_of(k, count + p.cost - p.limit)
     end
   end
-  out[pos + 1] = math.max(0, p.limit - d.count)
-  out[pos + 2] = math.ceil(reset / 1000)
-  out[pos + 3] = d.allowed and 0 or math.max(1, math.ceil(retry / 1000))
+  out[pos + 1] = max(0, p.limit - count)
+  out[pos + 2] = ceil(reset / 1000)
+  out[pos + 3] = allowed and 0 or max(1, ceil(retry / 1000))
   return pos + 3
 end
 
+local function finish()
+  for i = 1, #changed do
+    local k = changed[i]
+    redis.call('SET', key_of[k], log_of[k], 'PX', ceil(window_of[k] / 1000))
+  end
+end
+
+local M = {check = check, settle = settle, report = report, finish = finish}
 if KEYS == nil then return M end
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
            cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1',
-           keep = tonumber(ARGV[7] or ARGV[1])}
-local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
-M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
-local out = {d.allowed and 1 or 0}
-M.report(p, d, out, 1)
+           keep = tonumber(ARGV[6] or ARGV[1])}
+local allowed = check(1, KEYS[1], redis.call('GET', KEYS[1]), p,
+                      tonumber(t[1]) * 1000000 + tonumber(t[2]))
+settle(1, p, allowed, allowed or p.count_denied)
+finish()
+local out = {allowed and 1 or 0}
+report(1, p, allowed, out, 1)
 return out

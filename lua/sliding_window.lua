@@ -1,75 +1,118 @@
--- sliding_window: two fixed-window counters (this window and the one before); the estimate is
--- current + previous * (window - elapsed) / window. A counter lives two windows (it serves as
--- "previous" in the next one) and gets that TTL in the script that creates it.
+-- sliding_window: the counts of this window and the one before (windows aligned to the epoch);
+-- the estimate is current + previous * (window - elapsed) / window. One string key holds
+-- struct '<Idd' (the window number modulo 2^32, the current count, the previous count) and
+-- expires at the end of the next window, where its current count still weighs as previous,
+-- plus a spread of up to a tenth of the window (at most a minute), so that the keys of many
+-- clients do not all expire in the same millisecond (Valkey stalls while it deletes them).
+-- What a key holds for an older window is read as what it means now: its current count
+-- becomes previous one window later, and nothing after that.
 --
 -- Standalone (EVAL this file):
---   KEYS[1]  base key; the counters are KEYS[1]..":"..window number
+--   KEYS[1]  the key
 --   ARGV[1]  limit          requests per window
 --   ARGV[2]  window_ms
 --   ARGV[3]  burst          (unused here)
 --   ARGV[4]  cost
 --   ARGV[5]  count_denied   "1": a refused request is counted too
---   ARGV[6]  request id     (unused here)
 --   reply    {allowed (1|0), remaining, reset_ms, retry_ms}
 --            retry_ms is exact: the estimate first lets this cost through after it, if nothing
 --            else arrives meanwhile.
-local M = {}
+-- Inside decide.lua the same code is a module (check, settle, report, finish; see decide.lua):
+-- it keeps each key's state by the key's index for the whole call, and writes each changed key
+-- once.
+-- (library functions as locals: a global lookup per use costs more)
+local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local pack, unpack = struct.pack, struct.unpack
+local WINDOWS = 4294967296  -- window numbers are kept modulo this ('I')
 
-function M.check(key, p, now_us)
-  local window = p.window * 1000
-  local n = math.floor(now_us / window)
-  local current_key = key .. ':' .. n
-  local elapsed = now_us - n * window
-  local current = tonumber(redis.call('GET', current_key) or '0')
-  local previous = tonumber(redis.call('GET', key .. ':' .. (n - 1)) or '0')
-  local weight = (window - elapsed) / window
-  -- (every field in the constructor: a field added later resizes the table)
-  return {key = current_key, window = window, n = n, elapsed = elapsed, current = current,
-          previous = previous, weight = weight,
-          allowed = current + previous * weight + p.cost <= p.limit}
+-- By key index: the key, the window number, its length and how much of it has passed (us),
+-- the current and previous counts, whether the stored value is of this window (its expiry is
+-- right).
+local key_of, window_of, length_of, elapsed_of, expiry_of = {}, {}, {}, {}, {}
+local current_of, previous_of, same_of = {}, {}, {}
+local queued, changed = {}, {}  -- key indices to write, in order
+
+local function check(k, key, value, p, now_us)
+  local current = current_of[k]
+  if current == nil then
+    local window = p.window * 1000
+    local n = floor(now_us / window)
+    local previous, same = 0, false
+    current = 0
+    if value and #value == 20 then
+      local stored_n, stored_current, stored_previous = unpack('<Idd', value)
+      if stored_n == n % WINDOWS then
+        current, previous, same = stored_current, stored_previous, true
+      elseif stored_n == (n - 1) % WINDOWS then
+        previous = stored_current
+      end
+    end
+    key_of[k], window_of[k], length_of[k], elapsed_of[k] = key, n, window, now_us - n * window
+    -- The spread (ms), from the time of the call: the keys of different calls spread evenly.
+    expiry_of[k] = (n + 2) * p.window +
+                   floor(now_us / 1000) % max(1, min(floor(p.window / 10), 60000))
+    current_of[k], previous_of[k], same_of[k] = current, previous, same
+  end
+  local window = length_of[k]
+  return current + previous_of[k] * (window - elapsed_of[k]) / window + p.cost <= p.limit
 end
 
-function M.settle(p, d, charge, id)
+local function settle(k, p, allowed, charge)
   if not charge then return end
-  d.current = redis.call('INCRBY', d.key, p.cost)
-  -- The increment that created the counter gives it its TTL, in the same atomic script.
-  if d.current == p.cost then
-    redis.call('PEXPIREAT', d.key, math.ceil((d.n + 2) * d.window / 1000))
+  if not queued[k] then
+    queued[k] = true
+    changed[#changed + 1] = k
   end
+  current_of[k] = current_of[k] + p.cost
 end
 
 -- Microseconds until current + previous * weight + cost <= limit, nothing else arriving.
-local function wait_us(p, d)
-  local left = d.window - d.elapsed
-  if d.current + p.cost <= p.limit then
-    if d.previous <= 0 then return 0 end
+local function wait_us(k, p)
+  local window, current, previous = length_of[k], current_of[k], previous_of[k]
+  local left = window - elapsed_of[k]
+  if current + p.cost <= p.limit then
+    if previous <= 0 then return 0 end
     -- Still in this window: the previous window's share decays linearly.
-    return math.max(0, left - (p.limit - p.cost - d.current) * d.window / d.previous)
+    return max(0, left - (p.limit - p.cost - current) * window / previous)
   end
   -- Only in the next window, where this window's count decays in turn.
-  if p.cost > p.limit then return left + d.window end
-  return left + math.max(0, d.window * (1 - (p.limit - p.cost) / d.current))
+  if p.cost > p.limit then return left + window end
+  return left + max(0, window * (1 - (p.limit - p.cost) / current))
 end
 
-function M.report(p, d, out, pos)
-  local estimate = d.current + d.previous * d.weight
-  local left = d.window - d.elapsed
+local function report(k, p, allowed, out, pos)
+  local window, current, previous = length_of[k], current_of[k], previous_of[k]
+  local left = window - elapsed_of[k]
   local reset = 0
-  if d.current > 0 then reset = left + d.window elseif d.previous > 0 then reset = left end
-  local retry = 0
-  if not d.allowed then retry = math.ceil(wait_us(p, d) / 1000) end
-  out[pos + 1] = math.max(0, math.floor(p.limit - estimate))
-  out[pos + 2] = math.ceil(reset / 1000)
-  out[pos + 3] = d.allowed and 0 or math.max(1, retry)
+  if current > 0 then reset = left + window elseif previous > 0 then reset = left end
+  out[pos + 1] = max(0, floor(p.limit - current - previous * left / window))
+  out[pos + 2] = ceil(reset / 1000)
+  out[pos + 3] = allowed and 0 or max(1, ceil(wait_us(k, p) / 1000))
   return pos + 3
 end
 
+local function finish()
+  for i = 1, #changed do
+    local k = changed[i]
+    local n = window_of[k]
+    local value = pack('<Idd', n % WINDOWS, current_of[k], previous_of[k])
+    if same_of[k] then
+      redis.call('SET', key_of[k], value, 'KEEPTTL')
+    else
+      redis.call('SET', key_of[k], value, 'PXAT', expiry_of[k])
+    end
+  end
+end
+
+local M = {check = check, settle = settle, report = report, finish = finish}
 if KEYS == nil then return M end
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
            cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
-local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
-M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
-local out = {d.allowed and 1 or 0}
-M.report(p, d, out, 1)
+local allowed = check(1, KEYS[1], redis.call('GET', KEYS[1]), p,
+                      tonumber(t[1]) * 1000000 + tonumber(t[2]))
+settle(1, p, allowed, allowed or p.count_denied)
+finish()
+local out = {allowed and 1 or 0}
+report(1, p, allowed, out, 1)
 return out

@@ -19,85 +19,77 @@
 --   ARGV[4]  cost           tokens this request takes
 --   ARGV[5]  count_denied   "1": a refused request empties the bucket (a client that keeps
 --                           hammering stays blocked)
---   ARGV[6]  request id     (unused here)
 --   reply    {allowed (1|0), remaining (whole tokens), reset_ms (until full), retry_ms (until
 --            `cost` tokens are there)}
--- A call may decide several requests on one bucket: it reads the key once, keeps how far
--- behind the bucket is (TAT - now, exact to a fraction of a microsecond) in memory, and
--- finish() writes TAT once, rounded up to a whole microsecond (never a token more).
-local buckets = {}  -- by key, what this call knows: {key, now, debt, changed}
-local changed = {}
-
--- TAT of a key, or nil. A bucket of the earlier layout (a hash of tokens and ts) is read as
--- the TAT it stands for, and the next charge replaces it.
-local function stored_tat(key, p, token_us)
-  local value = redis.pcall('GET', key)
-  if type(value) == 'table' and value.err then
-    local state = redis.call('HMGET', key, 'tokens', 'ts')
-    local tokens, ts = tonumber(state[1]), tonumber(state[2])
-    if tokens == nil or ts == nil then return nil end
-    return ts + math.max(0, p.burst - tokens) * token_us
-  end
-  return value and value + 0
-end
+-- Inside decide.lua the same code is a module (check, settle, report, finish; see decide.lua):
+-- it keeps each bucket by the key's index for the whole call, as how far behind it is
+-- (TAT - now, exact to a fraction of a microsecond), and writes TAT once, rounded up to a
+-- whole microsecond (never a token more).
+-- (library functions as locals: a global lookup per use costs more)
+local floor, ceil, max, format = math.floor, math.ceil, math.max, string.format
 
 -- Float sums of `window / limit` are exact to far below a microsecond; this absorbs their
 -- rounding, so that `burst` requests at one instant all fit.
 local SLACK_US = 1e-6
 
-local function check(key, p, now_us)
+local key_of, debt_of = {}, {}  -- by key index: the key, TAT - now (us)
+local queued, changed = {}, {}  -- key indices to write, in order
+local now  -- the call's time (us)
+
+local function check(k, key, value, p, now_us)
+  local debt = debt_of[k]
+  if debt == nil then
+    now = now_us
+    debt = 0
+    if value then
+      local tat = value + 0
+      if tat > now_us then debt = tat - now_us end
+    end
+    key_of[k], debt_of[k] = key, debt
+  end
   local token_us = p.window * 1000 / p.limit
-  local b = buckets[key]
-  if b == nil then
-    local tat = stored_tat(key, p, token_us)
-    b = {key = key, now = now_us, debt = 0, changed = false}
-    if tat and tat > now_us then b.debt = tat - now_us end
-    buckets[key] = b
-  end
-  local burst_us = p.burst * token_us
-  local after = b.debt + p.cost * token_us
-  -- (every field in the constructor: a field added later resizes the table)
-  return {b = b, token_us = token_us, burst_us = burst_us, debt = b.debt, after = after,
-          allowed = after <= burst_us + SLACK_US}
+  return debt + p.cost * token_us <= p.burst * token_us + SLACK_US
 end
 
-local function settle(p, d, charge)
+local function settle(k, p, allowed, charge)
   if not charge then return end
-  local debt = d.after
-  -- A refused request that counts empties the bucket (it never refills it).
-  if not d.allowed then debt = math.max(d.debt, d.burst_us) end
-  local b = d.b
-  b.debt = debt
-  if not b.changed then
-    b.changed = true
-    changed[#changed + 1] = b
+  local token_us = p.window * 1000 / p.limit
+  if allowed then
+    debt_of[k] = debt_of[k] + p.cost * token_us
+  else  -- a refused request that counts empties the bucket (it never refills it)
+    debt_of[k] = max(debt_of[k], p.burst * token_us)
   end
-  d.debt = debt
-  d.after = debt + p.cost * d.token_us
+  if not queued[k] then
+    queued[k] = true
+    changed[#changed + 1] = k
+  end
 end
 
-local function report(p, d, out, pos)
+local function report(k, p, allowed, out, pos)
+  local token_us = p.window * 1000 / p.limit
+  local debt = debt_of[k]
   local retry = 0
-  if not d.allowed then
+  if not allowed then
     if p.cost > p.burst then
-      retry = d.debt + p.window * 1000
+      retry = debt + p.window * 1000
     else
-      retry = d.after - d.burst_us
+      retry = debt + (p.cost - p.burst) * token_us
     end
   end
-  out[pos + 1] = math.max(0, math.floor((d.burst_us - d.debt) / d.token_us + 1e-9))
-  out[pos + 2] = math.ceil(d.debt / 1000 - 1e-9)
-  out[pos + 3] = d.allowed and 0 or math.max(1, math.ceil(retry / 1000 - 1e-9))
+  out[pos + 1] = max(0, floor(p.burst - debt / token_us + 1e-9))
+  out[pos + 2] = ceil(debt / 1000 - 1e-9)
+  out[pos + 3] = allowed and 0 or max(1, ceil(retry / 1000 - 1e-9))
   return pos + 3
 end
 
 -- Writes TAT of every bucket this call charged; its TTL ends when the bucket is full again.
 local function finish()
   for i = 1, #changed do
-    local b = changed[i]
-    if b.debt > SLACK_US then
-      local tat = math.ceil(b.now + b.debt - SLACK_US)
-      redis.call('SET', b.key, string.format('%d', tat), 'PX', math.ceil((tat - b.now) / 1000))
+    local k = changed[i]
+    local debt = debt_of[k]
+    if debt > SLACK_US then
+      local tat = ceil(now + debt - SLACK_US)
+      redis.call('SET', key_of[k], format('%d', tat), 'PX', ceil((tat - now) / 1000))
     end
   end
 end
@@ -107,9 +99,10 @@ if KEYS == nil then return M end
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
            cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
-local d = M.check(KEYS[1], p, tonumber(t[1]) * 1000000 + tonumber(t[2]))
-M.settle(p, d, d.allowed or p.count_denied, ARGV[6] or '')
-M.finish()
-local out = {d.allowed and 1 or 0}
-M.report(p, d, out, 1)
+local allowed = check(1, KEYS[1], redis.call('GET', KEYS[1]), p,
+                      tonumber(t[1]) * 1000000 + tonumber(t[2]))
+settle(1, p, allowed, allowed or p.count_denied)
+finish()
+local out = {allowed and 1 or 0}
+report(1, p, allowed, out, 1)
 return out

@@ -187,10 +187,7 @@ void Admission::decide() {
   sent_ms_ = now;
   sent_ns_ = uv_hrtime();
   ratelimit::DecisionBatcher* batcher = snapshot_->decisions.get();
-  // The id is made only when a limit needs it (sliding_log members).
-  const std::string_view id =
-      ratelimit::needsRequestId(applied_) ? std::string_view(owner_.requestId()) : "";
-  decision_ = batcher ? batcher->decide(applied_, id, this) : nullptr;
+  decision_ = batcher ? batcher->decide(applied_, this) : nullptr;
   if (!decision_) apply(ratelimit::decisionOnError(applied_));
 }
 

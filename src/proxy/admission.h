@@ -31,8 +31,6 @@ class AdmissionCallbacks {
   virtual void onRefused(const http::LocalResponse& response) = 0;
   // The body is read before deciding: a client that expects 100 Continue must get it now.
   virtual void onBodyNeeded() = 0;
-  // Unique id of the request (sliding_log members).
-  virtual const std::string& requestId() = 0;
 };
 
 class Admission final : public valkey::CallTarget, public ratelimit::DecisionTarget {

@@ -65,7 +65,8 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void onAdmitted() override;
   void onRefused(const http::LocalResponse& response) override;
   void onBodyNeeded() override;
-  const std::string& requestId() override;
+  // Unique id of the request (access log), made when first asked.
+  const std::string& requestId();
 
   // Lets go of the upstream connection and the pending Valkey call: no callback after this.
   void detach();

@@ -16,8 +16,12 @@ void appliedLimits(const config::Config& config, const config::RouteConfig& rout
     key.assign(config.valkey.key_prefix);
     key += ':';
     key += limit.name;
+    // The parts are the key's hash tag: one client's limits with the same parts share a
+    // cluster slot (and one call), different clients spread over every primary.
+    key += ":{";
     bool applies = true;
-    for (const config::KeyPart& part : limit.by) {
+    for (size_t i = 0; i < limit.by.size(); ++i) {
+      const config::KeyPart& part = limit.by[i];
       identity::FieldValue value = identity::keyPartValue(part, facts);
       if (value.ambiguous) {
         *ambiguous = part.text;
@@ -28,10 +32,11 @@ void appliedLimits(const config::Config& config, const config::RouteConfig& rout
         applies = false;
         break;
       }
-      key += ':';
+      if (i > 0) key += ':';
       key += encodeKeyPart(*value.value, part.kind == config::KeyPartKind::Ip);
     }
     if (!applies) continue;
+    key += '}';
     applied.config = &limit;
     applied.limit = limit.limit;
     applied.burst = limit.burst;

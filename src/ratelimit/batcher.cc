@@ -3,6 +3,7 @@
 #include <deque>
 
 #include "core/logging.h"
+#include "ratelimit/script_codec.h"
 
 namespace sluice::ratelimit {
 
@@ -13,7 +14,6 @@ struct Entry final : PendingDecision {
   // The requester's limits, valid until it is told or cancels.
   const std::vector<AppliedLimit>* limits = nullptr;
   size_t count = 0;  // limits->size(), to read past a cancelled entry
-  Entry* next_alike = nullptr;  // the next request of the same script entry
 };
 
 }  // namespace
@@ -22,19 +22,12 @@ struct Entry final : PendingDecision {
 // deletes itself when that call ends.
 class DecisionBatcher::Batch final : public valkey::CallTarget {
  public:
-  Entry* add(const std::vector<AppliedLimit>& limits, std::string_view request_id,
-             DecisionTarget* target) {
-    const size_t index = script_.add(limits, request_id);
+  Entry* add(const std::vector<AppliedLimit>& limits, DecisionTarget* target) {
+    script_.add(limits);
     Entry& e = entries_.emplace_back();  // a deque: the handles stay where they are
     e.target = target;
     e.limits = &limits;
     e.count = limits.size();
-    if (index == alike_.size()) {
-      alike_.push_back({&e, &e});
-    } else {
-      alike_[index].last->next_alike = &e;
-      alike_[index].last = &e;
-    }
     return &e;
   }
   size_t requests() const { return entries_.size(); }
@@ -57,30 +50,31 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
       failAll(reply.isError() ? "error reply" : "unexpected reply");
       return;
     }
-    // Script entry after script entry; within one, its requests in the order they joined.
-    size_t pos = 0;
+    // Request after request, in the order they joined.
+    DecisionReader reader(reply.elements);
     std::string error;
     Decision decision;  // one for all: its vector is reused
-    for (size_t i = 0; i < alike_.size(); ++i) {
-      DecisionReader reader(reply.elements, &pos, alike_[i].first->count, script_.times(i));
-      for (Entry* e = alike_[i].first; e; e = e->next_alike) {
-        switch (reader.next(&error)) {
-          case ReplyPart::Decided:
-            if (!e->target) break;
-            decisionFromValues(*e->limits, reader.values(), &decision);
-            take(*e)->onDecision(decision);
-            break;
-          case ReplyPart::Failed:
-            if (!e->target) break;
-            SLUICE_LOG_WARN("valkey: the decision of a request failed: {}",
-                            logging::sanitize(error));
-            take(*e)->onDecisionError("error in the script");
-            break;
-          case ReplyPart::Malformed:
-            malformed();
-            return;
-        }
+    for (Entry& e : entries_) {
+      switch (reader.next(e.count, &error)) {
+        case ReplyPart::Decided:
+          if (!e.target) break;
+          decisionFromValues(*e.limits, reader.values(), &decision);
+          take(e)->onDecision(decision);
+          break;
+        case ReplyPart::Failed:
+          if (!e.target) break;
+          SLUICE_LOG_WARN("valkey: the decision of a request failed: {}",
+                          logging::sanitize(error));
+          take(e)->onDecisionError("error in the script");
+          break;
+        case ReplyPart::Malformed:
+          malformed();
+          return;
       }
+    }
+    if (!reader.done()) {
+      malformed();
+      return;
     }
     delete this;
   }
@@ -107,13 +101,8 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     failAll("unexpected reply");
   }
 
-  struct Alike {  // the requests of one script entry, in the order they joined
-    Entry* first;
-    Entry* last;
-  };
   ScriptBatch script_;
   std::deque<Entry> entries_;
-  std::vector<Alike> alike_;  // by script entry
 };
 
 DecisionBatcher::DecisionBatcher(uv_loop_t* loop, std::shared_ptr<valkey::Store> store)
@@ -130,13 +119,13 @@ DecisionBatcher::~DecisionBatcher() {
 }
 
 PendingDecision* DecisionBatcher::decide(const std::vector<AppliedLimit>& limits,
-                                         std::string_view request_id, DecisionTarget* target) {
+                                         DecisionTarget* target) {
   if (limits.empty() || !store_->accepting()) return nullptr;
   if (queued_.empty()) uv_prepare_start(&flush_->handle, onFlush);
   if (queued_.empty() || queued_.back()->requests() >= kMaxRequests) {
     queued_.push_back(new Batch);
   }
-  return queued_.back()->add(limits, request_id, target);
+  return queued_.back()->add(limits, target);
 }
 
 void DecisionBatcher::cancel(PendingDecision* pending) {

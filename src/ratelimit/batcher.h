@@ -53,8 +53,7 @@ class DecisionBatcher {
   // Queues the decision of one request on `limits` (which must stay as they are until the
   // target is told or the decision cancelled). Null when Valkey takes no calls now (not
   // connected, or not answering): decide by on_error at once.
-  PendingDecision* decide(const std::vector<AppliedLimit>& limits, std::string_view request_id,
-                          DecisionTarget* target);
+  PendingDecision* decide(const std::vector<AppliedLimit>& limits, DecisionTarget* target);
   // The target will not be called for this decision. The handle is invalid afterwards.
   void cancel(PendingDecision* pending);
 

@@ -63,6 +63,7 @@ import shutil
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import threading
@@ -715,16 +716,13 @@ def script_sha1(script: str) -> str:
 
 def decide_batch(requests: Iterable[tuple]) -> tuple:
     """(KEYS, ARGV) of decide.lua for a batch of requests, as its header lays them out: each
-    request is (request_id, [(key, limit dict)]), or (request_id, [(key, limit dict)], n) for n
-    requests alike ("<limits>*<n>", keys once, no request id); a limit dict has algorithm,
-    limit, window_ms, and optionally burst (default limit), cost (1), count_denied (False),
-    shadow (False), keep (the largest limit of the quotas that share the key; default: this
-    limit's own). Each distinct definition is listed once; each request names its limits
-    "<definition>:<cost>"."""
+    request is a list of (key, limit dict); a limit dict has algorithm, limit, window_ms, and
+    optionally burst (default limit), cost (1), count_denied (False), shadow (False), keep
+    (the largest limit of the quotas that share the key; default: this limit's own). Each
+    distinct definition and each key is listed once; a request names its limits
+    "<definition>:<cost>", and a key an earlier request used "<definition>:<cost>@<i>"."""
     definitions, keys, per_request = [], [], []
-    for request in requests:
-        request_id, limits = request[0], request[1]
-        times = request[2] if len(request) > 2 else 1
+    for limits in requests:
         refs = []
         for key, l in limits:
             d = (l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("burst", l["limit"])),
@@ -732,18 +730,20 @@ def decide_batch(requests: Iterable[tuple]) -> tuple:
                  str(l.get("keep", l["limit"])))
             if d not in definitions:
                 definitions.append(d)
-            refs.append(f"{definitions.index(d) + 1}:{l.get('cost', 1)}")
-            keys.append(key)
-        per_request.append(",".join(refs) + (f"*{times}" if times != 1 else ""))
-        if times == 1 and any(l["algorithm"] == "sliding_log" for _, l in limits):
-            per_request.append(request_id)
+            ref = f"{definitions.index(d) + 1}:{l.get('cost', 1)}"
+            if key in keys:
+                ref += f"@{keys.index(key) + 1}"
+            else:
+                keys.append(key)
+            refs.append(ref)
+        per_request.append(",".join(refs))
     argv = [str(len(definitions))] + [v for d in definitions for v in d] + per_request
     return keys, argv
 
 
-def decide_args(request_id: str, limits: Iterable[dict]) -> list:
-    """ARGV of decide.lua for one request (its keys are the limits' own, in order)."""
-    return decide_batch([(request_id, [("", l) for l in limits])])[1]
+def decide_args(limits: Iterable[dict]) -> list:
+    """ARGV of decide.lua for one request (its keys are the limits' own, in order, distinct)."""
+    return decide_batch([[(f"k{i}", l) for i, l in enumerate(limits)]])[1]
 
 
 def _decided(values: list, limits: list) -> tuple:
@@ -755,40 +755,24 @@ def _decided(values: list, limits: list) -> tuple:
 
 
 def parse_decide_batch_reply(reply: list, requests: Iterable) -> list:
-    """decide.lua's reply for requests with these limits (a list of limit dicts each, or
-    (limits, n) for n requests alike): per request either (allowed, [(allowed, remaining,
-    reset_ms, retry_ms)] per limit) or the error string; n requests alike give n results.
-    Asserts the layout. The reply has remaining, reset_ms, retry_ms per limit (retry_ms 0: the
-    limit allows, at least 1: it refuses); a request is allowed when no limit that is not a
-    shadow refuses. n requests alike are runs: count c, the values of the first, a step for each
-    value (request i of the run has value + i * step), or an error string for one request."""
+    """decide.lua's reply for requests with these limits (a list of limit dicts each): per
+    request either (allowed, [(allowed, remaining, reset_ms, retry_ms)] per limit) or the error
+    string. Asserts the layout: remaining, reset_ms, retry_ms per limit (retry_ms 0: the limit
+    allows, at least 1: it refuses); a request is allowed when no limit that is not a shadow
+    refuses."""
     assert isinstance(reply, list), f"reply layout: {reply!r}"
     out, i = [], 0
-    for request in requests:
-        limits, times = request if isinstance(request, tuple) else (request, 1)
+    for limits in requests:
+        assert i < len(reply), f"reply too short: {reply!r}"
+        if isinstance(reply[i], str):
+            out.append(reply[i])
+            i += 1
+            continue
         m = 3 * len(limits)
-        covered = 0
-        while covered < times:
-            assert i < len(reply), f"reply too short: {reply!r}"
-            if isinstance(reply[i], str):
-                out.append(reply[i])
-                i += 1
-                covered += 1
-                continue
-            if times == 1:
-                part = reply[i: i + m]
-                assert len(part) == m and all(isinstance(x, int) for x in part), f"reply layout: {reply!r}"
-                out.append(_decided(part, limits))
-                i += m
-                covered += 1
-                continue
-            run = reply[i: i + 1 + 2 * m]
-            assert len(run) == 1 + 2 * m and all(isinstance(x, int) for x in run), f"run layout: {reply!r}"
-            count, first, step = run[0], run[1: 1 + m], run[1 + m:]
-            assert 1 <= count <= times - covered, f"run count {count}: {reply!r}"
-            out.extend(_decided([v + t * d for v, d in zip(first, step)], limits) for t in range(count))
-            i += 1 + 2 * m
-            covered += count
+        part = reply[i: i + m]
+        assert len(part) == m and all(isinstance(x, int) for x in part), f"reply layout: {reply!r}"
+        out.append(_decided(part, limits))
+        i += m
     assert i == len(reply), f"reply too long: {reply!r}"
     return out
 
@@ -802,6 +786,55 @@ def parse_decide_reply(reply: list, limits: list) -> tuple:
 
 
 # ------------------------------------------------------------------ time (the server's)
+
+# ------------------------------------------------------------------ what a key holds
+
+WINDOW_NUMBERS = 1 << 32  # fixed_window and sliding_window keep their window number modulo this
+
+
+def raw_value(valkey, key: str) -> Optional[bytes]:
+    """A key's value as bytes (window and log values are binary)."""
+    if getattr(valkey, "_raw_client", None) is None:
+        valkey._raw_client = valkey.new_client(decode_responses=False)
+    return valkey._raw_client.get(key)
+
+
+def stored(valkey, key: str, algorithm: str):
+    """What a limit's key holds, as the scripts write it (lua/<algorithm>.lua): fixed_window
+    (window number mod 2^32, count); sliding_window (window number, current, previous);
+    sliding_log [entry times, us]; token_bucket TAT (us). None when the key is absent."""
+    raw = raw_value(valkey, key)
+    if raw is None:
+        return None
+    if algorithm == "fixed_window":
+        n, count = struct.unpack("<Id", raw)
+        return n, int(count)
+    if algorithm == "sliding_window":
+        n, current, previous = struct.unpack("<Idd", raw)
+        return n, int(current), int(previous)
+    if algorithm == "sliding_log":
+        return [int(t) for t in struct.unpack(f"<{len(raw) // 8}d", raw)]
+    assert algorithm == "token_bucket", algorithm
+    return int(raw)
+
+
+def used(valkey, key: str, algorithm: str, window_s: float = 0) -> int:
+    """What counts in a window key now: fixed_window its count (0 when it holds an earlier
+    window), sliding_window this window's count, sliding_log its entries (not aged out within
+    `window_s`; all when 0)."""
+    value = stored(valkey, key, algorithm)
+    if value is None:
+        return 0
+    if algorithm in ("fixed_window", "sliding_window"):
+        n = math.floor(server_time(valkey.client) / window_s) if window_s else None
+        if n is not None and value[0] != n % WINDOW_NUMBERS:
+            return 0
+        return value[1]
+    if algorithm == "sliding_log":
+        cutoff = server_time_us(valkey.client) - window_s * 1e6 if window_s else -1
+        return sum(1 for t in value if t > cutoff)
+    raise AssertionError(f"no count for {algorithm}")
+
 
 def server_time(client) -> float:
     """Valkey's clock (TIME), in seconds."""
@@ -898,6 +931,12 @@ def parse_rl_list(value: Optional[str]) -> dict:
 
 def limit_keys(client, pattern: str = "*") -> list:
     return sorted(client.scan_iter(match=pattern, count=1000))
+
+
+def key_part(key: str) -> str:
+    """The parts of a limit's key, "<prefix>:<limit>:{<parts>}", as one text."""
+    assert key.endswith("}") and ":{" in key, f"not a limit key: {key!r}"
+    return key[key.index(":{") + 2:-1]
 
 
 def hashed_part(value) -> str:

@@ -16,9 +16,11 @@ def per_ip_gateway(sluice_factory, upstream, valkey, identity=None, limit=2):
 
 
 def clients(valkey, limit="per_ip"):
-    """The client part of every key of `limit` ("rl:v1:<limit>:<client>:<window>")."""
+    """The client part of every key of `limit` ("rl:v1:<limit>:{<client>}")."""
     prefix = f"rl:v1:{limit}:"
-    return sorted({k[len(prefix):].rsplit(":", 1)[0] for k in limit_keys(valkey.client, prefix + "*")})
+    keys = limit_keys(valkey.client, prefix + "*")
+    assert all(k.startswith(prefix + "{") and k.endswith("}") for k in keys), keys
+    return sorted(k[len(prefix) + 1:-1] for k in keys)
 
 
 def statuses(gw, headers_list):

@@ -20,8 +20,8 @@ from fractions import Fraction
 
 import pytest
 
-from conftest import (avoid_window_boundary, limit_cfg, limit_keys, parse_rl_list, server_time,
-                      server_time_us, sluice_with_limits, wait_admin)
+from conftest import (avoid_window_boundary, limit_cfg, limit_keys, parse_rl_list,
+                      server_time_us, sluice_with_limits, stored, used)
 
 ALGORITHMS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket"]
 WINDOW = {"fixed_window": ("1h", 3600), "sliding_window": ("1h", 3600),
@@ -171,24 +171,17 @@ def check_counters(valkey, algorithm: str, model: Model, context: str) -> None:
     """What Valkey holds under each key the model knows (and nothing else)."""
     c = valkey.client
     seen = []
+    window_s = WINDOW[algorithm][1]
     for (name, part), expected in sorted(model.state.items()):
+        key = f"rl:v1:{name}:{{{part}}}"
+        seen.append(key)
         if algorithm == "token_bucket":
-            key = f"rl:v1:{name}:{part}"
-            seen.append(key)
-            debt_s = (int(c.get(key) or 0) - server_time_us(c)) / 1e6
+            debt_s = ((stored(valkey, key, algorithm) or 0) - server_time_us(c)) / 1e6
             # The model lets nothing refill; the bucket did, for the seconds the test took.
             assert float(expected) - 120 <= debt_s <= float(expected) + 0.001, \
                 f"{key}: TAT {debt_s:.3f} s ahead, model {float(expected):.3f}; {context}"
             continue
-        if algorithm == "sliding_log":
-            key = f"rl:v1:{name}:{part}"
-            got = c.zcard(key)
-        else:
-            # fixed_window: this window's counter; sliding_window: this window's (the one
-            # before holds nothing on a fresh server)
-            (key,) = limit_keys(c, f"rl:v1:{name}:{part}:*")
-            got = int(c.get(key))
-        seen.append(key)
+        got = used(valkey, key, algorithm, window_s)
         assert got == expected, f"{key}: Valkey {got}, model {expected}; {context}"
     left = sorted(set(limit_keys(c, "rl:v1:*")) - set(seen))
     assert left == [], f"keys the model does not know: {left}; {context}"

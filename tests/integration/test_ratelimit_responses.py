@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import (ValkeyMonitor, limit_cfg, limit_keys, metric_sum, parse_rl_list,
-                      sluice_with_limits)
+                      sluice_with_limits, used)
 
 POLICY_RE = re.compile(r'^"[A-Za-z0-9_.-]+";q=\d+;w=\d+(, "[A-Za-z0-9_.-]+";q=\d+;w=\d+)*$')
 STATE_RE = re.compile(r'^"[A-Za-z0-9_.-]+";r=\d+;t=\d+(, "[A-Za-z0-9_.-]+";r=\d+;t=\d+)*$')
@@ -158,7 +158,8 @@ def test_shadow_limit_never_refuses_but_counts(sluice_factory, upstream, valkey,
         state = parse_rl_list(r.header("ratelimit"))
         assert list(state) == ["enforced"], "a shadow limit is not shown to clients"
     (key,) = limit_keys(valkey.client, "rl:v1:shadowed:*")
-    assert valkey.client.get(key) == ("8" if count_denied else "3"), "decided and counted in Valkey"
+    assert used(valkey, key, "fixed_window", 3600) == (8 if count_denied else 3), \
+        "decided and counted in Valkey"
     assert metric_sum(gw, "sluice_ratelimit_decisions_total", limit="shadowed",
                       outcome="shadow_denied") == 5
     assert metric_sum(gw, "sluice_ratelimit_decisions_total", limit="shadowed",
@@ -196,8 +197,8 @@ def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstr
     then it continues: one epoll round reads them all) are decided in one EVALSHA, 64 requests
     at most per call; each is still decided on its own and exactly (limit 15: 15 pass, the
     others get 429, each with its own RateLimit remaining). Requests on keys of their own carry
-    a key each; requests alike (one client, one fixed_window limit) carry their key once, as
-    "1:1*<n>", decided in one step by the script."""
+    a key each; one client's requests carry their key once per call, then name it
+    ("1:1@1")."""
     by = ["ip"] if alike else ["header:X-Id"]
     limit = limit_cfg("a", "fixed_window", 15, "1h", by=by)
     if not alike:
@@ -237,11 +238,15 @@ def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstr
         after - before == len(calls), sent
     if alike:
         assert [int(cmd[2]) for cmd in sent] == [1] * len(calls), "the key once per call"
-        assert [cmd[-1] for cmd in sent] == [f"1:1*{k}" for k in calls], [cmd[-1] for cmd in sent]
+        assert [cmd[4:] for cmd in sent] == [["1", "fixed_window", "15", "3600000", "15", "0",
+                                              "0", "15", "1:1"] + ["1:1@1"] * (k - 1)
+                                             for k in calls], [cmd[-1] for cmd in sent]
     else:
-        assert [int(cmd[2]) for cmd in sent] == [2 * k for k in calls], "2 keys per request"
+        # 1 key of b (every request from 127.0.0.1), then one of a per request
+        assert [int(cmd[2]) for cmd in sent] == [1 + k for k in calls], "a's key per request"
     if not alike:  # a request refused by b cost a nothing
-        assert sorted(int(c.get(k)) for k in limit_keys(c, "*:a:*")) == [1] * 15
+        assert sorted(used(valkey, k, "fixed_window", 3600) for k in limit_keys(c, "*:a:*")) == \
+            [1] * 15
 
 
 
@@ -279,10 +284,10 @@ def test_clients_that_leave_before_their_decision(sluice_factory, upstream, valk
                 data += chunk
             s.close()
             answers.append(data)
-    # Usually one call, "1:1*6", so the ones that left are members of an entry of requests
-    # alike (a connection handed to a later round of events goes in a call of its own).
-    parts = [cmd[-1] for cmd in mon.commands()]
-    assert sum(int(p.partition("*")[2] or 1) for p in parts) == 6, parts
+    # Usually one call of six requests on one key (a connection handed to a later round of
+    # events goes in a call of its own).
+    parts = [p for cmd in mon.commands() for p in cmd[3 + int(cmd[2]) + 1 + 7:]]
+    assert len(parts) == 6 and all(p.startswith("1:1") for p in parts), parts
     assert [a.split(b" ", 2)[1] for a in answers] == [b"200", b"200"], answers
     remaining = sorted(int(re.search(rb'\r\nRateLimit: "a";r=(\d+)', a).group(1)) for a in answers)
     assert len(set(remaining)) == 2 and all(94 <= r <= 99 for r in remaining), remaining
@@ -304,9 +309,8 @@ def test_keys_start_with_key_prefix_and_scan_finds_them(sluice_factory, upstream
     assert sorted(limit_keys(c, "rl:*")) == every and len(every) == 4
     assert [k for k in every if not k.startswith("rl:test:")] == []
     assert {k.split(":")[2] for k in every} == {"one", "two", "three", "four"}
-    assert any(k.startswith("rl:test:one:127.0.0.1:") for k in every), every
-    assert "rl:test:two:127.0.0.1:k9" in every
-    assert any(k.startswith("rl:test:three:red:GET:") for k in every), every
-    assert "rl:test:four:api:ann" in every
+    assert sorted(every) == ["rl:test:four:{api:ann}", "rl:test:one:{127.0.0.1}",
+                             "rl:test:three:{red:GET}", "rl:test:two:{127.0.0.1:k9}"], \
+        "key_prefix:limit:{parts}: the parts are the key's hash tag"
     for k in every:
         assert c.pttl(k) > 0, f"{k} without TTL"

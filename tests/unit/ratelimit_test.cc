@@ -21,6 +21,7 @@
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/headers.h"
 #include "ratelimit/keys.h"
+#include "ratelimit/script_codec.h"
 #include "ratelimit/scripts.h"
 #include "valkey/reply.h"
 #include "valkey/resp.h"
@@ -112,11 +113,10 @@ std::string readFile(const std::string& path) {
 
 }  // namespace
 
-// One request's part of a batch reply (an entry of one request): its decision, or why not.
-ReplyPart readDecision(const std::vector<AppliedLimit>& limits, const std::vector<Reply>& elements,
-                       size_t* pos, Decision* decision, std::string* error) {
-  DecisionReader reader(elements, pos, limits.size(), 1);
-  const ReplyPart part = reader.next(error);
+// The next request's part of a batch reply: its decision, or why not.
+ReplyPart readDecision(DecisionReader& reader, const std::vector<AppliedLimit>& limits,
+                       Decision* decision, std::string* error) {
+  const ReplyPart part = reader.next(limits.size(), error);
   if (part == ReplyPart::Decided) decisionFromValues(limits, reader.values(), decision);
   return part;
 }
@@ -125,76 +125,13 @@ ReplyPart readDecision(const std::vector<AppliedLimit>& limits, const std::vecto
 std::optional<Decision> decisionFromReply(const std::vector<AppliedLimit>& limits,
                                           const Reply& reply) {
   if (reply.type != Reply::Type::Array) return std::nullopt;
-  size_t pos = 0;
+  DecisionReader reader(reply.elements);
   Decision d;
   std::string error;
-  if (readDecision(limits, reply.elements, &pos, &d, &error) != ReplyPart::Decided ||
-      pos != reply.elements.size()) {
+  if (readDecision(reader, limits, &d, &error) != ReplyPart::Decided || !reader.done()) {
     return std::nullopt;
   }
   return d;
-}
-
-TEST_SUITE("ratelimit: keys") {
-  TEST_CASE("short values of safe bytes stay readable") {
-    for (const char* v : {"192.0.2.1", "user@example.com", "a-b_c.d+e/f", "POST", "api",
-                          "key_abc", "A"}) {
-      INFO(std::string(v));
-      CHECK(encodeKeyPart(v) == v);
-    }
-    const std::string longest(kMaxReadablePart, 'x');
-    CHECK(encodeKeyPart(longest) == longest);
-  }
-
-  TEST_CASE("':' is readable only for IP addresses") {
-    CHECK(encodeKeyPart("2001:db8:1:2::/64", true) == "2001:db8:1:2::/64");
-    CHECK(encodeKeyPart("2001:db8:1:2::/64", false) == hashedPart("2001:db8:1:2::/64"));
-    CHECK(encodeKeyPart("a:b") == hashedPart("a:b"));
-  }
-
-  TEST_CASE("long, empty, binary or separator values are hashed") {
-    const std::string too_long(kMaxReadablePart + 1, 'x');
-    for (const std::string& v :
-         {too_long, std::string(), std::string("a b"), std::string("a\0b", 3),
-          std::string("caf\xc3\xa9"), std::string("~abc"), std::string("{tag}"),
-          std::string("a*"), std::string("a?"), std::string("[a]"), std::string("a\r\nb"),
-          std::string("a%20b"), std::string("a\"b"), std::string("a,b"), std::string("a;b")}) {
-      INFO(std::string(v));
-      const std::string encoded = encodeKeyPart(v);
-      CHECK(encoded == hashedPart(v));
-      CHECK(encoded.size() == 33);
-      CHECK(encoded[0] == '~');
-    }
-  }
-
-  TEST_CASE("hashedPart is '~' and the first 128 bits of SHA-256, in lower-case hex") {
-    CHECK(hashedPart("") == "~e3b0c44298fc1c149afbf4c8996fb924");
-    CHECK(hashedPart("abc") == "~ba7816bf8f01cfea414140de5dae2223");
-    CHECK(hashedPart(std::string("\0", 1)) != hashedPart(""));
-  }
-
-  TEST_CASE("distinct values give distinct parts; parts never contain ':' unless allowed") {
-    const std::vector<std::string> values = {
-        // A value spelled like the hashed form of another one is hashed itself.
-        "a", "A", "a:b", "a_b", hashedPart(std::string(kMaxReadablePart + 1, 'y')), "x", "",
-        " ", std::string(kMaxReadablePart, 'y'), std::string(kMaxReadablePart + 1, 'y'),
-        std::string("\0", 1), "a:b:c", "a::b", "user@example.com", "user@example.com "};
-    std::set<std::string> seen;
-    for (const std::string& v : values) {
-      const std::string encoded = encodeKeyPart(v);
-      CHECK(encoded.find(':') == std::string::npos);
-      CHECK(seen.insert(encoded).second);
-    }
-  }
-
-  TEST_CASE("parts are bounded whatever the input") {
-    for (size_t n : {size_t{0}, size_t{63}, size_t{64}, size_t{65}, size_t{1000}, size_t{100000}}) {
-      const std::string encoded = encodeKeyPart(std::string(n, 'k'));
-      CHECK(encoded.size() <= kMaxReadablePart);
-      const std::string binary = encodeKeyPart(std::string(n, '\xff'), true);
-      CHECK(binary.size() <= kMaxReadablePart);
-    }
-  }
 }
 
 TEST_SUITE("ratelimit: applied limits") {
@@ -249,9 +186,9 @@ TEST_SUITE("ratelimit: applied limits") {
     const auto limits = f.run();  // no API key, no X-Team
     REQUIRE(limits.size() == 2);
     CHECK(limits[0].config == &f.config.limits[0]);
-    CHECK(limits[0].key == "rl:v1:per_ip:192.0.2.1");
+    CHECK(limits[0].key == "rl:v1:per_ip:{192.0.2.1}");
     CHECK(limits[1].config == &f.config.limits[3]);
-    CHECK(limits[1].key == "rl:v1:composite:192.0.2.1:api:POST");
+    CHECK(limits[1].key == "rl:v1:composite:{192.0.2.1:api:POST}");
   }
 
   TEST_CASE("every limit applies when every part is there; route order is kept") {
@@ -260,11 +197,11 @@ TEST_SUITE("ratelimit: applied limits") {
     f.head.headers.add("X-Team", "blue");
     const auto limits = f.run();
     REQUIRE(limits.size() == 5);
-    CHECK(limits[0].key == "rl:v1:per_ip:192.0.2.1");
-    CHECK(limits[1].key == "rl:v1:per_key:key_abc");
-    CHECK(limits[2].key == "rl:v1:implicit:key_abc");
-    CHECK(limits[3].key == "rl:v1:composite:192.0.2.1:api:POST");
-    CHECK(limits[4].key == "rl:v1:per_team:blue");
+    CHECK(limits[0].key == "rl:v1:per_ip:{192.0.2.1}");
+    CHECK(limits[1].key == "rl:v1:per_key:{key_abc}");
+    CHECK(limits[2].key == "rl:v1:implicit:{key_abc}");
+    CHECK(limits[3].key == "rl:v1:composite:{192.0.2.1:api:POST}");
+    CHECK(limits[4].key == "rl:v1:per_team:{blue}");
     CHECK(limits[1].limit == 1000);
     CHECK(limits[1].burst == 50);
     CHECK(limits[2].cost == 3);
@@ -285,10 +222,10 @@ TEST_SUITE("ratelimit: applied limits") {
     g.facts.client_key = "198.51.100.23";
     appliedLimits(g.config, g.route, g.facts, &ambiguous, &limits);
     REQUIRE(limits.size() == 2);
-    CHECK(limits[0].key == "rl:v1:per_ip:198.51.100.23");
+    CHECK(limits[0].key == "rl:v1:per_ip:{198.51.100.23}");
     CHECK(limits[0].config == &g.config.limits[0]);
     CHECK(limits[0].limit == 100);
-    CHECK(limits[1].key == "rl:v1:composite:198.51.100.23:api:POST");
+    CHECK(limits[1].key == "rl:v1:composite:{198.51.100.23:api:POST}");
     CHECK(limits[1].config == &g.config.limits[3]);
     CHECK(limits[1].cost == 1);
     // An ambiguous part: nothing applies, whatever was there.
@@ -308,9 +245,9 @@ TEST_SUITE("ratelimit: applied limits") {
     f.head.headers.add("X-Team", std::string(100, 't'));
     const auto limits = f.run();
     REQUIRE(limits.size() == 5);
-    CHECK(limits[0].key == "rl:v1:per_ip:2001:db8:1:2::/64");
-    CHECK(limits[1].key == "rl:v1:per_key:" + hashedPart("key:with:colons"));
-    CHECK(limits[4].key == "rl:v1:per_team:" + hashedPart(std::string(100, 't')));
+    CHECK(limits[0].key == "rl:v1:per_ip:{2001:db8:1:2::/64}");
+    CHECK(limits[1].key == "rl:v1:per_key:{" + hashedPart("key:with:colons") + "}");
+    CHECK(limits[4].key == "rl:v1:per_team:{" + hashedPart(std::string(100, 't')) + "}");
   }
 
   TEST_CASE("an empty value is absent") {
@@ -352,7 +289,7 @@ TEST_SUITE("ratelimit: applied limits") {
     f.config.valkey.key_prefix = "tenant-a:rl:v2";
     const auto limits = f.run();
     REQUIRE_FALSE(limits.empty());
-    CHECK(limits[0].key == "tenant-a:rl:v2:per_ip:192.0.2.1");
+    CHECK(limits[0].key == "tenant-a:rl:v2:per_ip:{192.0.2.1}");
   }
 }
 
@@ -392,23 +329,24 @@ TEST_SUITE("ratelimit: quotas that share a key") {
     log.count_denied = true;
     LimitConfig bucket = limitConfig("b", Algorithm::TokenBucket, {}, 5, 3600000);
     bucket.most_limit = 50;
-    std::vector<AppliedLimit> free_request = {applied(log, "rl:log:1"), applied(bucket, "rl:b:1")};
+    std::vector<AppliedLimit> free_request = {applied(log, "rl:log:{1}"),
+                                              applied(bucket, "rl:b:{1}")};
     std::vector<AppliedLimit> pro_request = free_request;
     pro_request[0].limit = 60;
     pro_request[1].limit = pro_request[1].burst = 50;
     ScriptBatch batch;
-    batch.add(free_request, "req-1");
-    batch.add(pro_request, "req-2");
+    batch.add(free_request);
+    batch.add(pro_request);
     const std::string sha(40, 'f');
     const std::vector<std::string> expected = {
-        "EVALSHA", sha, "4", "rl:log:1", "rl:b:1", "rl:log:1", "rl:b:1",
+        "EVALSHA", sha, "2", "rl:log:{1}", "rl:b:{1}",
         "4",
         "sliding_log", "5", "60000", "5", "1", "0", "60",
         "token_bucket", "5", "3600000", "5", "0", "0", "50",
         "sliding_log", "60", "60000", "5", "1", "0", "60",
         "token_bucket", "50", "3600000", "50", "0", "0", "50",
-        "1:1,2:1", "req-1",
-        "3:1,4:1", "req-2"};
+        "1:1,2:1",
+        "3:1@1,4:1@2"};
     CHECK(batch.command(sha) == sluice::valkey::formatCommand(expected));
   }
 }
@@ -440,49 +378,61 @@ TEST_SUITE("ratelimit: decision") {
     b.shadow = true;
     LimitConfig c = limitConfig("c", Algorithm::FixedWindow, {}, 1, 86400000);
     LimitConfig d = limitConfig("d", Algorithm::SlidingWindow, {}, 2, 500);
-    std::vector<AppliedLimit> first = {applied(a, "rl:a:1"), applied(b, "rl:b:2"),
-                                       applied(c, "rl:c:3"), applied(d, "rl:d:4")};
+    std::vector<AppliedLimit> first = {applied(a, "rl:a:{1}"), applied(b, "rl:b:{2}"),
+                                       applied(c, "rl:c:{3}"), applied(d, "rl:d:{4}")};
     first[0].limit = 20;  // plan override: the applied values are sent, not the config's
     first[0].burst = 15;
     first[0].cost = 2;
     // A second request: the same definitions are not written again; another plan's values of
-    // `a` are another definition; no sliding_log, so no request id.
-    std::vector<AppliedLimit> second = {applied(c, "rl:c:9"), applied(a, "rl:a:9")};
+    // `a` are another definition.
+    std::vector<AppliedLimit> second = {applied(c, "rl:c:{9}"), applied(a, "rl:a:{9}")};
     second[1].cost = 3;
-    const std::vector<AppliedLimit> third = {applied(b, "rl:b:7")};
+    // A third and a fourth on keys used before: each key is written once, then named.
+    const std::vector<AppliedLimit> third = {applied(b, "rl:b:{7}"), applied(c, "rl:c:{3}")};
+    const std::vector<AppliedLimit> fourth = {applied(c, "rl:c:{9}")};
 
     ScriptBatch batch;
-    batch.add(first, "req-1");
-    batch.add(second, "req-2");
-    batch.add(third, "req-3");
-    CHECK(batch.requests() == 3);
-    CHECK(batch.firstKey() == "rl:a:1");
-    // KEYS: every limit's key, in order. ARGV[1] D; then D definitions of 7: algorithm, limit,
-    // window_ms, burst, count_denied, shadow, keep; then per request
-    // "<definition>:<cost>,..." and its id if it has a sliding_log.
+    batch.add(first);
+    batch.add(second);
+    batch.add(third);
+    batch.add(fourth);
+    CHECK(batch.requests() == 4);
+    CHECK(batch.firstKey() == "rl:a:{1}");
+    // KEYS: every key once, in order of first use. ARGV[1] D; then D definitions of 7:
+    // algorithm, limit, window_ms, burst, count_denied, shadow, keep; then per request
+    // "<definition>:<cost>[@<key index>],...".
     const std::string sha(40, 'f');
     const std::vector<std::string> expected = {
         "EVALSHA", sha, "7",
-        "rl:a:1", "rl:b:2", "rl:c:3", "rl:d:4", "rl:c:9", "rl:a:9", "rl:b:7",
+        "rl:a:{1}", "rl:b:{2}", "rl:c:{3}", "rl:d:{4}", "rl:c:{9}", "rl:a:{9}", "rl:b:{7}",
         "5",
         "token_bucket", "20", "60000", "15", "1", "0", "20",
         "sliding_log", "5", "1000", "5", "0", "1", "5",
         "fixed_window", "1", "86400000", "1", "0", "0", "1",
         "sliding_window", "2", "500", "2", "0", "0", "2",
         "token_bucket", "10", "60000", "10", "1", "0", "10",
-        "1:2,2:1,3:1,4:1", "req-1",
+        "1:2,2:1,3:1,4:1",
         "3:1,5:3",
-        "2:1", "req-3"};
+        "2:1,3:1@3",
+        "3:1@5"};
     // formatCommand is checked byte for byte against hiredis's formatter (valkey_resp_test).
     CHECK(batch.command(sha) == sluice::valkey::formatCommand(expected));
 
-    // The layout is the one the script documents, and each algorithm name is a module of it.
+    // The layout is the one the script documents (both codecs open with the same
+    // description), and each algorithm name is a module of the script.
     const std::string lua = readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/decide.lua");
-    CHECK(lua.find("ARGV[1]             D, the number of limit definitions") != std::string::npos);
-    CHECK(lua.find("definition j: algorithm, limit, window_ms, burst, count_denied") !=
-          std::string::npos);
+    const std::string codec =
+        readFile(std::string(SLUICE_SOURCE_DIR) + "/src/ratelimit/script_codec.h");
+    for (const char* line : {"ARGV[1]             D, the number of limit definitions",
+                             "definition j: algorithm, limit, window_ms, burst, count_denied",
+                             "its limits as \"<definition>:<cost>\" joined by \",\"",
+                             "\"<definition>:<cost>@<i>\", KEYS[i], a key an earlier request used",
+                             "reply               per request, in order, for each of its limits"}) {
+      INFO(line);
+      CHECK(lua.find(line) != std::string::npos);
+      CHECK(codec.find(line) != std::string::npos);
+    }
     CHECK(lua.find("local a = 2 + 7 * (j - 1)") != std::string::npos);
-    CHECK(lua.find("its limits as \"<definition>:<cost>\" joined by \",\"") != std::string::npos);
     for (const char* name : {"token_bucket", "sliding_log", "fixed_window", "sliding_window"}) {
       INFO(std::string(name));
       const auto& scripts = embeddedScripts();
@@ -496,7 +446,7 @@ TEST_SUITE("ratelimit: decision") {
     CHECK(empty.command(sha) == sluice::valkey::formatCommand({"EVALSHA", sha, "0", "0"}));
   }
 
-  TEST_CASE("readDecision: the parts of a batch reply, one after the other") {
+  TEST_CASE("DecisionReader: the parts of a batch reply, one after the other") {
     LimitConfig a = limitConfig("a", Algorithm::FixedWindow, {}, 10, 1000);
     LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 5, 1000);
     const std::vector<AppliedLimit> one = {applied(a, "ka")};
@@ -507,113 +457,35 @@ TEST_SUITE("ratelimit: decision") {
                             0,                     // (a string: this one failed)
                             8, 800, 0});           // one: allowed
     reply.elements[9].type = Reply::Type::String;
-    reply.elements[9].text = "WRONGTYPE Operation against a key holding the wrong kind of value";
-    size_t pos = 0;
+    reply.elements[9].text = "unknown algorithm leaky_bucket";
+    DecisionReader reader(reply.elements);
     Decision d;
     std::string error;
-    REQUIRE(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Decided);
-    CHECK(pos == 3);
+    REQUIRE(readDecision(reader, one, &d, &error) == ReplyPart::Decided);
     CHECK(d.verdict == Decision::Verdict::Allow);
     CHECK(d.limits[0].remaining == 9);
-    REQUIRE(readDecision(two, reply.elements, &pos, &d, &error) == ReplyPart::Decided);
-    CHECK(pos == 9);
+    REQUIRE(readDecision(reader, two, &d, &error) == ReplyPart::Decided);
     CHECK(d.verdict == Decision::Verdict::Deny);
     CHECK(outcome(d.limits[0].outcome) == "allowed");
     CHECK(outcome(d.limits[1].outcome) == "denied");
     CHECK(d.retry_after_s == 1);
-    REQUIRE(readDecision(two, reply.elements, &pos, &d, &error) == ReplyPart::Failed);
-    CHECK(pos == 10);
-    CHECK(error.rfind("WRONGTYPE", 0) == 0);
-    REQUIRE(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Decided);
-    CHECK(pos == 13);
+    REQUIRE(readDecision(reader, two, &d, &error) == ReplyPart::Failed);
+    CHECK(error == "unknown algorithm leaky_bucket");
+    CHECK_FALSE(reader.done());
+    REQUIRE(readDecision(reader, one, &d, &error) == ReplyPart::Decided);
     CHECK(d.limits[0].remaining == 8);
+    CHECK(reader.done());
     // Nothing is left: another request's part is missing.
-    CHECK(readDecision(one, reply.elements, &pos, &d, &error) == ReplyPart::Malformed);
-    CHECK(pos == 13);
-  }
+    CHECK(readDecision(reader, one, &d, &error) == ReplyPart::Malformed);
 
-  TEST_CASE("DecisionReader: requests alike, in runs of count, first values, steps") {
-    LimitConfig a = limitConfig("a", Algorithm::FixedWindow, {}, 5, 60000);
-    const std::vector<AppliedLimit> one = {applied(a, "ka")};
-    Reply reply = integers({3, 4, 900, 0, -1, 0, 0,      // 3 allowed: remaining 4, 3, 2
-                            0,                           // (a string: one failed)
-                            2, 0, 900, 900, 0, 0, 0,     // 2 refused
-                            7});                         // next entry: a run too long
-    reply.elements[7].type = Reply::Type::String;
-    reply.elements[7].text = "WRONGTYPE";
-    size_t pos = 0;
-    std::string error;
-    DecisionReader reader(reply.elements, &pos, 1, 6);
-    std::vector<std::vector<int64_t>> seen;
-    for (int i = 0; i < 6; ++i) {
-      INFO(i);
-      const ReplyPart part = reader.next(&error);
-      if (i == 3) {
-        REQUIRE(part == ReplyPart::Failed);
-        CHECK(error == "WRONGTYPE");
-        continue;
-      }
-      REQUIRE(part == ReplyPart::Decided);
-      seen.emplace_back(reader.values(), reader.values() + 3);
-      Decision d;
-      decisionFromValues(one, reader.values(), &d);
-      CHECK(d.verdict == (i < 3 ? Decision::Verdict::Allow : Decision::Verdict::Deny));
-    }
-    CHECK(seen == std::vector<std::vector<int64_t>>{
-                      {4, 900, 0}, {3, 900, 0}, {2, 900, 0}, {0, 900, 900}, {0, 900, 900}});
-    CHECK(pos == 15);
-    CHECK(reader.next(&error) == ReplyPart::Malformed);  // all 6 read
-    DecisionReader too_long(reply.elements, &pos, 1, 2);  // a run of 7 for 2 requests
-    CHECK(too_long.next(&error) == ReplyPart::Malformed);
-    CHECK(pos == 15);
-
-    // A run cut short, a step that overflows: malformed, never undefined.
-    Reply cut = integers({2, 4, 900});
-    pos = 0;
-    CHECK(DecisionReader(cut.elements, &pos, 1, 2).next(&error) == ReplyPart::Malformed);
-    Reply overflow = integers({2, INT64_MAX, 1, 0, INT64_MAX, 0, 0});
-    pos = 0;
-    DecisionReader big(overflow.elements, &pos, 1, 2);
-    CHECK(big.next(&error) == ReplyPart::Decided);
-    CHECK(big.next(&error) == ReplyPart::Malformed);
-  }
-
-  TEST_CASE("ScriptBatch: requests alike on one fixed_window limit share an entry") {
-    LimitConfig fw = limitConfig("fw", Algorithm::FixedWindow, {}, 100, 60000);
-    LimitConfig tb = limitConfig("tb", Algorithm::TokenBucket, {}, 100, 60000);
-    const std::vector<AppliedLimit> ip1 = {applied(fw, "rl:fw:1")};
-    const std::vector<AppliedLimit> ip2 = {applied(fw, "rl:fw:2")};
-    std::vector<AppliedLimit> costly = {applied(fw, "rl:fw:1")};
-    costly[0].cost = 2;
-    const std::vector<AppliedLimit> bucket = {applied(tb, "rl:tb:1")};
-    const std::vector<AppliedLimit> both = {applied(fw, "rl:fw:1"), applied(tb, "rl:tb:1")};
-    ScriptBatch batch;
-    CHECK(batch.add(ip1, "r1") == 0);
-    CHECK(batch.add(ip2, "r2") == 1);    // another key
-    CHECK(batch.add(ip1, "r3") == 0);    // alike: the first entry
-    CHECK(batch.add(costly, "r4") == 2);  // another cost
-    CHECK(batch.add(bucket, "r5") == 3);  // not fixed_window: never shared
-    CHECK(batch.add(bucket, "r6") == 4);
-    CHECK(batch.add(both, "r7") == 5);    // two limits: never shared
-    CHECK(batch.add(both, "r8") == 6);
-    CHECK(batch.add(ip1, "r9") == 0);
-    CHECK(batch.requests() == 9);
-    CHECK(batch.entries() == 7);
-    CHECK(batch.times(0) == 3);
-    CHECK(batch.times(1) == 1);
-    const std::string sha(40, 'f');
-    CHECK(batch.command(sha) ==
-          sluice::valkey::formatCommand(
-              {"EVALSHA", sha, "9",
-               "rl:fw:1", "rl:fw:2", "rl:fw:1", "rl:tb:1", "rl:tb:1", "rl:fw:1", "rl:tb:1",
-               "rl:fw:1", "rl:tb:1",
-               "2",
-               "fixed_window", "100", "60000", "100", "0", "0", "100",
-               "token_bucket", "100", "60000", "100", "0", "0", "100",
-               "1:1*3", "1:1", "1:2", "2:1", "2:1", "1:1,2:1", "1:1,2:1"}));
-    const std::string lua = readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/decide.lua");
-    CHECK(lua.find("\"<limits>*<n>\" (no request id) stands for n requests alike") !=
-          std::string::npos);
+    // Too short for its limits, or not integers: malformed.
+    Reply cut = integers({9, 800});
+    DecisionReader short_reader(cut.elements);
+    CHECK(short_reader.next(1, &error) == ReplyPart::Malformed);
+    Reply nested = integers({9, 800, 0});
+    nested.elements[1].type = Reply::Type::Array;
+    DecisionReader nested_reader(nested.elements);
+    CHECK(nested_reader.next(1, &error) == ReplyPart::Malformed);
   }
 
   TEST_CASE("decisionFromReply: allowed") {

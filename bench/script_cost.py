@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""What one decision costs Valkey, on the production-like mix, without a gateway: batches of
+requests (as one gateway worker sends them) with `per_ip` (sliding_window by one of 100,000
+addresses) and `per_key` (token_bucket by one of 5,000 API keys), or one algorithm alone on
+the addresses, decided by the real script (lua/*.lua composed as lua/decide.lua documents)
+on a private server. Prints the server's CPU time per decision (utime + stime from /proc) and
+the script commands per decision (INFO commandstats).
+
+    /usr/bin/python3 bench/script_cost.py                 # redis-server from PATH
+    REDIS_SERVER=/path/to/valkey-server /usr/bin/python3 bench/script_cost.py
+    SCRIPT_COST_BATCH=13 SCRIPT_COST_DECISIONS=200000 ...  # requests per call, decisions
+    SCRIPT_COST_CALLGRIND=1 ...   # the server under callgrind: instructions per decision
+                                  # (repeatable whatever else the machine does; slow: use
+                                  # SCRIPT_COST_DECISIONS=5000)
+"""
+
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import redis
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sizing import decide_script, free_port  # noqa: E402
+
+BATCH = int(os.environ.get("SCRIPT_COST_BATCH", "13"))
+DECISIONS = int(os.environ.get("SCRIPT_COST_DECISIONS", "100000"))
+ADDRESSES = [f"198.18.{i >> 8 & 255}.{i & 255}" if i < 65536 else
+             f"198.19.{i >> 8 & 255}.{i & 255}" for i in range(100_000)]
+API_KEYS = [f"key-{i:05d}" for i in range(5000)]
+
+# name: [(algorithm, limit, window_ms, key source)]
+CASES = {
+    "mix (sliding_window by ip + token_bucket by key)": [
+        ("sliding_window", 1_000_000, 60_000, "ip"), ("token_bucket", 1_000_000, 3_600_000, "key")],
+    "fixed_window alone": [("fixed_window", 1_000_000, 60_000, "ip")],
+    "sliding_window alone": [("sliding_window", 1_000_000, 60_000, "ip")],
+    "token_bucket alone": [("token_bucket", 1_000_000, 60_000, "ip")],
+    "sliding_log alone (small log)": [("sliding_log", 20, 1_000, "ip")],
+}
+
+
+def definition(algorithm, limit, window_ms):
+    """One limit definition as decide.lua reads it (see its header)."""
+    return [algorithm, str(limit), str(window_ms), str(limit), "0", "0", str(limit)]
+
+
+def batch_args(limits, rng, seq):
+    """(KEYS, ARGV) of one call of BATCH requests, as decide.lua lays them out: each key once,
+    a request's limit on a key an earlier request used names it ("<definition>:<cost>@<i>")."""
+    keys, index, argv = [], {}, [str(len(limits))]
+    for algorithm, limit, window_ms, _ in limits:
+        argv += definition(algorithm, limit, window_ms)
+    for _ in range(BATCH):
+        ip, key = rng.choice(ADDRESSES), rng.choice(API_KEYS)
+        refs = []
+        for j, (_, _, _, by) in enumerate(limits):
+            name = f"rl:v1:{'per_ip' if by == 'ip' else 'per_key'}:{{{ip if by == 'ip' else key}}}"
+            if name in index:
+                refs.append(f"{j + 1}:1@{index[name]}")
+            else:
+                keys.append(name)
+                index[name] = len(keys)
+                refs.append(f"{j + 1}:1")
+        argv.append(",".join(refs))
+    return keys, argv
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def callgrind(pid, *args):
+    return subprocess.run(["callgrind_control", *args, str(pid)], capture_output=True,
+                          text=True, check=True).stdout
+
+
+def instructions(pid):
+    """Instructions counted since the last zero, every thread (callgrind_control -e)."""
+    out = callgrind(pid, "-e", "Ir")
+    return sum(int(m.replace(",", "")) for m in re.findall(r"Th \d+\s+([\d,]+)", out))
+
+
+def run_case(r, pid, sha, limits, use_callgrind=False):
+    rng = random.Random(7)
+    r.flushall()
+    r.config_resetstat()
+    calls = [batch_args(limits, rng, n) for n in range(DECISIONS // BATCH)]
+    if use_callgrind:
+        callgrind(pid, "-z")
+        callgrind(pid, "-i", "on")
+    start = cpu_seconds(pid)
+    pipe = r.pipeline(transaction=False)
+    for n, (keys, argv) in enumerate(calls):
+        pipe.evalsha(sha, len(keys), *keys, *argv)
+        if len(pipe) >= 50:
+            for reply in pipe.execute():
+                assert isinstance(reply, list), reply
+    pipe.execute()
+    cpu = cpu_seconds(pid) - start
+    decisions = len(calls) * BATCH
+    if use_callgrind:
+        cpu = instructions(pid) / 1e6  # (instructions per decision, printed as "us")
+        callgrind(pid, "-i", "off")
+    stats = r.info("commandstats")
+    script_calls = sum(v["calls"] for k, v in stats.items()
+                       if k not in ("cmdstat_evalsha", "cmdstat_flushall", "cmdstat_config",
+                                    "cmdstat_info"))
+    return cpu / decisions * 1e6, script_calls / decisions
+
+
+def main():
+    server = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
+    if not server:
+        sys.exit("redis-server is required (or REDIS_SERVER)")
+    work = tempfile.mkdtemp()
+    port = free_port()
+    use_callgrind = os.environ.get("SCRIPT_COST_CALLGRIND") == "1"
+    prefix = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+              f"--callgrind-out-file={work}/callgrind.out"] if use_callgrind else []
+    proc = subprocess.Popen([*prefix, server, "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", work],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = redis.Redis(port=port, decode_responses=True)
+        for _ in range(600 if use_callgrind else 100):
+            try:
+                r.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        version = r.info("server").get("valkey_version") or r.info("server")["redis_version"]
+        sha = r.script_load(decide_script())
+        print(f"{os.path.basename(server)} {version}: {DECISIONS} decisions per case, "
+              f"{BATCH} requests per call\n")
+        unit = "instructions/decision" if use_callgrind else "server CPU us/decision"
+        print(f"{'case':50} {unit:>23} {'commands/decision':>18}")
+        for name, limits in CASES.items():
+            us, commands = run_case(r, proc.pid, sha, limits, use_callgrind)
+            print(f"{name:50} {us:23.{0 if use_callgrind else 2}f} {commands:18.2f}")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

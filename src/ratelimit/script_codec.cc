@@ -1,0 +1,119 @@
+#include "ratelimit/script_codec.h"
+
+#include <algorithm>
+#include <functional>
+
+#include "valkey/resp.h"
+
+namespace sluice::ratelimit {
+
+namespace {
+
+const char* algorithmName(config::Algorithm algorithm) {
+  switch (algorithm) {
+    case config::Algorithm::FixedWindow: return "fixed_window";
+    case config::Algorithm::SlidingLog: return "sliding_log";
+    case config::Algorithm::SlidingWindow: return "sliding_window";
+    case config::Algorithm::TokenBucket: return "token_bucket";
+  }
+  return "";
+}
+
+void appendBulkNumber(std::string& out, int64_t value) {
+  std::string digits;  // short: no allocation
+  appendDecimal(digits, value);
+  valkey::appendBulk(out, digits);
+}
+
+}  // namespace
+
+size_t ScriptBatch::definition(const AppliedLimit& l) {
+  size_t index = 0;
+  while (index < definitions_.size() &&
+         (definitions_[index].config != l.config || definitions_[index].limit != l.limit ||
+          definitions_[index].burst != l.burst)) {
+    ++index;
+  }
+  if (index == definitions_.size()) {
+    definitions_.push_back({l.config, l.limit, l.burst});
+    valkey::appendBulk(definitions_resp_, algorithmName(l.config->algorithm));
+    appendBulkNumber(definitions_resp_, l.limit);
+    appendBulkNumber(definitions_resp_, l.config->window.count());
+    appendBulkNumber(definitions_resp_, l.burst);
+    valkey::appendBulk(definitions_resp_, l.config->count_denied ? "1" : "0");
+    valkey::appendBulk(definitions_resp_, l.config->shadow ? "1" : "0");
+    // The largest quota on this limit's keys (its plans' too): what a sliding_log keeps.
+    appendBulkNumber(definitions_resp_, std::max(l.limit, l.config->most_limit));
+  }
+  return index;
+}
+
+size_t ScriptBatch::knownKey(std::string_view key, size_t hash) const {
+  // A batch holds a few dozen keys: a scan of their hashes is cheaper than a map.
+  for (const Key& k : keys_) {
+    if (k.hash == hash && std::string_view(key_text_).substr(k.at, k.size) == key) return k.index;
+  }
+  return 0;
+}
+
+void ScriptBatch::add(const std::vector<AppliedLimit>& limits) {
+  ++parts_;
+  part_.clear();
+  const std::hash<std::string_view> hasher;
+  for (const AppliedLimit& l : limits) {
+    if (!part_.empty()) part_ += ',';
+    appendDecimal(part_, static_cast<int64_t>(definition(l) + 1));
+    part_ += ':';
+    appendDecimal(part_, l.cost);
+    const size_t hash = hasher(l.key);
+    if (const size_t index = knownKey(l.key, hash)) {
+      part_ += '@';
+      appendDecimal(part_, static_cast<int64_t>(index));
+      continue;
+    }
+    if (keys_.empty()) first_key_ = l.key;
+    keys_.push_back({hash, key_text_.size(), l.key.size(), keys_.size() + 1});
+    key_text_ += l.key;
+    valkey::appendBulk(keys_resp_, l.key);
+  }
+  valkey::appendBulk(parts_resp_, part_);
+}
+
+std::string ScriptBatch::command(std::string_view sha) const {
+  std::string out;
+  out.reserve(64 + sha.size() + keys_resp_.size() + definitions_resp_.size() +
+              parts_resp_.size());
+  valkey::appendArrayHeader(out, 4 + keys_.size() + kDefinitionFields * definitions_.size() +
+                                     parts_);
+  valkey::appendBulk(out, "EVALSHA");
+  valkey::appendBulk(out, sha);
+  appendBulkNumber(out, static_cast<int64_t>(keys_.size()));
+  out += keys_resp_;
+  appendBulkNumber(out, static_cast<int64_t>(definitions_.size()));
+  out += definitions_resp_;
+  out += parts_resp_;
+  return out;
+}
+
+ReplyPart DecisionReader::next(size_t limits, std::string* error) {
+  using Type = valkey::Reply::Type;
+  if (limits == 0 || pos_ >= elements_.size()) return ReplyPart::Malformed;
+  const valkey::Reply& head = elements_[pos_];
+  if (head.type == Type::String) {
+    *error = head.text;
+    ++pos_;
+    return ReplyPart::Failed;
+  }
+  const size_t width = 3 * limits;
+  if (elements_.size() - pos_ < width) return ReplyPart::Malformed;
+  values_.resize(width);
+  for (size_t i = 0; i < width; ++i) {
+    const valkey::Reply& e = elements_[pos_ + i];
+    if (e.type != Type::Integer) return ReplyPart::Malformed;
+    values_[i] = e.integer;
+  }
+  pos_ += width;
+  return ReplyPart::Decided;
+}
+
+}  // namespace sluice::ratelimit

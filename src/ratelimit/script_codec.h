@@ -1,0 +1,105 @@
+#pragma once
+
+// The decision protocol between Sluice and lua/decide.lua, on Sluice's side: ScriptBatch
+// writes a call, DecisionReader reads its reply. Nothing else builds or parses it. The layout
+// (decide.lua opens with the same description):
+//
+//   KEYS                every key the batch's limits use, each once, in order of first use:
+//                       "<key_prefix>:<limit name>:{<parts>}"; the script touches no other
+//   ARGV[1]             D, the number of limit definitions
+//   ARGV[2 .. 1 + 7D]   definition j: algorithm, limit, window_ms, burst, count_denied
+//                       ("1"|"0"), shadow ("1"|"0": decided and charged like the others,
+//                       never refuses), keep (the largest limit of the quotas that share the
+//                       limit's keys: a plan's for one client, the limit's own for another; a
+//                       sliding_log keeps that many entries)
+//   then per request    its limits as "<definition>:<cost>" joined by ",", e.g. "1:1,2:3";
+//                       each takes the next key not used before, or, written
+//                       "<definition>:<cost>@<i>", KEYS[i], a key an earlier request used
+//   reply               per request, in order, for each of its limits: remaining, reset_ms,
+//                       retry_ms (0 when the limit allows this request, at least 1 when it
+//                       refuses); the request is refused when a limit that is not a shadow
+//                       refuses. Or, when deciding that request failed (an unknown algorithm,
+//                       say), one string in place of its values: the error; the others are
+//                       decided as usual.
+//
+// A change of this layout, or of what a key holds, is a new key prefix version (README).
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ratelimit/decision.h"
+#include "valkey/reply.h"
+
+namespace sluice::ratelimit {
+
+// One call of lua/decide.lua for the requests of one batch, in order. Each distinct limit
+// definition (configuration, effective limit and burst) and each key is written once.
+class ScriptBatch {
+ public:
+  // algorithm, limit, window_ms, burst, count_denied, shadow, keep.
+  static constexpr size_t kDefinitionFields = 7;
+
+  // Adds the limits of one request (at least one).
+  void add(const std::vector<AppliedLimit>& limits);
+  size_t requests() const { return parts_; }
+  // The key of the first limit (a call goes to the node of its keys' slot).
+  const std::string& firstKey() const { return first_key_; }
+  // EVALSHA <sha> <keys> <KEYS...> <ARGV...>.
+  std::string command(std::string_view sha) const;
+
+ private:
+  struct Definition {
+    const config::LimitConfig* config;
+    int64_t limit;
+    int64_t burst;
+  };
+  struct Key {  // a key written to KEYS: where its text is in keys_, and its index there
+    size_t hash;
+    size_t at;
+    size_t size;
+    size_t index;
+  };
+  size_t definition(const AppliedLimit& l);
+  // KEYS index (from 1) of `key` when an earlier limit of the batch used it, else 0.
+  size_t knownKey(std::string_view key, size_t hash) const;
+
+  std::vector<Definition> definitions_;
+  std::string definitions_resp_;  // kDefinitionFields bulk strings each
+  std::string keys_resp_;
+  std::string key_text_;  // every key's text, one after the other
+  std::vector<Key> keys_;
+  std::string parts_resp_;  // each request's part, a bulk string
+  std::string part_;        // (reused while adding)
+  std::string first_key_;
+  size_t parts_ = 0;
+};
+
+// What decide.lua's reply says of one request.
+enum class ReplyPart {
+  Decided,    // its values: remaining, reset_ms and retry_ms of each limit (retry_ms 0: the
+              // limit allows; more: it refuses)
+  Failed,     // deciding this request failed in the script: *error says why
+  Malformed,  // not the expected shape: neither this part nor the rest can be read
+};
+
+// Reads the reply of a ScriptBatch request after request.
+class DecisionReader {
+ public:
+  explicit DecisionReader(const std::vector<valkey::Reply>& elements) : elements_(elements) {}
+  // The part of the next request, which has `limits` limits.
+  ReplyPart next(size_t limits, std::string* error);
+  // After Decided: 3 values per limit.
+  const int64_t* values() const { return values_.data(); }
+  // Every element was read.
+  bool done() const { return pos_ == elements_.size(); }
+
+ private:
+  const std::vector<valkey::Reply>& elements_;
+  size_t pos_ = 0;
+  std::vector<int64_t> values_;
+};
+
+}  // namespace sluice::ratelimit
