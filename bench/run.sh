@@ -32,6 +32,8 @@
 #   BENCH_MIX_TENANTS=100 BENCH_MIX_SEED=1  the mix: client addresses, API keys, keys of
 #                            tenants in Valkey, tenants, random seed (see bench/mix.sh)
 #   BENCH_MIX_ONE_KEY=sluice+limit  variants of --mode mix driven by wrk's one static request
+#   BENCH_VALKEY_SERVER      the server for the variants with limits (default: valkey-server
+#                            on the PATH, else redis-server)
 #   BENCH_IDLE_VARIANTS=     variants of the idle-connection memory test (default: all of them)
 #   BENCH_REFERENCE=nginx    the variant plain Sluice is compared with (sluice+limit is compared
 #                            with sluice, sluice-tls with nginx-tls)
@@ -141,7 +143,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 APT=()
 command -v wrk >/dev/null || APT+=(wrk)
 command -v nginx >/dev/null || APT+=(nginx-light)  # nginx-light has the ssl module
-if { needs '*limit*' || needs '*mix*'; } &&
+if { needs '*limit*' || needs '*mix*'; } && [[ -z ${BENCH_VALKEY_SERVER:-} ]] &&
    ! command -v valkey-server >/dev/null && ! command -v redis-server >/dev/null; then
   APT+=(redis-server)
 fi
@@ -269,7 +271,7 @@ ensure_valkey() {  # one Valkey (redis-server stands in) for every variant with 
   [[ $VALKEY_PORT == 0 ]] || return 0
   local d=$WORK/valkey
   mkdir -p "$d"
-  VALKEY_BIN=$(command -v valkey-server || command -v redis-server) \
+  VALKEY_BIN=${BENCH_VALKEY_SERVER:-$(command -v valkey-server || command -v redis-server)} \
     || die "valkey-server or redis-server is needed for the rate-limit variants"
   next_port; VALKEY_PORT=$PORT_OUT
   "${TASKSET_CLIENT[@]}" "$VALKEY_BIN" --bind 127.0.0.1 --port "$VALKEY_PORT" --save '' \
