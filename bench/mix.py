@@ -218,7 +218,7 @@ def checks_of(E, args, meta):
         for lim, oc in sorted(e["decisions_by_limit"].items()):
             add(v, f"{lim}: decisions not allowed",
                 int(sum(c for o, c in oc.items() if o != "allowed")), 0, 0, "0")
-            add(v, f"{lim}: allowed - requests", int(oc.get("allowed", 0) - e["requests"]),
+            add(v, f"{lim}: decided - requests", int(sum(oc.values()) - e["requests"]),
                 0, slack, f"0 to {slack}")
     return checks
 
@@ -238,12 +238,12 @@ def print_checks(checks):
                              if word in c["check"]) or "-"
         results = {c["result"] for c in cs}
         rows.append([v, values("errors").replace("non-2xx + socket errors ", ""),
-                     values("not allowed"), values("allowed - requests"),
+                     values("not allowed"), values("decided - requests"),
                      next((r for r in ("FAIL", "n/a") if r in results), "PASS")])
-    print("\n== Every variant: no errors, every decision allowed (allowed - requests: the requests "
+    print("\n== Every variant: no errors, every decision allowed (decided - requests: the requests "
           "in flight when wrk stopped, at most one per connection and round) ==")
     print(table(rows, ["variant", "non-2xx + socket errors", "decisions not allowed",
-                       "allowed - requests", "result"]))
+                       "decided - requests", "result"]))
 
 
 def notes_of(E):
@@ -257,13 +257,21 @@ def notes_of(E):
             notes.append(f"{v}: {e['log_lines']} line(s) on stderr (see {e.get('log_file')})")
         if e.get("errors") and any(e["errors"].values()):
             notes.append(f"{v}: wrk errors over all rounds: {e['errors']}")
-        if e.get("valkey_errors"):
-            notes.append(f"{v}: Valkey errors seen by Sluice: {e['valkey_errors']}")
+        failed_open = sum(oc.get("error_allowed", 0) for oc in e["decisions_by_limit"].values())
+        if failed_open:
+            notes.append(f"{v}: {int(failed_open)} decisions failed open (error_allowed; Valkey "
+                         f"errors seen by Sluice: {e.get('valkey_errors')}): Valkey did not answer "
+                         f"within [valkey] timeout (25 ms), or a call had timed out just before "
+                         f"(unresponsive); those requests cost no round trip")
     return notes
 
 
 def print_tables(E, args, meta, one_key):
     names = {v: (f"{v} (one key)" if v in one_key else v) for v in E}
+    print(f"Run of {meta.get('date')}: Sluice {meta.get('git_commit')} ({meta.get('sluice_bin')}), "
+          f"{meta.get('valkey_server')}, nginx {meta.get('nginx')}, {meta.get('wrk')}; "
+          f"{meta.get('cpus')} CPU(s), load average {meta.get('load_average_start')} at the "
+          f"start, {meta.get('load_average_end')} at the end")
     print(f"\n== Traffic mix: wrk -t{meta.get('threads')} -c{meta.get('connections')} "
           f"-d{meta.get('duration')} with bench/mix.lua ({args.addresses:,} client addresses "
           f"via X-Forwarded-For, {args.keys:,} API keys, {args.tenant_keys:,} of them of "
