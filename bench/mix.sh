@@ -1,6 +1,8 @@
+# shellcheck shell=bash disable=SC2034,SC2004
+# (GW_* are run.sh's associative arrays, MIX_IDENTITY_TOML is read by its sluice_config.)
 # bench/run.sh --mode mix: the production-like traffic mix, the headline rate-limit case (see
 # "The traffic mix" in bench/README.md). Sourced by run.sh, which provides ensure_valkey,
-# sluice_variant, HELPER, log and die.
+# sluice_variant, PY, log and die.
 #
 # wrk runs bench/mix.lua against every variant but the one-key ones (MIX_ONE_KEY): each
 # request comes from one of MIX_ADDRESSES client addresses (X-Forwarded-For through the
@@ -67,20 +69,20 @@ variant_sluice_mix() {
 mix_prepare() {
   local v
   ensure_valkey
-  "${MIX_HELPER[@]}" seed --port "$VALKEY_PORT" --keys "$MIX_TENANT_KEYS" \
+  "$PY" "$BENCH_DIR/mix.py" seed --port "$VALKEY_PORT" --keys "$MIX_TENANT_KEYS" \
     --tenants "$MIX_TENANTS" || die "could not put the tenants in Valkey"
   for v in $VARIANTS; do
     [[ " $MIX_ONE_KEY " == *" $v "* ]] || GW_SCRIPT[$v]=$BENCH_DIR/mix.lua
   done
   if [[ " $VARIANTS " == *" sluice+mix "* ]]; then
-    "${MIX_HELPER[@]}" check --port "${GW_PORT[sluice+mix]}" --valkey-port "$VALKEY_PORT" \
+    "$PY" "$BENCH_DIR/mix.py" check --port "${GW_PORT[sluice+mix]}" --valkey-port "$VALKEY_PORT" \
       --key-prefix "rl:sluice-mix" --tenant-keys "$MIX_TENANT_KEYS" --keys "$MIX_KEYS" \
       || die "sluice+mix does not see the mix as expected (see above)"
   fi
 }
 
 mix_report() {  # $1 = meta JSON, $2 = summary JSON to write
-  "${MIX_HELPER[@]}" report --dir "$OUT" --variants "$VARIANTS" --rounds "$ROUNDS" \
+  "$PY" "$BENCH_DIR/mix.py" report --dir "$OUT" --variants "$VARIANTS" --rounds "$ROUNDS" \
     --meta "$1" --one-key "$MIX_ONE_KEY" --addresses "$MIX_ADDRESSES" --keys "$MIX_KEYS" \
     --tenant-keys "$MIX_TENANT_KEYS" --tenants "$MIX_TENANTS" --seed "$MIX_SEED" \
     --rps-ratio-min "$MIX_RPS_RATIO_MIN" --p99-ratio-max "$MIX_P99_RATIO_MAX" \

@@ -137,7 +137,6 @@ seconds() {
 PY=/usr/bin/python3
 [[ -x $PY ]] || PY=$(command -v python3) || die "python3 is needed"
 HELPER=("$PY" "$BENCH_DIR/bench.py")
-MIX_HELPER=("$PY" "$BENCH_DIR/mix.py")
 export PATH="$PATH:/usr/sbin:/sbin"
 
 APT=()
