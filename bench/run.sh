@@ -6,6 +6,8 @@
 #                                     # then new TLS connections per second
 #   bench/run.sh --mode throughput    # only wrk keep-alive  (--mode idle: only the memory test;
 #                                     # --mode handshake: only new TLS connections)
+#   bench/run.sh --mode mix           # the traffic mix (bench/mix.lua): many addresses, API keys
+#                                     # and tenants, every algorithm; see bench/mix.sh
 #   bench/run.sh --variants "nginx sluice sluice+limit"
 #   BENCH_DURATION=30s BENCH_CONNECTIONS=100 bench/run.sh
 #
@@ -20,9 +22,18 @@
 #   BENCH_WARMUP=3s          wrk warm-up per gateway before the measured runs (0 = none)
 #   BENCH_ROUNDS=3           measured runs per gateway, alternating order; the median is reported
 #   BENCH_IDLE_CONNECTIONS=5000  idle keep-alive connections for the memory test
-#   BENCH_MODE=all           all | throughput | idle | handshake
+#   BENCH_MODE=all           all | throughput | idle | handshake | mix
 #   BENCH_VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
 #                            gateways to compare (columns); see "Variants" in README.md
+#                            (--mode mix: "nginx sluice sluice+mix sluice+mix:fixed_window
+#                            sluice+mix:sliding_window sluice+mix:token_bucket
+#                            sluice+mix:sliding_log sluice+limit")
+#   BENCH_MIX_ADDRESSES=100000 BENCH_MIX_KEYS=5000 BENCH_MIX_TENANT_KEYS=1000
+#   BENCH_MIX_TENANTS=100 BENCH_MIX_SEED=1  the mix: client addresses, API keys, keys of
+#                            tenants in Valkey, tenants, random seed (see bench/mix.sh)
+#   BENCH_MIX_ONE_KEY=sluice+limit  variants of --mode mix driven by wrk's one static request
+#   BENCH_VALKEY_SERVER      the server for the variants with limits (default: valkey-server
+#                            on the PATH, else redis-server)
 #   BENCH_IDLE_VARIANTS=     variants of the idle-connection memory test (default: all of them)
 #   BENCH_REFERENCE=nginx    the variant plain Sluice is compared with (sluice+limit is compared
 #                            with sluice, sluice-tls with nginx-tls)
@@ -53,7 +64,7 @@ WARMUP=${BENCH_WARMUP:-3s}
 ROUNDS=${BENCH_ROUNDS:-3}
 IDLE_CONNECTIONS=${BENCH_IDLE_CONNECTIONS:-5000}
 MODE=${BENCH_MODE:-all}
-VARIANTS=${BENCH_VARIANTS:-nginx sluice sluice+limit nginx-tls sluice-tls}
+VARIANTS=${BENCH_VARIANTS:-}
 IDLE_VARIANTS=${BENCH_IDLE_VARIANTS:-}
 REFERENCE=${BENCH_REFERENCE:-nginx}
 HANDSHAKE_DURATION=${BENCH_HANDSHAKE_DURATION:-}
@@ -86,8 +97,14 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$MODE" in all|throughput|idle|handshake) ;;
-  *) echo "BENCH_MODE must be all, throughput, idle or handshake" >&2; exit 2 ;; esac
+case "$MODE" in all|throughput|idle|handshake|mix) ;;
+  *) echo "BENCH_MODE must be all, throughput, idle, handshake or mix" >&2; exit 2 ;; esac
+# shellcheck source=bench/mix.sh
+. "$BENCH_DIR/mix.sh"
+if [[ -z $VARIANTS ]]; then
+  VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
+  [[ $MODE == mix ]] && VARIANTS=$MIX_VARIANTS
+fi
 case "$TLS_KEY" in ec|rsa) ;; *) echo "BENCH_TLS_KEY must be ec or rsa" >&2; exit 2 ;; esac
 case "$HANDSHAKE_TOOL" in wrk|s_time) ;; *) echo "BENCH_HANDSHAKE_TOOL must be wrk or s_time" >&2; exit 2 ;; esac
 [[ " $VARIANTS " == *" $REFERENCE "* ]] || { echo "the reference '$REFERENCE' must be one of the variants" >&2; exit 2; }
@@ -125,7 +142,8 @@ export PATH="$PATH:/usr/sbin:/sbin"
 APT=()
 command -v wrk >/dev/null || APT+=(wrk)
 command -v nginx >/dev/null || APT+=(nginx-light)  # nginx-light has the ssl module
-if needs '*limit*' && ! command -v valkey-server >/dev/null && ! command -v redis-server >/dev/null; then
+if { needs '*limit*' || needs '*mix*'; } && [[ -z ${BENCH_VALKEY_SERVER:-} ]] &&
+   ! command -v valkey-server >/dev/null && ! command -v redis-server >/dev/null; then
   APT+=(redis-server)
 fi
 if needs '*tls*'; then
@@ -158,6 +176,7 @@ WORK=$(mktemp -d /tmp/sluice-bench.XXXXXX)
 chmod 755 "$WORK"
 declare -A GW_PID GW_PORT GW_ADMIN GW_LOG GW_KIND GW_EXIT GW_STOP_S GW_CRASH
 declare -A GW_TLS GW_VALKEY GW_RESUMED_LOG   # 1 = HTTPS listener; 1 = uses Valkey; nginx log
+declare -A GW_SCRIPT                         # wrk script (default: wrk_report.lua)
 
 cleanup() {
   local rc=$?
@@ -171,7 +190,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-mapfile -t FREE < <("${HELPER[@]}" free-ports 24)
+mapfile -t FREE < <("${HELPER[@]}" free-ports 32)
 next_port() { PORT_OUT=${FREE[0]}; FREE=("${FREE[@]:1}"); }
 
 SOFT_NOFILE=$(ulimit -Sn)
@@ -251,7 +270,7 @@ ensure_valkey() {  # one Valkey (redis-server stands in) for every variant with 
   [[ $VALKEY_PORT == 0 ]] || return 0
   local d=$WORK/valkey
   mkdir -p "$d"
-  VALKEY_BIN=$(command -v valkey-server || command -v redis-server) \
+  VALKEY_BIN=${BENCH_VALKEY_SERVER:-$(command -v valkey-server || command -v redis-server)} \
     || die "valkey-server or redis-server is needed for the rate-limit variants"
   next_port; VALKEY_PORT=$PORT_OUT
   "${TASKSET_CLIENT[@]}" "$VALKEY_BIN" --bind 127.0.0.1 --port "$VALKEY_PORT" --save '' \
@@ -347,7 +366,8 @@ EOF
 }
 
 # $1 = port, $2 = admin port, $3 = extra lines of the route (e.g. 'limits = ["x"]').
-# TOML on stdin ([valkey], [[limit]], ...) goes before the route.
+# TOML on stdin ([valkey], [[limit]], ...) goes before the route; in --mode mix, first
+# MIX_IDENTITY_TOML.
 sluice_config() {
   cat <<EOF
 [server]
@@ -366,6 +386,7 @@ name = "origin"
 endpoints = ["127.0.0.1:$UPSTREAM_PORT"]
 
 EOF
+  [[ $MODE == mix ]] && printf '%s\n' "$MIX_IDENTITY_TOML"
   cat
   cat <<EOF
 
@@ -431,7 +452,8 @@ sluice_variant() {  # $1 = name, $2 = extra route lines; TOML on stdin (see slui
 }
 
 start_variant() {
-  local name=$1 fn=variant_${1//[-+]/_} tls=()
+  local name=$1 fn=variant_${1%%:*} tls=()  # (sluice+mix:ALGO -> variant_sluice_mix)
+  fn=${fn//[-+]/_}
   declare -F "$fn" >/dev/null || die "unknown variant '$name' (no function $fn in run.sh)"
   "$fn" "$name"
   [[ ${GW_TLS[$name]:-0} == 1 ]] && tls=(--tls)
@@ -461,6 +483,8 @@ check_alive() {  # $1 = variant, $2 = phase; records a crash
 OUT=$WORK/out
 mkdir -p "$OUT"
 RUN_DIR=$RESULTS_DIR/last-run
+STAMP=$(date +%Y%m%d-%H%M%S)
+[[ $MODE == mix ]] && RUN_DIR=$RESULTS_DIR/mix-$STAMP  # and mix-$STAMP.{txt,json} beside it
 mkdir -p "$RESULTS_DIR"
 rm -rf "$RUN_DIR"
 mkdir -p "$RUN_DIR"
@@ -473,6 +497,7 @@ fi
 
 start_upstream
 for v in $VARIANTS; do start_variant "$v"; done
+[[ $MODE != mix ]] || mix_prepare
 
 url_of() {  # $1 = variant
   if [[ ${GW_TLS[$1]:-0} == 1 ]]; then echo "https://127.0.0.1:${GW_PORT[$1]}/"
@@ -488,7 +513,7 @@ run_wrk() {
   secs=$(seconds "$2")
   run_child timeout --signal=INT --kill-after=10 $((secs + 30)) \
     env "${WRK_ENV[@]}" "${TASKSET_CLIENT[@]}" wrk -t"$THREADS" -c"$conns" -d"$2" --latency \
-    -s "$BENCH_DIR/wrk_report.lua" "${@:5}" "$(url_of "$v")" >"$3" 2>&1 || true
+    -s "${GW_SCRIPT[$v]:-$BENCH_DIR/wrk_report.lua}" "${@:5}" "$(url_of "$v")" >"$3" 2>&1 || true
 }
 
 # ROUND_ORDER: the variants after $1 (a round number) in the order of that round: reversed every
@@ -591,8 +616,8 @@ EOF
   done
 fi
 
-# 4. Throughput and latency.
-if [[ $MODE == all || $MODE == throughput ]]; then
+# 4. Throughput and latency (--mode mix: the same rounds, with the mix on most variants).
+if [[ $MODE == all || $MODE == throughput || $MODE == mix ]]; then
   if [[ $(seconds "$WARMUP") != 0 ]]; then
     for v in $VARIANTS; do
       check_alive "$v" "warm-up" || continue
@@ -784,16 +809,23 @@ print(json.dumps({
 EOF
 )
 
-"${HELPER[@]}" report --dir "$OUT" --variants "$VARIANTS" --reference "$REFERENCE" \
-  --rounds "$([[ $MODE == all || $MODE == throughput ]] && echo "$ROUNDS" || echo 0)" \
-  --handshake-rounds "$HS_ROUNDS" --capacity-rounds "$CAP_ROUNDS" --meta "$meta" \
-  --rps-ratio-min "$RPS_RATIO_MIN" --p99-ratio-max "$P99_RATIO_MAX" --idle-kib-max "$IDLE_KIB_MAX" \
-  --limit-rps-ratio-min "$LIMIT_RPS_RATIO_MIN" --handshake-ratio-min "$HANDSHAKE_RATIO_MIN" \
-  --connections-hint "$(( CONNECTIONS > 64 ? CONNECTIONS : 64 ))" \
-  --out "$RESULTS_DIR/latest.json"
+SUMMARY=$RESULTS_DIR/latest.json
+if [[ $MODE == mix ]]; then
+  SUMMARY=$RESULTS_DIR/mix-$STAMP.json
+  mix_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/mix-$STAMP.txt"
+  echo "Report: $RESULTS_DIR/mix-$STAMP.txt"
+else
+  "${HELPER[@]}" report --dir "$OUT" --variants "$VARIANTS" --reference "$REFERENCE" \
+    --rounds "$([[ $MODE == all || $MODE == throughput ]] && echo "$ROUNDS" || echo 0)" \
+    --handshake-rounds "$HS_ROUNDS" --capacity-rounds "$CAP_ROUNDS" --meta "$meta" \
+    --rps-ratio-min "$RPS_RATIO_MIN" --p99-ratio-max "$P99_RATIO_MAX" --idle-kib-max "$IDLE_KIB_MAX" \
+    --limit-rps-ratio-min "$LIMIT_RPS_RATIO_MIN" --handshake-ratio-min "$HANDSHAKE_RATIO_MIN" \
+    --connections-hint "$(( CONNECTIONS > 64 ? CONNECTIONS : 64 ))" \
+    --out "$SUMMARY"
+fi
 echo "Raw wrk output, logs and configs: $RUN_DIR"
 
-if [[ $STRICT == 1 ]] && grep -q '"overall": "FAIL"' "$RESULTS_DIR/latest.json"; then
+if [[ $STRICT == 1 ]] && grep -q '"overall": "FAIL"' "$SUMMARY"; then
   exit 1
 fi
 exit 0
