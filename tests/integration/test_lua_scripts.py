@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from conftest import (avoid_window_boundary, decide_args, decide_batch, decide_script, limit_cfg, lua_source,
-                      parse_decide_batch_reply, parse_decide_reply, ratelimit_toml, route_cfg, script_sha1, server_time,
-                      server_time_us, sleep_until_window_offset)
+                      metric_sum, parse_decide_batch_reply, parse_decide_reply, ratelimit_toml, route_cfg,
+                      script_sha1, server_time, server_time_us, sleep_until_window_offset, wait_admin)
 
 
 def run(client, algorithm, key, limit, window_ms, burst=None, cost=1, count_denied=False,
@@ -540,13 +540,26 @@ def test_composed_script_is_what_the_gateway_loads(sluice_factory, upstream, val
     gw = sluice_factory(upstream, routes=[route_cfg("r", ["l"])],
                         extra_toml=ratelimit_toml(valkey, limits=[
                             limit_cfg("l", "fixed_window", 5, "1m")]))
-    assert gw.get("/status/200").status == 200
+    # /healthz answers before the worker's Valkey connection is up, and a request that comes
+    # before it is decided by on_error at once, without any EVALSHA (as documented): wait for
+    # /ready, which says the connection is up and its SCRIPT LOAD answered.
+    wait_admin(gw, "/ready", 200)
     assert valkey.client.script_exists(sha) == [True], \
         "the gateway loaded a script other than lua/decide.lua composed as documented"
+
+    def decided_by_valkey(n):
+        """The gateway's n requests so far were each decided by one EVALSHA, none by on_error."""
+        stats = valkey.client.info("commandstats").get("cmdstat_evalsha", {})
+        assert stats.get("calls") == n, stats
+        assert stats.get("failed_calls", 0) == 0, \
+            "the gateway's EVALSHA found the script loaded from the composed files"
+        outcomes = {o: metric_sum(gw, "sluice_ratelimit_decisions_total", limit="l", outcome=o)
+                    for o in ("allowed", "error_allowed")}
+        assert outcomes == {"allowed": n, "error_allowed": 0}, outcomes
+
+    assert gw.get("/status/200").status == 200
+    decided_by_valkey(1)
     valkey.client.script_flush()
     valkey.client.script_load(decide_script())
     assert gw.get("/status/200").status == 200
-    stats = valkey.client.info("commandstats")
-    assert stats.get("cmdstat_evalsha", {}).get("calls") == 2
-    assert stats.get("cmdstat_evalsha", {}).get("failed_calls", 0) == 0, \
-        "the gateway's EVALSHA found the script loaded from the composed files"
+    decided_by_valkey(2)
