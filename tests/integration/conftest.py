@@ -48,6 +48,8 @@ Robustness (test_robustness_*.py; see README.md):
 - settled_rss_kb(), rss_tolerance_kb(), wait_connections_open(), report_figures().
 - is_asan_build() / scaled(normal, asan); asan_small_quarantine (ASAN_OPTIONS
   quarantine_size_mb=16 for the gateways of a test, on the ASan build only).
+- TIMER_SLACK_S / EXIT_SLACK_S: how much later than configured a test may see a timer fire or
+  the process exit after a drain.
 """
 
 from __future__ import annotations
@@ -1529,6 +1531,22 @@ def scaled(normal, asan):
     """`asan` on the ASan build (slower, several times the memory per allocation), else
     `normal`."""
     return asan if is_asan_build() else normal
+
+
+# How late a test may see one of the gateway's timers (request_header_timeout, idle_timeout,
+# handshake_timeout, connect_timeout, response_timeout) fire: a test bounds what it measures by
+# the configured value + TIMER_SLACK_S. Measured on the 2-core machine, ASan build, two busy
+# loops beside the tests: timers seen 1-65 ms late, and requests that take a few ms had hiccups
+# of up to 100 ms (once 0.7 s, with three busy loops and other work on the machine). With it, a
+# timer that fires at twice its value fails its test on the normal build (every timer checked
+# this way is 300 ms or more) and, on the ASan build, from 400 ms up; one that fires at another
+# timer's value (3 s, 5 s) fails it on both.
+TIMER_SLACK_S = scaled(0.3, 0.4)
+
+# The same for the exit of the process after a drain (SIGTERM): its timer, closing every handle,
+# and on the ASan build LeakSanitizer's scan at exit, which is CPU work that busy loops slow down
+# (measured up to 0.33 s after drain_timeout there, 0.07 s on the normal build).
+EXIT_SLACK_S = scaled(0.4, 0.8)
 
 
 _LEAN_UPSTREAM = r'''

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from conftest import (limit_cfg, metric_sum, ratelimit_toml, route_cfg, sluice_bin, wait_admin)
+from conftest import (TIMER_SLACK_S, limit_cfg, metric_sum, ratelimit_toml, route_cfg, sluice_bin,
+                      wait_admin)
 
 PREFIX = "{rl}:v1"
 
@@ -214,5 +215,7 @@ def test_the_slot_owner_gone_decides_by_on_error(sluice_factory, upstream, clust
         assert gw.get("/status/200").status == 200
         r = gw.get("/echo")
         assert r.status == 503 and r.header("retry-after"), r
-        assert time.monotonic() - t0 < 1.0
+        # Both at once (the owner's connection closed with it; measured under 30 ms): one
+        # deadline (100 ms) at most, never the stall limit or connect_timeout (1 s).
+        assert time.monotonic() - t0 < 0.1 + TIMER_SLACK_S
     wait_admin(gw, "/ready", 503, timeout=15)
