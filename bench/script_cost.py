@@ -17,16 +17,12 @@ the script commands per decision (INFO commandstats).
 import os
 import random
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 
-import redis
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sizing import decide_script, free_port  # noqa: E402
+from sizing import decide_script, private_server  # noqa: E402
 
 BATCH = int(os.environ.get("SCRIPT_COST_BATCH", "13"))
 DECISIONS = int(os.environ.get("SCRIPT_COST_DECISIONS", "100000"))
@@ -117,26 +113,12 @@ def run_case(r, pid, sha, limits, use_callgrind=False):
 
 
 def main():
-    server = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
-    if not server:
-        sys.exit("redis-server is required (or REDIS_SERVER)")
-    work = tempfile.mkdtemp()
-    port = free_port()
     use_callgrind = os.environ.get("SCRIPT_COST_CALLGRIND") == "1"
-    prefix = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-              f"--callgrind-out-file={work}/callgrind.out"] if use_callgrind else []
-    proc = subprocess.Popen([*prefix, server, "--port", str(port), "--bind", "127.0.0.1",
-                             "--save", "", "--appendonly", "no", "--dir", work],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        r = redis.Redis(port=port, decode_responses=True)
-        for _ in range(600 if use_callgrind else 100):
-            try:
-                r.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        version = r.info("server").get("valkey_version") or r.info("server")["redis_version"]
+    wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+               "--callgrind-out-file=/dev/null"] if use_callgrind else []
+    with private_server(wrapper, decode_responses=True) as (r, proc, server):
+        info = r.info("server")
+        version = info.get("valkey_version") or info["redis_version"]
         sha = r.script_load(decide_script())
         print(f"{os.path.basename(server)} {version}: {DECISIONS} decisions per case, "
               f"{BATCH} requests per call\n")
@@ -145,10 +127,6 @@ def main():
         for name, limits in CASES.items():
             us, commands = run_case(r, proc.pid, sha, limits, use_callgrind)
             print(f"{name:50} {us:23.{0 if use_callgrind else 2}f} {commands:18.2f}")
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

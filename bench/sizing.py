@@ -8,6 +8,7 @@ of one client's keys, and the projection for 100,000 active clients.
     REDIS_SERVER=/path/to/valkey-server /usr/bin/python3 bench/sizing.py
 """
 
+import contextlib
 import glob
 import os
 import shutil
@@ -56,23 +57,39 @@ CASES = [
 ]
 
 
-def main():
+@contextlib.contextmanager
+def private_server(wrapper=(), **client_options):
+    """A redis-server (REDIS_SERVER, else the PATH's) on a free loopback port, without
+    persistence, stopped on exit: yields (client, process, server path). `wrapper` runs it
+    (valgrind, say)."""
     server = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
     if not server:
-        sys.exit("redis-server is required")
+        sys.exit("redis-server is required (or REDIS_SERVER)")
     work = tempfile.mkdtemp()
     port = free_port()
-    proc = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", work],
+    proc = subprocess.Popen([*wrapper, server, "--port", str(port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", work],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        r = redis.Redis(port=port)
-        for _ in range(100):
+        r = redis.Redis(port=port, **client_options)
+        deadline = time.monotonic() + (60 if wrapper else 5)
+        while True:
             try:
                 r.ping()
                 break
             except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
                 time.sleep(0.05)
+        yield r, proc, server
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main():
+    with private_server() as (r, _, server):
         sha = r.script_load(decide_script())
         print(f"{N} clients per case, keys like rl:v1:<limit>:{{203.0.113.7}} (IPv4 text)")
         print(f"server: {server} {r.info('server').get('redis_version')}\n")
@@ -98,10 +115,6 @@ def main():
             per_client = (after - before) / clients
             usage = r.memory_usage("rl:v1:lim:{10.0.0.1}", samples=0) or 0
             print(f"{name:34} {per_client:13.0f} {usage:13d} {per_client * 100_000 / 2**20:14.1f} MiB")
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -865,6 +865,20 @@ TEST_SUITE("ratelimit: headers") {
   }
 }
 
+// Valkey's answer when a one-minute window (25 s left) and a longer limit (900 s) refuse.
+Decision bothRefused(const LimitConfig& minute, const LimitConfig& longer) {
+  Decision answer;
+  answer.verdict = Decision::Verdict::Deny;
+  answer.limits.resize(2);
+  answer.limits[0].config = &minute;
+  answer.limits[0].outcome = Outcome::Denied;
+  answer.limits[0].retry_ms = 25000;
+  answer.limits[1].config = &longer;
+  answer.limits[1].outcome = Outcome::Denied;
+  answer.limits[1].retry_ms = 900000;
+  return answer;
+}
+
 TEST_SUITE("ratelimit: deny cache") {
   TEST_CASE("a key stays refused until its time, then is forgotten") {
     DenyCache cache;
@@ -885,17 +899,8 @@ TEST_SUITE("ratelimit: deny cache") {
     const std::vector<AppliedLimit> limits = {applied(minute, "rl:minute:a"),
                                               applied(long_log, "rl:long:a")};
     // Valkey refused both: the window for 25 s, the log for 900 s.
-    Decision answer;
-    answer.verdict = Decision::Verdict::Deny;
-    answer.limits.resize(2);
-    answer.limits[0].config = &minute;
-    answer.limits[0].outcome = Outcome::Denied;
-    answer.limits[0].retry_ms = 25000;
-    answer.limits[1].config = &long_log;
-    answer.limits[1].outcome = Outcome::Denied;
-    answer.limits[1].retry_ms = 900000;
     DenyCache cache;
-    rememberRefusals(cache, limits, answer, 1000, 1010);
+    rememberRefusals(cache, limits, bothRefused(minute, long_log), 1000, 1010);
     CHECK(cache.size() == 2);
     Decision d;
     REQUIRE(refusalFromCache(cache, limits, 2000, &d));
@@ -921,16 +926,7 @@ TEST_SUITE("ratelimit: deny cache") {
     shadow.shadow = true;
     DenyCache cache;
     const std::vector<AppliedLimit> both = {applied(minute, "rl:minute:a"), applied(log, "rl:l:a")};
-    Decision answer;
-    answer.verdict = Decision::Verdict::Deny;
-    answer.limits.resize(2);
-    answer.limits[0].config = &minute;
-    answer.limits[0].outcome = Outcome::Denied;
-    answer.limits[0].retry_ms = 25000;
-    answer.limits[1].config = &log;
-    answer.limits[1].outcome = Outcome::Denied;
-    answer.limits[1].retry_ms = 900000;
-    rememberRefusals(cache, both, answer, 1000, 1000);
+    rememberRefusals(cache, both, bothRefused(minute, log), 1000, 1000);
     CHECK(cache.size() == 1);  // the log counts denied requests: never cached
     Decision d;
     CHECK_FALSE(refusalFromCache(cache, both, 2000, &d));
