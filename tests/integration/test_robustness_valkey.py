@@ -81,8 +81,10 @@ def check_every_answer(recs, load):
     """No request hung or failed at the socket; limited routes within deadline + margin;
     requests that never ask Valkey (the route without limits, a 404) not slowed at all."""
     check_all_answered(recs, load)
-    late = [(r.kind, round(r.dt, 3)) for r in recs
-            if r.kind in LIMITED and r.dt > TIMEOUT_S + MARGIN_S]
+    # (own: without the stalls of the whole machine during the request, see conftest's
+    # _STALL_PROBE; a decision that waited for Valkey still shows the whole fault)
+    late = [(r.kind, round(r.dt, 3), round(r.stall, 3)) for r in recs
+            if r.kind in LIMITED and r.own > TIMEOUT_S + MARGIN_S]
     assert not late, f"answered after deadline + margin ({TIMEOUT_S + MARGIN_S}s): {late[:20]}"
     return {"free": check_unaffected(recs, "free", 200),
             "local": check_unaffected(recs, "local", 404)}
