@@ -117,7 +117,7 @@ def cmd_check(args):
         problems.append(f"per_key quota {q1} with a tenant's key, {q2} without: the plan of "
                         f"the tenants in Valkey does not apply")
     keys = valkey_pipeline(args.valkey_port,
-                           [["KEYS", f"{args.key_prefix}:per_ip:{CHECK_ADDRESS}*"]])[0]
+                           [["KEYS", f"{args.key_prefix}:per_ip:{{{CHECK_ADDRESS}}}"]])[0]
     if not keys or isinstance(keys, Exception):
         problems.append(f"no per_ip key for {CHECK_ADDRESS} in Valkey ({keys}): the client "
                         f"address is not read from X-Forwarded-For")
