@@ -320,7 +320,7 @@ def cmd_wrk_parse(args):
             # The "before" probe's own INFO is counted by the "after" one: leave INFO out.
             stats.pop("info", None)
             data["valkey_calls"] = stats
-            data["valkey_evalsha_per_req"] = stats.get("evalsha", 0) / n
+            data["valkey_fcall_per_req"] = stats.get("fcall", 0) / n
             data["valkey_calls_per_req"] = sum(stats.values()) / n
         if before.get("valkey_cpu_s") is not None and after.get("valkey_cpu_s") is not None:
             data["valkey_cpu_us_per_req"] = (after["valkey_cpu_s"] - before["valkey_cpu_s"]) * 1e6 / n
@@ -348,8 +348,8 @@ def cmd_wrk_parse(args):
         up = (f"   upstream conns +{data['upstream_connections_opened']}"
               if "upstream_connections_opened" in data else "")
         extra = ""
-        if "valkey_evalsha_per_req" in data:
-            extra += (f"   valkey: {data['valkey_evalsha_per_req']:.3f} evalsha/req, "
+        if "valkey_fcall_per_req" in data:
+            extra += (f"   valkey: {data['valkey_fcall_per_req']:.3f} fcall/req, "
                       f"{data['valkey_calls_per_req']:.3f} calls/req")
         bad = {k: v for k, v in (data.get("decisions") or {}).items() if k != "allowed" and v}
         if bad:
@@ -1211,7 +1211,7 @@ def table(rows, header):
     return "\n".join(out)
 
 
-EVALSHA_TOLERANCE = 0.005   # EVALSHA per request must round to at most 1.00 (batches: below)
+FCALL_TOLERANCE = 0.005   # FCALL per request must round to at most 1.00 (batches: below)
 CALLS_PER_REQ_MAX = 1.01    # every Valkey command per request, "about one round trip"
 
 
@@ -1242,8 +1242,8 @@ def summarize_runs(runs):
     entry["socket_errors"] = sum(d["socket_errors"] for d in runs)
     entry["errors"] = {k: sum(d["errors"][k] for d in runs)
                        for k in ("connect", "read", "write", "status", "timeout")}
-    if any("valkey_evalsha_per_req" in d for d in runs):
-        entry["valkey_evalsha_per_req"] = med("valkey_evalsha_per_req")
+    if any("valkey_fcall_per_req" in d for d in runs):
+        entry["valkey_fcall_per_req"] = med("valkey_fcall_per_req")
         entry["valkey_calls_per_req"] = med("valkey_calls_per_req")
         entry["valkey_cpu_us_per_req"] = med("valkey_cpu_us_per_req")
         calls = {}
@@ -1251,7 +1251,7 @@ def summarize_runs(runs):
             for k, v in (d.get("valkey_calls") or {}).items():
                 calls[k] = calls.get(k, 0) + v
         entry["valkey_calls"] = calls
-        entry["valkey_evalsha_total"] = calls.get("evalsha", 0)
+        entry["valkey_fcall_total"] = calls.get("fcall", 0)
     if any("decisions" in d for d in runs):
         dec, errs = {}, {}
         for d in runs:
@@ -1343,8 +1343,8 @@ def cmd_report(args):
                "idle_kib_per_conn_max": args.idle_kib_max,
                "limit_rps_ratio_min": args.limit_rps_ratio_min,
                "handshake_ratio_min": args.handshake_ratio_min,
-               "valkey_evalsha_per_request_max": 1.0,
-               "valkey_evalsha_per_request_tolerance": EVALSHA_TOLERANCE,
+               "valkey_fcall_per_request_max": 1.0,
+               "valkey_fcall_per_request_tolerance": FCALL_TOLERANCE,
                "valkey_calls_per_request_max": CALLS_PER_REQ_MAX}
     summary = {"meta": meta, "targets": targets, "variants": {}, "comparisons": [], "checks": []}
 
@@ -1416,21 +1416,21 @@ def cmd_report(args):
         print("  resumed: TLS sessions that nginx reports as reused ($ssl_session_reused) during "
               "the runs; must be 0 for full handshakes")
 
-    limit_variants = [v for v in variants if "valkey_evalsha_per_req" in E[v] or E[v].get("limit")]
+    limit_variants = [v for v in variants if "valkey_fcall_per_req" in E[v] or E[v].get("limit")]
     if args.rounds and limit_variants:
         print()
         print(f"== Rate limiting: Valkey commands per request (targets: 1 round trip per request: "
-              f"EVALSHA <= 1.00, commands sent <= {CALLS_PER_REQ_MAX:.2f}; a worker's concurrent decisions "
-              f"share one EVALSHA) ==")
+              f"FCALL <= 1.00, commands sent <= {CALLS_PER_REQ_MAX:.2f}; a worker's concurrent decisions "
+              f"share one FCALL) ==")
         rows = []
         for v in limit_variants:
             e = E[v]
-            es, cs = e.get("valkey_evalsha_per_req"), e.get("valkey_calls_per_req")
+            es, cs = e.get("valkey_fcall_per_req"), e.get("valkey_calls_per_req")
             mon = e.get("valkey_monitor") or {}
             rt = mon.get("round_trips_per_req")
-            ok_es = None if es is None else es <= 1.0 + EVALSHA_TOLERANCE
+            ok_es = None if es is None else es <= 1.0 + FCALL_TOLERANCE
             ok_rt = None if rt is None else rt <= CALLS_PER_REQ_MAX
-            summary["checks"].append({"variant": v, "check": "valkey_evalsha_per_request",
+            summary["checks"].append({"variant": v, "check": "valkey_fcall_per_request",
                                       "value": es, "target": "<= 1.0", "result": verdict(ok_es)})
             summary["checks"].append({"variant": v, "check": "valkey_round_trips_per_request",
                                       "value": rt, "target": f"<= {CALLS_PER_REQ_MAX}",
@@ -1448,7 +1448,7 @@ def cmd_report(args):
                          "-" if gw is None or vk is None else f"{gw + vk:.1f}",
                          ", ".join(f"{k} {int(c)}" for k, c in sorted(dec.items())) or "-"])
             e["valkey_commandstats_per_req"] = cmds
-        print(table(rows, ["variant", "EVALSHA/req", "", "req/EVALSHA", "all cmdstats/req", "sent/req (MONITOR)", "",
+        print(table(rows, ["variant", "FCALL/req", "", "req/FCALL", "all cmdstats/req", "sent/req (MONITOR)", "",
                            "Valkey CPU us/req", "Sluice+Valkey CPU us/req", "decisions (Sluice)"]))
         for v in limit_variants:
             e = E[v]
@@ -1622,7 +1622,7 @@ def cmd_report(args):
                          f"Valkey errors: {e.get('valkey_errors')}): those requests cost no round "
                          f"trip, and requests/s is flattered")
         if e.get("limit") and e.get("requests"):
-            # Every request decided by Valkey (one EVALSHA decides a batch of them).
+            # Every request decided by Valkey (one FCALL decides a batch of them).
             allowed = (e.get("decisions") or {}).get("allowed")
             if allowed is not None and abs(allowed - e["requests"]) > (
                     meta.get("connections", 0) * len(e["rounds"])):

@@ -28,7 +28,7 @@ KEY_FORMAT = "mk{:05d}"          # the API keys of bench/mix.lua
 TENANT_PREFIX = "sluice:apikey"  # [identity] tenant_key_prefix (default)
 CHECK_ADDRESS = "203.0.113.7"    # the check's client address, not one of the mix's
 # Commands Sluice sends itself; commandstats also counts those its scripts run (redis.call).
-SENT = {"evalsha", "eval", "hmget", "script|load", "script", "ping", "info", "hello", "auth",
+SENT = {"fcall", "hmget", "function|load", "function", "ping", "info", "hello", "auth",
         "client|setname", "cluster|slots", "select"}
 
 
@@ -152,7 +152,7 @@ def variant_entry(directory, v, rounds):
     calls = e.get("valkey_calls") or {}
     if n and calls:
         sent = sum(c for k, c in calls.items() if k in SENT)
-        e["valkey_per_req"] = {"evalsha": calls.get("evalsha", 0) / n,
+        e["valkey_per_req"] = {"fcall": calls.get("fcall", 0) / n,
                                "hmget": calls.get("hmget", 0) / n,
                                "script_commands": (sum(calls.values()) - sent) / n,
                                "all": sum(calls.values()) / n}
@@ -182,7 +182,7 @@ def limits_row(v, e):
     return [v, fmt_ratio(d["rps_ratio"]), fmt_ratio(d["p99_ratio"]),
             num(e.get("gateway_cpu_us_per_req"), "{:.1f}"),
             num(d["own_cpu_us_per_req"], "{:+.1f}"), num(e.get("valkey_cpu_us_per_req"), "{:.1f}"),
-            num(d["total_cpu_us_per_req"], "{:.1f}"), num(pr.get("evalsha"), "{:.3f}"),
+            num(d["total_cpu_us_per_req"], "{:.1f}"), num(pr.get("fcall"), "{:.3f}"),
             num(pr.get("hmget"), "{:.4f}"), num(pr.get("script_commands")), num(pr.get("all")),
             dec]
 
@@ -283,7 +283,7 @@ def print_tables(E, args, meta, one_key):
           "(Sluice, above plain sluice, Valkey, both), Valkey commands per request "
           "(commandstats), Sluice's decisions ==")
     print(table(rows, ["variant", "req/s / nginx", "p99 / nginx", "Sluice CPU us/req",
-                       "- plain sluice", "Valkey CPU us/req", "Sluice+Valkey", "EVALSHA/req",
+                       "- plain sluice", "Valkey CPU us/req", "Sluice+Valkey", "FCALL/req",
                        "HMGET/req", "in scripts/req", "all cmds/req", "decisions"]))
     print("  in scripts/req: the commands the Lua scripts run (commandstats counts them too, "
           "they are no round trips); HMGET: tenant lookups (cache misses, tenant_cache_ttl)")

@@ -410,7 +410,7 @@ variant_sluice() {  # Sluice, one worker, no limits (no Valkey needed)
 }
 
 # Sluice with one limit on the route that always allows: every request costs one decision
-# (one EVALSHA) in Valkey.
+# (one FCALL) in Valkey.
 variant_sluice_limit() {
   ensure_valkey
   sluice_variant "$1" 'limits = ["bench"]' <<EOF

@@ -22,7 +22,7 @@ import sys
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sizing import decide_script, private_server  # noqa: E402
+from sizing import decide_library, private_server  # noqa: E402
 
 BATCH = int(os.environ.get("SCRIPT_COST_BATCH", "13"))
 DECISIONS = int(os.environ.get("SCRIPT_COST_DECISIONS", "100000"))
@@ -84,7 +84,7 @@ def instructions(pid):
     return sum(int(m.replace(",", "")) for m in re.findall(r"Th \d+\s+([\d,]+)", out))
 
 
-def run_case(r, pid, sha, limits, use_callgrind=False):
+def run_case(r, pid, function, limits, use_callgrind=False):
     rng = random.Random(7)
     r.flushall()
     r.config_resetstat()
@@ -95,7 +95,7 @@ def run_case(r, pid, sha, limits, use_callgrind=False):
     start = cpu_seconds(pid)
     pipe = r.pipeline(transaction=False)
     for n, (keys, argv) in enumerate(calls):
-        pipe.evalsha(sha, len(keys), *keys, *argv)
+        pipe.fcall(function, len(keys), *keys, *argv)
         if len(pipe) >= 50:
             for reply in pipe.execute():
                 assert isinstance(reply, list), reply
@@ -107,7 +107,7 @@ def run_case(r, pid, sha, limits, use_callgrind=False):
         callgrind(pid, "-i", "off")
     stats = r.info("commandstats")
     script_calls = sum(v["calls"] for k, v in stats.items()
-                       if k not in ("cmdstat_evalsha", "cmdstat_flushall", "cmdstat_config",
+                       if k not in ("cmdstat_fcall", "cmdstat_flushall", "cmdstat_config",
                                     "cmdstat_info"))
     return cpu / decisions * 1e6, script_calls / decisions
 
@@ -119,13 +119,14 @@ def main():
     with private_server(wrapper, decode_responses=True) as (r, proc, server):
         info = r.info("server")
         version = info.get("valkey_version") or info["redis_version"]
-        sha = r.script_load(decide_script())
+        library, function = decide_library()
+        r.function_load(library, replace=True)
         print(f"{os.path.basename(server)} {version}: {DECISIONS} decisions per case, "
               f"{BATCH} requests per call\n")
         unit = "instructions/decision" if use_callgrind else "server CPU us/decision"
         print(f"{'case':50} {unit:>23} {'commands/decision':>18}")
         for name, limits in CASES.items():
-            us, commands = run_case(r, proc.pid, sha, limits, use_callgrind)
+            us, commands = run_case(r, proc.pid, function, limits, use_callgrind)
             print(f"{name:50} {us:23.{0 if use_callgrind else 2}f} {commands:18.2f}")
 
 

@@ -10,6 +10,7 @@ of one client's keys, and the projection for 100,000 active clients.
 
 import contextlib
 import glob
+import hashlib
 import os
 import shutil
 import socket
@@ -24,17 +25,21 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = int(os.environ.get("SIZING_CLIENTS", "100000"))
 
 
-def decide_script():
-    parts = ["local ALGORITHMS = {}"]
+def decide_library():
+    """(source, function name) of the function library Sluice loads, composed from lua/ as
+    lua/decide.lua's header documents."""
+    body = "local ALGORITHMS = {}\n"
     for path in sorted(glob.glob(os.path.join(ROOT, "lua", "*.lua"))):
         name = os.path.basename(path)[:-4]
         if name == "decide":
             continue
         with open(path) as f:
-            parts.append(f"ALGORITHMS['{name}'] = function(KEYS, ARGV)\n{f.read()}\nend")
+            body += f"ALGORITHMS['{name}'] = function(KEYS, ARGV)\n{f.read()}\nend\n"
     with open(os.path.join(ROOT, "lua", "decide.lua")) as f:
-        parts.append(f.read())
-    return "\n".join(parts) + "\n"
+        body += f.read()
+    tag = hashlib.sha1(body.encode()).hexdigest()[:16]
+    function = f"sluice_decide_{tag}"
+    return f"#!lua name=sluice_{tag}\nlocal FUNCTION_NAME = '{function}'\n{body}", function
 
 
 def free_port():
@@ -90,7 +95,8 @@ def private_server(wrapper=(), **client_options):
 
 def main():
     with private_server() as (r, _, server):
-        sha = r.script_load(decide_script())
+        library, function = decide_library()
+        r.function_load(library, replace=True)
         print(f"{N} clients per case, keys like rl:v1:<limit>:{{203.0.113.7}} (IPv4 text)")
         print(f"server: {server} {r.info('server').get('redis_version')}\n")
         print(f"{'algorithm':34} {'bytes/client':>13} {'MEMORY USAGE':>13} {'per 100k clients':>17}")
@@ -106,7 +112,7 @@ def main():
                     # decide.lua's layout: one definition (algorithm, limit, window, burst,
                     # count_denied, shadow, keep), then this request ("1:1": the definition,
                     # cost 1, on the call's one key)
-                    pipe.evalsha(sha, 1, key, "1", algorithm, limit, window, limit, "0", "0",
+                    pipe.fcall(function, 1, key, "1", algorithm, limit, window, limit, "0", "0",
                                  limit, "1:1")
                 if len(pipe) >= 2000:
                     pipe.execute()

@@ -26,14 +26,19 @@
 --                       say), one string in place of its values: the error; the others are
 --                       decided as usual.
 --
--- Sluice runs this file after the algorithm modules, composed as
+-- Sluice loads this file as a Valkey function library (FUNCTION LOAD), composed as
+--   #!lua name=sluice_<hash>
+--   local FUNCTION_NAME = 'sluice_decide_<hash>'
 --   local ALGORITHMS = {}
 --   ALGORITHMS['<name>'] = function(KEYS, ARGV) <lua/<name>.lua> end
 --   <this file>
--- (see src/ratelimit/scripts.cc; tests compose it the same way from the files). Each call of
--- such a function with KEYS = nil returns the module; only the modules a batch uses are built,
--- once per call of the script. A module keeps each key's state by the key's index for the
--- whole call (several requests of a batch may meet one key) and writes each changed key once:
+-- (<hash>: of the modules and this file; see src/ratelimit/scripts.cc; tests compose it the
+-- same way from the files) and calls it with FCALL. Each call of an ALGORITHMS function with
+-- KEYS = nil returns the module; the library builds every module once, at its first call, and
+-- they keep their tables from call to call (a call reuses them instead of building new ones).
+-- A module keeps each key's state by the key's index for the whole call (several requests of a
+-- batch may meet one key) and writes each changed key once:
+--   start()           a new call begins: every key index's state is stale
 --   check(k, key, value, p, now_us) -> allowed
 --                     reads KEYS[k] = key, whose value (fetched with every other key by one
 --                     MGET; false when absent) it reads the first time, and says whether this
@@ -43,51 +48,71 @@
 --   report(k, p, allowed, out, pos) -> pos    writes its 3 reply values after out[pos]
 --   finish()                                  writes every key the call changed
 -- (A key of another type reads as absent, and the write replaces it.)
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]  -- (strings: `+` and `*` read them)
--- Every key's value at once: one command instead of one per limit. (A key of another type
--- reads as absent, and the write replaces it.)
-local values = redis.call('MGET', unpack(KEYS))
 
--- The module of a limit's algorithm (found for `p` once per call).
-local modules = {}
+-- Every module, by algorithm name, built by the first call (while a library loads, its code
+-- sees no globals: no math, no struct).
+local modules
+
+-- What the running call decides with (set when it starts): its KEYS, their values (one MGET
+-- instead of one command per limit; a key of another type reads as absent, and the write
+-- replaces it), the server's time (us), the reply.
+local keys, values, now
+local reply = {}
+
+-- The module of a limit's algorithm (found for `p` once).
 local function module_of(p)
-  local name = p.algorithm
-  local module = modules[name]
-  if module == nil then
-    local load = ALGORITHMS[name]
-    if load == nil then error('unknown algorithm ' .. tostring(name)) end
-    module = load(nil, nil)
-    modules[name] = module
-  end
+  local module = modules[p.algorithm]
+  if module == nil then error('unknown algorithm ' .. tostring(p.algorithm)) end
   p.module = module
   return module
 end
 
-local definitions = ARGV[1] + 0
-local cursor = 2 + 7 * definitions
+-- The parameters of each limit definition and cost ("<definition>:<cost>") and each request's
+-- limits (by their text), parsed once and kept while the calls' definitions stay the same
+-- (one gateway's configuration): `definitions` holds the ARGV strings they were read from.
+local definitions, params, parsed, parsed_count = {}, {}, {}, 0
+local PARSED_MAX = 4096  -- texts kept at most (each names its key indices)
 
--- The parameters of one limit definition and cost, "<definition>:<cost>", built once per call.
-local params = {}
+-- Keeps the parsed texts only when ARGV's definitions are those they were parsed from.
+-- Returns the number of definitions.
+local function read_definitions(ARGV)
+  local d = ARGV[1] + 0
+  local fields = 7 * d
+  local same = #definitions == fields and parsed_count < PARSED_MAX
+  if same then
+    for i = 1, fields do
+      if definitions[i] ~= ARGV[i + 1] then
+        same = false
+        break
+      end
+    end
+  end
+  if not same then
+    definitions = {}
+    for i = 1, fields do definitions[i] = ARGV[i + 1] end
+    params, parsed, parsed_count = {}, {}, 0
+  end
+  return d
+end
+
 -- (Numbers are read with `+ 0`: on Valkey's Lua, half the cost of tonumber.)
 local function params_of(ref)
   local j, cost = string.match(ref, '^(%d+):(%d+)$')
   j = j and j + 0
-  if j == nil or j < 1 or j > definitions then error('no limit definition in ' .. ref) end
-  local a = 2 + 7 * (j - 1)
-  local p = {algorithm = ARGV[a], limit = ARGV[a + 1] + 0, window = ARGV[a + 2] + 0,
-             burst = ARGV[a + 3] + 0, cost = cost + 0,
-             count_denied = ARGV[a + 4] == '1', shadow = ARGV[a + 5] == '1',
-             keep = ARGV[a + 6] + 0,
+  if j == nil or j < 1 or 7 * j > #definitions then error('no limit definition in ' .. ref) end
+  local a = 7 * (j - 1)
+  local p = {algorithm = definitions[a + 1], limit = definitions[a + 2] + 0,
+             window = definitions[a + 3] + 0, burst = definitions[a + 4] + 0, cost = cost + 0,
+             count_denied = definitions[a + 5] == '1', shadow = definitions[a + 6] == '1',
+             keep = definitions[a + 7] + 0,
              module = false}  -- (every field in the constructor: one added resizes the table)
   params[ref] = p
   return p
 end
 
 -- A request's limits, by their text: the parameters of each (shared, read-only) and where its
--- key is (`at`: a key index, or false for the next new key), parsed once per call. Modules are
--- found when deciding, so an unknown algorithm fails only its requests.
-local parsed = {}
+-- key is (`at`: a key index, or false for the next new key). Modules are found when deciding,
+-- so an unknown algorithm fails only its requests.
 local function limits_of(text)
   local list = {n = 0, fresh = 0, at = {}}
   local from = 1
@@ -110,10 +135,10 @@ local function limits_of(text)
     from = comma + 1
   end
   parsed[text] = list
+  parsed_count = parsed_count + 1
   return list
 end
 
-local reply = {}
 local indices, fits = {}, {}
 -- Decides one request whose new keys follow KEYS[k]; writes its reply after reply[pos].
 -- Returns the new end of the reply.
@@ -125,7 +150,7 @@ local function decide(list, k, pos)
     local p = list[1]
     local m = p.module or module_of(p)
     local i = at[1] or k + 1
-    local allowed = m.check(i, KEYS[i], values[i], p, now)
+    local allowed = m.check(i, keys[i], values[i], p, now)
     m.settle(i, p, allowed, allowed or p.count_denied)
     return m.report(i, p, allowed, reply, pos)
   end
@@ -138,7 +163,7 @@ local function decide(list, k, pos)
       fresh = fresh + 1
       i = fresh
     end
-    local allowed = (p.module or module_of(p)).check(i, KEYS[i], values[i], p, now)
+    local allowed = (p.module or module_of(p)).check(i, keys[i], values[i], p, now)
     indices[j], fits[j] = i, allowed
     if not allowed and not p.shadow then refused = true end
   end
@@ -156,23 +181,38 @@ local function decide(list, k, pos)
   return pos
 end
 
-local pos = 0
-local k = 0
-local last = #ARGV
-while cursor <= last do
-  local text = ARGV[cursor]
-  local list = parsed[text] or limits_of(text)
-  cursor = cursor + 1
-  local ok, result = pcall(decide, list, k, pos)
-  if ok then
-    pos = result
-  else
-    if type(result) == 'table' then result = result.err end
-    pos = pos + 1
-    reply[pos] = tostring(result)
+-- One call: the requests of ARGV, in order.
+local function decide_batch(KEYS, ARGV)
+  local t = redis.call('TIME')
+  now = t[1] * 1000000 + t[2]  -- (strings: `+` and `*` read them)
+  keys, values = KEYS, redis.call('MGET', unpack(KEYS))
+  if modules == nil then
+    modules = {}
+    for name, load in pairs(ALGORITHMS) do modules[name] = load(nil, nil) end
   end
-  k = k + list.fresh
+  for _, module in pairs(modules) do module.start() end
+  local cursor = 2 + 7 * read_definitions(ARGV)
+  local pos = 0
+  local k = 0
+  local last = #ARGV
+  while cursor <= last do
+    local text = ARGV[cursor]
+    local list = parsed[text] or limits_of(text)
+    cursor = cursor + 1
+    local ok, result = pcall(decide, list, k, pos)
+    if ok then
+      pos = result
+    else
+      if type(result) == 'table' then result = result.err end
+      pos = pos + 1
+      reply[pos] = tostring(result)
+    end
+    k = k + list.fresh
+  end
+  reply[pos + 1] = nil  -- the end (what a longer call or a failed request wrote lies past it)
+  for _, module in pairs(modules) do module.finish() end
+  keys, values = nil, nil
+  return reply
 end
-reply[pos + 1] = nil  -- what a failed request wrote past its error
-for _, module in pairs(modules) do module.finish() end
-return reply
+
+redis.register_function(FUNCTION_NAME, decide_batch)

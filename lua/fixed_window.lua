@@ -29,15 +29,22 @@ local key_of, window_of, used_of, current_of, end_of, reset_of = {}, {}, {}, {},
 local function spread(window_ms, now_us)
   return floor(now_us / 1000) % max(1, min(floor(window_ms / 10), 60000))
 end
-local queued, changed = {}, {}  -- key indices to write, in order
+-- The call (a number) that first met each key index: state of another call is stale. The
+-- tables live as long as the library, so a call reuses them instead of building new ones.
+local seen, queued = {}, {}  -- by key index: the call that read it, that queued it
+local changed, changes, call = {}, 0, 0  -- key indices to write, in order; the call
+
+local function start()
+  call = call + 1
+  changes = 0
+end
 
 local function check(k, key, value, p, now_us)
-  local used = used_of[k]
-  if used == nil then
+  if seen[k] ~= call then
+    seen[k] = call
     local window = p.window * 1000
     local n = floor(now_us / window)
-    local current = false
-    used = 0
+    local current, used = false, 0
     if value and #value == 12 then
       local stored_n, count = unpack('<Id', value)
       if stored_n == n % WINDOWS then used, current = count, true end
@@ -46,14 +53,15 @@ local function check(k, key, value, p, now_us)
     end_of[k] = (n + 1) * p.window + spread(p.window, now_us)
     reset_of[k] = ceil(((n + 1) * window - now_us) / 1000)
   end
-  return used + p.cost <= p.limit
+  return used_of[k] + p.cost <= p.limit
 end
 
 local function settle(k, p, allowed, charge)
   if not charge then return end
-  if not queued[k] then
-    queued[k] = true
-    changed[#changed + 1] = k
+  if queued[k] ~= call then
+    queued[k] = call
+    changes = changes + 1
+    changed[changes] = k
   end
   used_of[k] = used_of[k] + p.cost
 end
@@ -67,7 +75,7 @@ local function report(k, p, allowed, out, pos)
 end
 
 local function finish()
-  for i = 1, #changed do
+  for i = 1, changes do
     local k = changed[i]
     local value = pack('<Id', window_of[k] % WINDOWS, used_of[k])
     if current_of[k] then
@@ -78,8 +86,9 @@ local function finish()
   end
 end
 
-local M = {check = check, settle = settle, report = report, finish = finish}
+local M = {start = start, check = check, settle = settle, report = report, finish = finish}
 if KEYS == nil then return M end
+start()
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
            cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}

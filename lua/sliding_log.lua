@@ -29,7 +29,15 @@ local ENTRY = 8
 
 -- By key index: the key, its live entries, how many, the window (us).
 local key_of, log_of, count_of, window_of = {}, {}, {}, {}
-local queued, changed = {}, {}  -- key indices to write, in order
+-- The call (a number) that first met each key index: state of another call is stale. The
+-- tables live as long as the library, so a call reuses them instead of building new ones.
+local seen, queued = {}, {}  -- by key index: the call that read it, that queued it
+local changed, changes, call = {}, 0, 0  -- key indices to write, in order; the call
+
+local function start()
+  call = call + 1
+  changes = 0
+end
 local now  -- the call's time (us)
 
 -- Entry i (from 1, the oldest) of a log.
@@ -38,8 +46,8 @@ local function entry(log, i)
 end
 
 local function check(k, key, value, p, now_us)
-  local count = count_of[k]
-  if count == nil then
+  if seen[k] ~= call then
+    seen[k] = call
     now = now_us
     local window = p.window * 1000
     local log = value or ''
@@ -47,10 +55,10 @@ local function check(k, key, value, p, now_us)
     local first, cutoff = 1, now_us - window
     while first <= n and entry(log, first) <= cutoff do first = first + 1 end
     if first > 1 then log = sub(log, (first - 1) * ENTRY + 1, n * ENTRY) end
-    count = n - first + 1
+    local count = n - first + 1
     key_of[k], log_of[k], count_of[k], window_of[k] = key, log, count, window
   end
-  return count + p.cost <= p.limit
+  return count_of[k] + p.cost <= p.limit
 end
 
 local function settle(k, p, allowed, charge)
@@ -61,9 +69,10 @@ local function settle(k, p, allowed, charge)
     log, count = sub(log, -keep * ENTRY), keep
   end
   log_of[k], count_of[k] = log, count
-  if not queued[k] then
-    queued[k] = true
-    changed[#changed + 1] = k
+  if queued[k] ~= call then
+    queued[k] = call
+    changes = changes + 1
+    changed[changes] = k
   end
 end
 
@@ -91,14 +100,15 @@ local function report(k, p, allowed, out, pos)
 end
 
 local function finish()
-  for i = 1, #changed do
+  for i = 1, changes do
     local k = changed[i]
     redis.call('SET', key_of[k], log_of[k], 'PX', ceil(window_of[k] / 1000))
   end
 end
 
-local M = {check = check, settle = settle, report = report, finish = finish}
+local M = {start = start, check = check, settle = settle, report = report, finish = finish}
 if KEYS == nil then return M end
+start()
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
            cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1',

@@ -30,15 +30,22 @@ local WINDOWS = 4294967296  -- window numbers are kept modulo this ('I')
 -- right).
 local key_of, window_of, length_of, elapsed_of, expiry_of = {}, {}, {}, {}, {}
 local current_of, previous_of, same_of = {}, {}, {}
-local queued, changed = {}, {}  -- key indices to write, in order
+-- The call (a number) that first met each key index: state of another call is stale. The
+-- tables live as long as the library, so a call reuses them instead of building new ones.
+local seen, queued = {}, {}  -- by key index: the call that read it, that queued it
+local changed, changes, call = {}, 0, 0  -- key indices to write, in order; the call
+
+local function start()
+  call = call + 1
+  changes = 0
+end
 
 local function check(k, key, value, p, now_us)
-  local current = current_of[k]
-  if current == nil then
+  if seen[k] ~= call then
+    seen[k] = call
     local window = p.window * 1000
     local n = floor(now_us / window)
-    local previous, same = 0, false
-    current = 0
+    local current, previous, same = 0, 0, false
     if value and #value == 20 then
       local stored_n, stored_current, stored_previous = unpack('<Idd', value)
       if stored_n == n % WINDOWS then
@@ -54,14 +61,15 @@ local function check(k, key, value, p, now_us)
     current_of[k], previous_of[k], same_of[k] = current, previous, same
   end
   local window = length_of[k]
-  return current + previous_of[k] * (window - elapsed_of[k]) / window + p.cost <= p.limit
+  return current_of[k] + previous_of[k] * (window - elapsed_of[k]) / window + p.cost <= p.limit
 end
 
 local function settle(k, p, allowed, charge)
   if not charge then return end
-  if not queued[k] then
-    queued[k] = true
-    changed[#changed + 1] = k
+  if queued[k] ~= call then
+    queued[k] = call
+    changes = changes + 1
+    changed[changes] = k
   end
   current_of[k] = current_of[k] + p.cost
 end
@@ -92,7 +100,7 @@ local function report(k, p, allowed, out, pos)
 end
 
 local function finish()
-  for i = 1, #changed do
+  for i = 1, changes do
     local k = changed[i]
     local n = window_of[k]
     local value = pack('<Idd', n % WINDOWS, current_of[k], previous_of[k])
@@ -104,8 +112,9 @@ local function finish()
   end
 end
 
-local M = {check = check, settle = settle, report = report, finish = finish}
+local M = {start = start, check = check, settle = settle, report = report, finish = finish}
 if KEYS == nil then return M end
+start()
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
            cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}

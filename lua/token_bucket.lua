@@ -33,20 +33,29 @@ local floor, ceil, max, format = math.floor, math.ceil, math.max, string.format
 local SLACK_US = 1e-6
 
 local key_of, debt_of = {}, {}  -- by key index: the key, TAT - now (us)
-local queued, changed = {}, {}  -- key indices to write, in order
+-- The call (a number) that first met each key index: state of another call is stale. The
+-- tables live as long as the library, so a call reuses them instead of building new ones.
+local seen, queued = {}, {}  -- by key index: the call that read it, that queued it
+local changed, changes, call = {}, 0, 0  -- key indices to write, in order; the call
+
+local function start()
+  call = call + 1
+  changes = 0
+end
 local now  -- the call's time (us)
 
 local function check(k, key, value, p, now_us)
-  local debt = debt_of[k]
-  if debt == nil then
+  if seen[k] ~= call then
+    seen[k] = call
     now = now_us
-    debt = 0
+    local debt = 0
     if value then
       local tat = value + 0
       if tat > now_us then debt = tat - now_us end
     end
     key_of[k], debt_of[k] = key, debt
   end
+  local debt = debt_of[k]
   local token_us = p.window * 1000 / p.limit
   return debt + p.cost * token_us <= p.burst * token_us + SLACK_US
 end
@@ -59,9 +68,10 @@ local function settle(k, p, allowed, charge)
   else  -- a refused request that counts empties the bucket (it never refills it)
     debt_of[k] = max(debt_of[k], p.burst * token_us)
   end
-  if not queued[k] then
-    queued[k] = true
-    changed[#changed + 1] = k
+  if queued[k] ~= call then
+    queued[k] = call
+    changes = changes + 1
+    changed[changes] = k
   end
 end
 
@@ -84,7 +94,7 @@ end
 
 -- Writes TAT of every bucket this call charged; its TTL ends when the bucket is full again.
 local function finish()
-  for i = 1, #changed do
+  for i = 1, changes do
     local k = changed[i]
     local debt = debt_of[k]
     if debt > SLACK_US then
@@ -94,8 +104,9 @@ local function finish()
   end
 end
 
-local M = {check = check, settle = settle, report = report, finish = finish}
+local M = {start = start, check = check, settle = settle, report = report, finish = finish}
 if KEYS == nil then return M end
+start()
 local t = redis.call('TIME')
 local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
            cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}

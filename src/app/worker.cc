@@ -50,8 +50,8 @@ valkey::ClientOptions clientOptions(const config::ValkeyConfig& c) {
   }
   options.timeout_ms = static_cast<uint64_t>(c.timeout.count());
   options.connect_timeout_ms = static_cast<uint64_t>(c.connect_timeout.count());
-  options.script = ratelimit::decideScript();
-  options.script_sha = ratelimit::decideScriptSha();
+  options.library = ratelimit::decideLibrary();
+  options.function = ratelimit::decideFunction();
   return options;
 }
 

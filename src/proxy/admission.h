@@ -3,7 +3,7 @@
 // Whether one request may go upstream: who the client is (API key, tenant and plan, body
 // fields) and what the rate limits say. Up to three steps may wait: the tenant of an API key
 // that the TOML does not list (a Valkey lookup on a cache miss), the body (form: and json: key
-// parts), and the decision (one EVALSHA). Lives in its Exchange and is reset with it; the
+// parts), and the decision (one FCALL). Lives in its Exchange and is reset with it; the
 // pending Valkey call is cancelled on reset, so no reply reaches a later request.
 
 #include <cstdint>

@@ -18,7 +18,7 @@ struct Entry final : PendingDecision {
 
 }  // namespace
 
-// The requests of one EVALSHA. Queued while open; once sent, it belongs to its Valkey call and
+// The requests of one FCALL. Queued while open; once sent, it belongs to its Valkey call and
 // deletes itself when that call ends.
 class DecisionBatcher::Batch final : public valkey::CallTarget {
  public:
@@ -35,7 +35,7 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
   // Sends it; on a refusal, every request decides by on_error now (from the loop's prepare
   // phase, never inline from a decide()).
   void send(valkey::Store& store) {
-    if (!store.evalScript(script_.command(store.scriptSha()), script_.firstKey(), this)) {
+    if (!store.callDecide(script_.command(store.decideFunction()), script_.firstKey(), this)) {
       failAll("not_connected");
     }
   }

@@ -1,6 +1,6 @@
 #pragma once
 
-// The decisions a worker asks for in one loop iteration go to Valkey together, in one EVALSHA
+// The decisions a worker asks for in one loop iteration go to Valkey together, in one FCALL
 // of lua/decide.lua (a ScriptBatch): each request is still decided on its own, all or
 // nothing, but the script's fixed cost (on Valkey, about as much as a whole decision) and the
 // reply are shared. Nothing waits for a batch to fill: requests queued while the loop handles

@@ -79,14 +79,14 @@ void ScriptBatch::add(const std::vector<AppliedLimit>& limits) {
   valkey::appendBulk(parts_resp_, part_);
 }
 
-std::string ScriptBatch::command(std::string_view sha) const {
+std::string ScriptBatch::command(std::string_view function) const {
   std::string out;
-  out.reserve(64 + sha.size() + keys_resp_.size() + definitions_resp_.size() +
+  out.reserve(64 + function.size() + keys_resp_.size() + definitions_resp_.size() +
               parts_resp_.size());
   valkey::appendArrayHeader(out, 4 + keys_.size() + kDefinitionFields * definitions_.size() +
                                      parts_);
-  valkey::appendBulk(out, "EVALSHA");
-  valkey::appendBulk(out, sha);
+  valkey::appendBulk(out, "FCALL");
+  valkey::appendBulk(out, function);
   appendBulkNumber(out, static_cast<int64_t>(keys_.size()));
   out += keys_resp_;
   appendBulkNumber(out, static_cast<int64_t>(definitions_.size()));

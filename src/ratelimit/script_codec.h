@@ -47,8 +47,8 @@ class ScriptBatch {
   size_t requests() const { return parts_; }
   // The key of the first limit (a call goes to the node of its keys' slot).
   const std::string& firstKey() const { return first_key_; }
-  // EVALSHA <sha> <keys> <KEYS...> <ARGV...>.
-  std::string command(std::string_view sha) const;
+  // FCALL <function> <keys> <KEYS...> <ARGV...>.
+  std::string command(std::string_view function) const;
 
  private:
   struct Definition {

@@ -6,37 +6,46 @@
 
 namespace sluice::ratelimit {
 
-const std::string& decideScript() {
-  static const std::string script = [] {
-    std::string out = "local ALGORITHMS = {}\n";
+namespace {
+
+struct Library {
+  std::string source;
+  std::string function;
+};
+
+const Library& library() {
+  static const Library composed = [] {
+    std::string body = "local ALGORITHMS = {}\n";
     std::string_view driver;
     for (const auto& s : embeddedScripts()) {
       if (s.name == "decide") {
         driver = s.source;
         continue;
       }
-      out += "ALGORITHMS['";
-      out += s.name;
-      out += "'] = function(KEYS, ARGV)\n";
-      out += s.source;
-      out += "\nend\n";
+      body += "ALGORITHMS['";
+      body += s.name;
+      body += "'] = function(KEYS, ARGV)\n";
+      body += s.source;
+      body += "\nend\n";
     }
-    out += driver;
+    body += driver;
+    unsigned char digest[SHA_DIGEST_LENGTH];
+    SHA1(reinterpret_cast<const unsigned char*>(body.data()), body.size(), digest);
+    char tag[17];
+    for (int i = 0; i < 8; ++i) std::snprintf(tag + 2 * i, 3, "%02x", digest[i]);
+    Library out;
+    out.function = std::string("sluice_decide_") + tag;
+    out.source = std::string("#!lua name=sluice_") + tag + "\nlocal FUNCTION_NAME = '" +
+                 out.function + "'\n" + body;
     return out;
   }();
-  return script;
+  return composed;
 }
 
-const std::string& decideScriptSha() {
-  static const std::string sha = [] {
-    unsigned char digest[SHA_DIGEST_LENGTH];
-    const std::string& script = decideScript();
-    SHA1(reinterpret_cast<const unsigned char*>(script.data()), script.size(), digest);
-    char hex[2 * SHA_DIGEST_LENGTH + 1];
-    for (int i = 0; i < SHA_DIGEST_LENGTH; ++i) std::snprintf(hex + 2 * i, 3, "%02x", digest[i]);
-    return std::string(hex);
-  }();
-  return sha;
-}
+}  // namespace
+
+const std::string& decideLibrary() { return library().source; }
+
+const std::string& decideFunction() { return library().function; }
 
 }  // namespace sluice::ratelimit

@@ -30,9 +30,9 @@ struct Call final : PendingCall {
   uint64_t deadline_ms = 0;
   uint64_t sent_ms = 0;
   uint64_t sent_ns = 0;
-  std::string command;  // in RESP; kept for the retry after NOSCRIPT
+  std::string command;  // in RESP; kept for the retry after "Function not found"
   bool is_script = false;
-  bool asking = false;  // send ASKING first (and again on a NOSCRIPT retry)
+  bool asking = false;  // send ASKING first (and again on a retry)
   bool done = false;  // the target was told, or cancelled
   bool retried = false;
 };
@@ -126,11 +126,13 @@ void Client::onConnect(const redisAsyncContext* context, int status) {
       ++self->handshake_pending_;
     }
   }
-  const char* argv[] = {"SCRIPT", "LOAD", self->options_.script.c_str()};
-  const size_t lens[] = {6, 4, self->options_.script.size()};
-  if (redisAsyncCommandArgv(ctx, onInternalReply, self, 3, argv, lens) == REDIS_OK) {
-    ++self->handshake_pending_;
-  }
+  if (self->loadLibrary()) ++self->handshake_pending_;
+}
+
+bool Client::loadLibrary() {
+  const char* argv[] = {"FUNCTION", "LOAD", "REPLACE", options_.library.c_str()};
+  const size_t lens[] = {8, 4, 7, options_.library.size()};
+  return redisAsyncCommandArgv(context_, onInternalReply, this, 4, argv, lens) == REDIS_OK;
 }
 
 void Client::onInternalReply(redisAsyncContext*, void* reply, void* privdata) {
@@ -208,7 +210,7 @@ void Client::onReconnectTimer(void* context) {
   }
 }
 
-PendingCall* Client::evalScript(std::string command, std::string_view, CallTarget* target) {
+PendingCall* Client::callDecide(std::string command, std::string_view, CallTarget* target) {
   return submit(std::move(command), target, true, false);
 }
 
@@ -316,14 +318,12 @@ void Client::onReply(redisAsyncContext*, void* raw, void* privdata) {
     return;
   }
   if (reply->isError() && call->is_script && !call->retried &&
-      reply->text.rfind("NOSCRIPT", 0) == 0 && self->state_ == State::Ready) {
-    // The server lost the script (restart, SCRIPT FLUSH): load it and retry at once. Both go
-    // out on this connection in order, so the retry finds the script.
+      reply->text.find("Function not found") != std::string::npos &&
+      self->state_ == State::Ready) {
+    // The server lost the library (a restart without persistence, FUNCTION FLUSH): load it and
+    // retry at once. Both go out on this connection in order, so the retry finds it.
     call->retried = true;
-    const char* argv[] = {"SCRIPT", "LOAD", self->options_.script.c_str()};
-    const size_t lens[] = {6, 4, self->options_.script.size()};
-    redisAsyncCommandArgv(self->context_, onInternalReply, self, 3, argv, lens);
-    if (self->send(call)) return;
+    if (self->loadLibrary() && self->send(call)) return;
     self->finish(call, nullptr, Failure::Disconnected);
     delete call;
     return;

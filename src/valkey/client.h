@@ -38,8 +38,8 @@ struct ClientOptions {
   std::string password;  // empty: no AUTH
   uint64_t timeout_ms = 25;
   uint64_t connect_timeout_ms = 1000;
-  std::string script;       // loaded with SCRIPT LOAD on every (re)connection
-  std::string script_sha;
+  std::string library;   // loaded with FUNCTION LOAD REPLACE on every (re)connection
+  std::string function;  // what FCALL names (registered by `library`)
   // Published as the worker's valkey_connected gauge (a cluster publishes its own instead).
   bool publish_ready = true;
 };
@@ -57,9 +57,10 @@ class Client final : public Store {
   // Ready and not waiting for a late reply: calls are being sent.
   bool answering() const { return state_ == State::Ready && !suspect_; }
 
-  // EVALSHA of the script; NOSCRIPT (a restarted or flushed server) loads it again and retries
-  // at once, within the same deadline. Returns null when not connected: decide now.
-  PendingCall* evalScript(std::string command, std::string_view first_key,
+  // FCALL of the decide function; "Function not found" (a server restarted without
+  // persistence, FUNCTION FLUSH) loads the library again and retries at once, within the same
+  // deadline. Returns null when not connected: decide now.
+  PendingCall* callDecide(std::string command, std::string_view first_key,
                           CallTarget* target) override;
   // Any other command. Returns null when not connected.
   PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
@@ -67,10 +68,10 @@ class Client final : public Store {
   bool accepting() override { return !refuseCall(); }
   void flush() override;
   // What both use, and a cluster's routed calls: `command` in RESP (resp.h). `script`: an
-  // EVALSHA of the script (NOSCRIPT reloads it); `asking`: sent after ASKING (a cluster's ASK
+  // FCALL of the decide function (a missing function reloads it); `asking`: sent after ASKING (a cluster's ASK
   // redirection).
   PendingCall* submit(std::string command, CallTarget* target, bool script, bool asking);
-  const std::string& scriptSha() const override { return options_.script_sha; }
+  const std::string& decideFunction() const override { return options_.function; }
 
   const ClientOptions& options() const { return options_; }
 
@@ -85,6 +86,8 @@ class Client final : public Store {
   void scheduleReconnect();
   bool send(Call* call);
   void onHandshakeReply(bool ok, const std::string& error);
+  // FUNCTION LOAD REPLACE of the decide library on this connection; false if not sent.
+  bool loadLibrary();
   void publishReady(bool ready);
   void finish(Call* call, Reply* reply, Failure failure);
   // Finishes the calls whose deadline passed, drops a stalled connection, re-arms the timer.

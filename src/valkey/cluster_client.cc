@@ -148,7 +148,7 @@ ClusterClient::Node* ClusterClient::node(const std::string& name, bool create) {
   return nodes_.back().get();
 }
 
-PendingCall* ClusterClient::evalScript(std::string command, std::string_view first_key,
+PendingCall* ClusterClient::callDecide(std::string command, std::string_view first_key,
                                        CallTarget* target) {
   return route(std::make_unique<RoutedCall>(*this, target, std::move(command), true),
                keySlot(first_key));

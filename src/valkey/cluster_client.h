@@ -36,9 +36,9 @@ class ClusterClient final : public Store, private CallTarget {
 
   void start() override;
   void stop() override;
-  PendingCall* evalScript(std::string command, std::string_view first_key,
+  PendingCall* callDecide(std::string command, std::string_view first_key,
                           CallTarget* target) override;
-  const std::string& scriptSha() const override { return node_options_.script_sha; }
+  const std::string& decideFunction() const override { return node_options_.function; }
   PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
   void cancel(PendingCall* call) override;
   // Until stopped: whether the slot's node takes the call is known when it is sent.

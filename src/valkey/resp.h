@@ -2,7 +2,7 @@
 
 // Commands written in RESP (the Valkey protocol) directly: an array of bulk strings, the bytes
 // hiredis's redisFormatCommandArgv would make, without its per-argument formatting. A batch of
-// decisions writes its EVALSHA piece by piece as requests join it (ratelimit::ScriptBatch).
+// decisions writes its FCALL piece by piece as requests join it (ratelimit::ScriptBatch).
 
 #include <cstddef>
 #include <string>

@@ -38,14 +38,14 @@ class Store {
   // Disconnects; calls still pending fail with Disconnected. No reconnection afterwards.
   virtual void stop() = 0;
 
-  // `command`: an EVALSHA of the decide script (SHA-1 scriptSha()) in RESP. Every key must hash
-  // to the slot of `first_key` (one node). Returns null when it cannot be sent now: decide at
+  // `command`: an FCALL of decideFunction() (the decide library, lua/decide.lua) in RESP. Every
+  // key must hash to the slot of `first_key` (one node). Returns null when it cannot be sent now: decide at
   // once.
-  virtual PendingCall* evalScript(std::string command, std::string_view first_key,
+  virtual PendingCall* callDecide(std::string command, std::string_view first_key,
                                   CallTarget* target) = 0;
-  virtual const std::string& scriptSha() const = 0;
+  virtual const std::string& decideFunction() const = 0;
   // Whether a call made now would be sent (connected and answering). False counts as a refused
-  // call in the metrics, as a call refused by evalScript or command would.
+  // call in the metrics, as a call refused by callDecide or command would.
   virtual bool accepting() = 0;
   // Writes what the calls made so far queued, now rather than when the loop is about to poll
   // (for calls made from a uv_prepare callback, which may run after that write).

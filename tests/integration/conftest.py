@@ -19,9 +19,10 @@ Rate limiting and identity (Valkey):
   (SIGSTOP/SIGCONT). Teardown: SIGCONT, SIGTERM, wait; kills only that PID.
 - ratelimit_toml(valkey, limits=[...], identity={...}, plans=[...], tenants=[...]): the
   [valkey], [identity], [[limit]], [[plan]] and [[tenant]] text for sluice_factory(extra_toml=).
-- decide_script(): lua/decide.lua composed with the algorithm modules exactly as decide.lua's
-  header documents (and src/ratelimit/scripts.cc does); decide_batch() / decide_args() /
-  parse_decide_batch_reply() / parse_decide_reply().
+- decide_library(): lua/decide.lua composed with the algorithm modules into the function
+  library exactly as decide.lua's header documents (and src/ratelimit/scripts.cc does);
+  decide_call() (FCALL), decide_batch() / decide_args() / parse_decide_batch_reply() /
+  parse_decide_reply().
 - parallel_requests(port, raw_requests, processes): fires requests at once from several
   processes (raw sockets), returns (status, headers) per request in order.
 - helpers: server_time(), sleep_until_window_offset(), avoid_window_boundary(), metric_sum(),
@@ -704,18 +705,33 @@ def algorithm_names() -> list:
     return sorted(p.stem for p in LUA_DIR.glob("*.lua") if p.stem != "decide")
 
 
-def decide_script() -> str:
-    """The script Sluice sends, composed as lua/decide.lua's header documents: the algorithm
-    modules (sorted by file name, like cmake/embed_lua.cmake) wrapped as
-    ALGORITHMS['<name>'] = function(KEYS, ARGV) <file> end, then decide.lua."""
-    out = "local ALGORITHMS = {}\n"
+def decide_library() -> tuple:
+    """(source, function name) of the function library Sluice loads, composed as
+    lua/decide.lua's header documents: the algorithm modules (sorted by file name, like
+    cmake/embed_lua.cmake) wrapped as ALGORITHMS['<name>'] = function(KEYS, ARGV) <file> end,
+    then decide.lua, under a header naming the library and its function after the SHA-1 of
+    that body."""
+    body = "local ALGORITHMS = {}\n"
     for name in algorithm_names():
-        out += f"ALGORITHMS['{name}'] = function(KEYS, ARGV)\n{lua_source(name)}\nend\n"
-    return out + lua_source("decide")
+        body += f"ALGORITHMS['{name}'] = function(KEYS, ARGV)\n{lua_source(name)}\nend\n"
+    body += lua_source("decide")
+    tag = hashlib.sha1(body.encode()).hexdigest()[:16]
+    function = f"sluice_decide_{tag}"
+    return f"#!lua name=sluice_{tag}\nlocal FUNCTION_NAME = '{function}'\n{body}", function
 
 
-def script_sha1(script: str) -> str:
-    return hashlib.sha1(script.encode()).hexdigest()
+def decide_call(client, keys: list, argv: list):
+    """FCALL of the decide function with (KEYS, ARGV) from decide_batch(), loading the library
+    first when the server lacks it; returns the raw reply."""
+    import redis
+    source, function = decide_library()
+    try:
+        return client.fcall(function, len(keys), *keys, *argv)
+    except redis.ResponseError as e:
+        if "Function not found" not in str(e):
+            raise
+    client.function_load(source, replace=True)
+    return client.fcall(function, len(keys), *keys, *argv)
 
 
 def decide_batch(requests: Iterable[tuple]) -> tuple:

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from conftest import (WINDOW_NUMBERS, avoid_window_boundary, decide_args, decide_batch,
-                      decide_script, limit_cfg, lua_source, metric_sum, parse_decide_batch_reply,
-                      parse_decide_reply, ratelimit_toml, route_cfg, script_sha1, server_time,
+                      decide_call, decide_library, limit_cfg, lua_source, metric_sum, parse_decide_batch_reply,
+                      parse_decide_reply, ratelimit_toml, route_cfg, server_time,
                       server_time_us, sleep_until_window_offset, stored, wait_admin)
 
 
@@ -315,7 +315,7 @@ def test_standalone_scripts_charge_the_cost(valkey):
 # ------------------------------------------------------------------------------ decide
 
 def decide(client, keys, limits):
-    reply = client.eval(decide_script(), len(keys), *keys, *decide_args(limits))
+    reply = decide_call(client, keys, decide_args(limits))
     return parse_decide_reply(reply, list(limits))
 
 
@@ -384,7 +384,7 @@ def test_decide_shadow_never_refuses_but_is_charged(valkey):
 def decide_many(client, requests):
     """One call of decide for several requests: [[(key, limit)]]."""
     keys, argv = decide_batch(requests)
-    reply = client.eval(decide_script(), len(keys), *keys, *argv)
+    reply = decide_call(client, keys, argv)
     return parse_decide_batch_reply(reply, [[l for _, l in limits] for limits in requests])
 
 
@@ -529,34 +529,41 @@ def test_decide_batches_decide_as_one_request_at_a_time(valkey, algorithm):
                 assert a == b, (seed, case, key, a, b)
 
 
-def test_composed_script_is_what_the_gateway_loads(sluice_factory, upstream, valkey):
-    """decide_script() (decide.lua's header) gives the very script the gateway loads: its SHA-1
-    is known to the server after the gateway connected, and the gateway's EVALSHA uses it."""
-    sha = script_sha1(decide_script())
-    assert valkey.client.script_exists(sha) == [False]
+def library_names(client) -> list:
+    return sorted(entry[1] for entry in client.function_list())
+
+
+def test_composed_library_is_what_the_gateway_loads(sluice_factory, upstream, valkey):
+    """decide_library() (decide.lua's header) gives the very library the gateway loads: named
+    after the SHA-1 of its body, it is on the server after the gateway connected, and the
+    gateway's FCALL finds its function in the library loaded from the composed files."""
+    source, function = decide_library()
+    library = "sluice_" + function.rsplit("_", 1)[1]
+    valkey.client.function_flush()
+    assert library_names(valkey.client) == []
     gw = sluice_factory(upstream, routes=[route_cfg("r", ["l"])],
                         extra_toml=ratelimit_toml(valkey, limits=[
                             limit_cfg("l", "fixed_window", 5, "1m")]))
     # /healthz answers before the worker's Valkey connection is up, and a request that comes
-    # before it is decided by on_error at once, without any EVALSHA (as documented): wait for
-    # /ready, which says the connection is up and its SCRIPT LOAD answered.
+    # before it is decided by on_error at once, without any FCALL (as documented): wait for
+    # /ready, which says the connection is up and its FUNCTION LOAD answered.
     wait_admin(gw, "/ready", 200)
-    assert valkey.client.script_exists(sha) == [True], \
-        "the gateway loaded a script other than lua/decide.lua composed as documented"
+    assert library_names(valkey.client) == [library], \
+        "the gateway loaded a library other than lua/decide.lua composed as documented"
 
     def decided_by_valkey(n):
-        """The gateway's n requests so far were each decided by one EVALSHA, none by on_error."""
-        stats = valkey.client.info("commandstats").get("cmdstat_evalsha", {})
+        """The gateway's n requests so far were each decided by one FCALL, none by on_error."""
+        stats = valkey.client.info("commandstats").get("cmdstat_fcall", {})
         assert stats.get("calls") == n, stats
         assert stats.get("failed_calls", 0) == 0, \
-            "the gateway's EVALSHA found the script loaded from the composed files"
+            "the gateway's FCALL found the function of the library composed from the files"
         outcomes = {o: metric_sum(gw, "sluice_ratelimit_decisions_total", limit="l", outcome=o)
                     for o in ("allowed", "error_allowed")}
         assert outcomes == {"allowed": n, "error_allowed": 0}, outcomes
 
     assert gw.get("/status/200").status == 200
     decided_by_valkey(1)
-    valkey.client.script_flush()
-    valkey.client.script_load(decide_script())
+    valkey.client.function_flush()
+    valkey.client.function_load(source)
     assert gw.get("/status/200").status == 200
     decided_by_valkey(2)

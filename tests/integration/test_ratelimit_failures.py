@@ -1,5 +1,5 @@
-"""When Valkey fails: unreachable, paused (SIGSTOP), killed and restarted; scripts flushed
-(NOSCRIPT); AUTH with password_env. Decisions never wait past their deadline, on_error decides,
+"""When Valkey fails: unreachable, paused (SIGSTOP), killed and restarted; the decide library
+flushed ("Function not found"); AUTH with password_env. Decisions never wait past their deadline, on_error decides,
 and exact decisions come back once Valkey does."""
 
 import subprocess
@@ -202,27 +202,27 @@ def test_killed_and_restarted_valkey(sluice_factory, upstream, valkey):
     assert error_outcomes(gw) == errors
 
 
-# ------------------------------------------------------------------------------ 6. NOSCRIPT
+# ------------------------------------------------------------------------------ 6. library lost
 
-def test_script_flush_and_restart_no_wrong_decision(sluice_factory, upstream, valkey):
+def test_function_flush_and_restart_no_wrong_decision(sluice_factory, upstream, valkey):
     gw = failure_gateway(sluice_factory, upstream, valkey, workers=2)
     c = valkey.client
     exact_again(gw, "warm", 5)
     errors = error_outcomes(gw)
-    failed_before = c.info("commandstats").get("cmdstat_evalsha", {}).get("failed_calls", 0)
+    failed_before = c.info("commandstats").get("cmdstat_fcall", {}).get("failed_calls", 0)
 
-    c.script_flush()
+    c.function_flush()
     exact_again(gw, "after-flush", 5)
     exact_again(gw, "after-flush", 5, host="deny.test")
-    failed = c.info("commandstats").get("cmdstat_evalsha", {}).get("failed_calls", 0)
-    assert failed > failed_before, "the flush did not reach the gateway (no NOSCRIPT seen)"
+    failed = c.info("commandstats").get("cmdstat_fcall", {}).get("failed_calls", 0)
+    assert failed > failed_before, "the flush did not reach the gateway (no \"Function not found\" seen)"
 
-    # Concurrent requests in flight when the script is gone.
-    c.script_flush()
+    # Concurrent requests in flight when the library is gone.
+    c.function_flush()
     raw = build_request("GET", "/status/200", [("X-Client", "burst"), ("Connection", "close")])
     got = Counter(s for s, _ in parallel_requests(gw.port, [raw] * 30, processes=3))
     assert got == {200: 5, 429: 25}, dict(got)
-    assert error_outcomes(gw) == errors, "NOSCRIPT turned into an on_error decision"
+    assert error_outcomes(gw) == errors, "a missing function turned into an on_error decision"
     assert metric_sum(gw, "sluice_requests_total", status="503") == 0
 
     valkey.restart()

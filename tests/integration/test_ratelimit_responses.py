@@ -1,6 +1,6 @@
 """What clients see of rate limits (429 problem+json, RateLimit / RateLimit-Policy syntax, legacy
 X-RateLimit-*, none), which limits apply (absent key parts, shadow), and what Valkey sees (one
-EVALSHA per request at most, concurrent requests sharing one, keys under key_prefix)."""
+FCALL per request at most, concurrent requests sharing one, keys under key_prefix)."""
 
 import re
 import signal
@@ -135,14 +135,14 @@ def test_limit_with_absent_key_part_does_not_apply(sluice_factory, upstream, val
     limits = [limit_cfg("per_key", "fixed_window", 1, "1h", by=["api_key"])]
     gw = sluice_with_limits(sluice_factory, upstream, valkey, limits)
     c = valkey.client
-    before = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    before = c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
     for _ in range(5):
         r = get(gw)
         assert r.status == 200 and not r.has("ratelimit") and not r.has("ratelimit-policy"), r
         r = get(gw, [("X-API-Key", "")])
         assert r.status == 200 and not r.has("ratelimit"), "an empty API key is no API key"
     assert limit_keys(c) == []
-    assert c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0) == before, \
+    assert c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0) == before, \
         "a limit that does not apply costs no round trip"
     assert [get(gw, [("X-API-Key", "k")]).status for _ in range(2)] == [200, 429]
 
@@ -169,7 +169,7 @@ def test_shadow_limit_never_refuses_but_counts(sluice_factory, upstream, valkey,
 
 # ------------------------------------------------------------------------------ what Valkey sees
 
-def test_one_evalsha_per_request_one_at_a_time(sluice_factory, upstream, valkey):
+def test_one_fcall_per_request_one_at_a_time(sluice_factory, upstream, valkey):
     limits = [limit_cfg("a", "fixed_window", 100, "1h"),
               limit_cfg("b", "sliding_log", 100, "1h"),
               limit_cfg("c", "sliding_window", 100, "1h", by=["ip", "method"]),
@@ -177,24 +177,24 @@ def test_one_evalsha_per_request_one_at_a_time(sluice_factory, upstream, valkey)
     gw = sluice_with_limits(sluice_factory, upstream, valkey, limits, workers=2)
     c = valkey.client
     n = 25
-    before = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    before = c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
     with ValkeyMonitor(valkey) as mon:
         for _ in range(n):
             assert get(gw).status == 200
-    after = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
-    assert after - before == n, f"{after - before} EVALSHA for {n} requests"
+    after = c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
+    assert after - before == n, f"{after - before} FCALL for {n} requests"
     sent = [cmd[0].upper() for cmd in mon.commands()]
-    assert sent == ["EVALSHA"] * n, f"commands the gateway sent for {n} requests: {sent}"
+    assert sent == ["FCALL"] * n, f"commands the gateway sent for {n} requests: {sent}"
     # Every limit of a request in the one script call: 4 keys each.
     assert all(cmd[2] == "4" for cmd in mon.commands()), mon.commands()[:2]
 
 
 @pytest.mark.parametrize("n,calls", [(20, [20]), (70, [64, 6])], ids=["20", "70"])
 @pytest.mark.parametrize("alike", [True, False], ids=["one_client", "one_key_each"])
-def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstream, valkey,
+def test_requests_of_one_round_of_events_share_one_fcall(sluice_factory, upstream, valkey,
                                                            n, calls, alike):
     """Requests that reach the worker together (sent while the gateway is stopped with SIGSTOP,
-    then it continues: one epoll round reads them all) are decided in one EVALSHA, 64 requests
+    then it continues: one epoll round reads them all) are decided in one FCALL, 64 requests
     at most per call; each is still decided on its own and exactly (limit 15: 15 pass, the
     others get 429, each with its own RateLimit remaining). Requests on keys of their own carry
     a key each; one client's requests carry their key once per call, then name it
@@ -207,7 +207,7 @@ def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstr
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
                             [limit] if alike else [limit, limit_b], workers=1)
     c = valkey.client
-    before = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    before = c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
     socks = []
     with ValkeyMonitor(valkey) as mon:
         gw.pause()
@@ -232,9 +232,9 @@ def test_requests_of_one_round_of_events_share_one_evalsha(sluice_factory, upstr
     name = b"a" if alike else b"b"
     remaining = sorted(int(re.search(rb'[ ,]"' + name + rb'";r=(\d+)', a).group(1)) for a in answers)
     assert remaining == [0] * (n - 14) + list(range(1, 15)), "each request saw the ones before it"
-    after = c.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    after = c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
     sent = mon.commands()
-    assert [cmd[0].upper() for cmd in sent] == ["EVALSHA"] * len(calls) and \
+    assert [cmd[0].upper() for cmd in sent] == ["FCALL"] * len(calls) and \
         after - before == len(calls), sent
     if alike:
         assert [int(cmd[2]) for cmd in sent] == [1] * len(calls), "the key once per call"

@@ -337,9 +337,9 @@ TEST_SUITE("ratelimit: quotas that share a key") {
     ScriptBatch batch;
     batch.add(free_request);
     batch.add(pro_request);
-    const std::string sha(40, 'f');
+    const std::string function = "sluice_decide_0123456789abcdef";
     const std::vector<std::string> expected = {
-        "EVALSHA", sha, "2", "rl:log:{1}", "rl:b:{1}",
+        "FCALL", function, "2", "rl:log:{1}", "rl:b:{1}",
         "4",
         "sliding_log", "5", "60000", "5", "1", "0", "60",
         "token_bucket", "5", "3600000", "5", "0", "0", "50",
@@ -347,7 +347,7 @@ TEST_SUITE("ratelimit: quotas that share a key") {
         "token_bucket", "50", "3600000", "50", "0", "0", "50",
         "1:1,2:1",
         "3:1@1,4:1@2"};
-    CHECK(batch.command(sha) == sluice::valkey::formatCommand(expected));
+    CHECK(batch.command(function) == sluice::valkey::formatCommand(expected));
   }
 }
 
@@ -401,9 +401,9 @@ TEST_SUITE("ratelimit: decision") {
     // KEYS: every key once, in order of first use. ARGV[1] D; then D definitions of 7:
     // algorithm, limit, window_ms, burst, count_denied, shadow, keep; then per request
     // "<definition>:<cost>[@<key index>],...".
-    const std::string sha(40, 'f');
+    const std::string function = "sluice_decide_0123456789abcdef";
     const std::vector<std::string> expected = {
-        "EVALSHA", sha, "7",
+        "FCALL", function, "7",
         "rl:a:{1}", "rl:b:{2}", "rl:c:{3}", "rl:d:{4}", "rl:c:{9}", "rl:a:{9}", "rl:b:{7}",
         "5",
         "token_bucket", "20", "60000", "15", "1", "0", "20",
@@ -416,7 +416,7 @@ TEST_SUITE("ratelimit: decision") {
         "2:1,3:1@3",
         "3:1@5"};
     // formatCommand is checked byte for byte against hiredis's formatter (valkey_resp_test).
-    CHECK(batch.command(sha) == sluice::valkey::formatCommand(expected));
+    CHECK(batch.command(function) == sluice::valkey::formatCommand(expected));
 
     // The layout is the one the script documents (both codecs open with the same
     // description), and each algorithm name is a module of the script.
@@ -432,18 +432,28 @@ TEST_SUITE("ratelimit: decision") {
       CHECK(lua.find(line) != std::string::npos);
       CHECK(codec.find(line) != std::string::npos);
     }
-    CHECK(lua.find("local a = 2 + 7 * (j - 1)") != std::string::npos);
+    CHECK(lua.find("local a = 7 * (j - 1)") != std::string::npos);  // 7 fields per definition
+    CHECK(ScriptBatch::kDefinitionFields == 7);
     for (const char* name : {"token_bucket", "sliding_log", "fixed_window", "sliding_window"}) {
       INFO(std::string(name));
       const auto& scripts = embeddedScripts();
       CHECK(std::any_of(scripts.begin(), scripts.end(),
                         [&](const EmbeddedScript& s) { return s.name == name; }));
-      CHECK(decideScript().find(std::string("ALGORITHMS['") + name + "']") != std::string::npos);
+      CHECK(decideLibrary().find(std::string("ALGORITHMS['") + name + "']") != std::string::npos);
     }
+    // A function library named after its content, registering the function FCALL names.
+    const std::string tag = decideFunction().substr(std::string("sluice_decide_").size());
+    CHECK(decideFunction().rfind("sluice_decide_", 0) == 0);
+    CHECK(tag.size() == 16);
+    CHECK(decideLibrary().rfind("#!lua name=sluice_" + tag + "\nlocal FUNCTION_NAME = '" +
+                                    decideFunction() + "'\n",
+                                0) == 0);
+    CHECK(decideLibrary().find("redis.register_function(FUNCTION_NAME, decide_batch)") !=
+          std::string::npos);
 
     ScriptBatch empty;
     CHECK(empty.requests() == 0);
-    CHECK(empty.command(sha) == sluice::valkey::formatCommand({"EVALSHA", sha, "0", "0"}));
+    CHECK(empty.command(function) == sluice::valkey::formatCommand({"FCALL", function, "0", "0"}));
   }
 
   TEST_CASE("DecisionReader: the parts of a batch reply, one after the other") {

@@ -41,8 +41,7 @@ TEST_CASE("formatCommand writes what hiredis writes") {
 }
 
 TEST_CASE("appendArrayHeader and appendBulk, piece by piece, write what hiredis writes") {
-  const std::string sha(40, 'a');
-  std::vector<std::string> argv = {"EVALSHA", sha, "12"};
+  std::vector<std::string> argv = {"FCALL", "sluice_decide_0123456789abcdef", "12"};
   for (int i = 0; i < 12; ++i) argv.push_back("rl:v1:limit" + std::to_string(i) + ":x");
   for (int i = 0; i < 85; ++i) argv.push_back(std::to_string(i * 1000003));
   argv.push_back("");
