@@ -4,7 +4,9 @@ requests (as one gateway worker sends them) with `per_ip` (sliding_window by one
 addresses) and `per_key` (token_bucket by one of 5,000 API keys), or one algorithm alone on
 the addresses, decided by the real script (lua/*.lua composed as lua/decide.lua documents)
 on a private server. Prints the server's CPU time per decision (utime + stime from /proc) and
-the script commands per decision (INFO commandstats).
+the script commands per decision (INFO commandstats); last, the floor of the mix: the same
+calls to a function that only runs the commands every decision needs (TIME, MGET, a SET per
+key) and replies, deciding nothing.
 
     /usr/bin/python3 bench/script_cost.py                 # redis-server from PATH
     REDIS_SERVER=/path/to/valkey-server /usr/bin/python3 bench/script_cost.py
@@ -39,6 +41,26 @@ CASES = {
     "token_bucket alone": [("token_bucket", 1_000_000, 60_000, "ip")],
     "sliding_log alone (small log)": [("sliding_log", 20, 1_000, "ip")],
 }
+
+
+# The floor of any script that decides on Valkey: the same call (KEYS, ARGV) doing only what
+# every decision needs, TIME, one MGET, one SET per key (a 20-byte value with an expiry) and a
+# reply of 3 integers per limit, and no deciding at all. What a decision costs above it is the
+# Lua that decides.
+FLOOR_LIBRARY = """#!lua name=sluice_floor
+local reply = {}
+redis.register_function('sluice_floor', function(KEYS, ARGV)
+  redis.call('TIME')
+  redis.call('MGET', unpack(KEYS))
+  for i = 1, #KEYS do redis.call('SET', KEYS[i], '01234567890123456789', 'PX', 60000) end
+  local d = ARGV[1] + 0
+  local n = (#ARGV - 1 - 7 * d) * d * 3  -- each request of these cases has every limit
+  for i = 1, n do reply[i] = 0 end
+  reply[n + 1] = nil
+  return reply
+end)
+"""
+FLOOR_CASE = "floor of the mix (TIME, MGET, SETs, reply; no Lua)"
 
 
 def definition(algorithm, limit, window_ms):
@@ -121,12 +143,15 @@ def main():
         version = info.get("valkey_version") or info["redis_version"]
         library, function = decide_library()
         r.function_load(library, replace=True)
+        r.function_load(FLOOR_LIBRARY, replace=True)
         print(f"{os.path.basename(server)} {version}: {DECISIONS} decisions per case, "
               f"{BATCH} requests per call\n")
         unit = "instructions/decision" if use_callgrind else "server CPU us/decision"
         print(f"{'case':50} {unit:>23} {'commands/decision':>18}")
-        for name, limits in CASES.items():
-            us, commands = run_case(r, proc.pid, function, limits, use_callgrind)
+        cases = [(name, function, limits) for name, limits in CASES.items()]
+        cases.append((FLOOR_CASE, "sluice_floor", CASES[next(iter(CASES))]))
+        for name, called, limits in cases:
+            us, commands = run_case(r, proc.pid, called, limits, use_callgrind)
             print(f"{name:50} {us:23.{0 if use_callgrind else 2}f} {commands:18.2f}")
 
 
