@@ -567,3 +567,66 @@ def test_composed_library_is_what_the_gateway_loads(sluice_factory, upstream, va
     valkey.client.function_load(source)
     assert gw.get("/status/200").status == 200
     decided_by_valkey(2)
+
+
+# ------------------------------------------------------------------------------ retry exactness
+
+# A limit and how many requests fill it. Windows are short: the retry is due within them.
+RETRY_CASES = {
+    "fixed_window": ({"algorithm": "fixed_window", "limit": 1, "window_ms": 400}, 1),
+    "sliding_window": ({"algorithm": "sliding_window", "limit": 2, "window_ms": 400}, 2),
+    "sliding_log": ({"algorithm": "sliding_log", "limit": 2, "window_ms": 400}, 2),
+    "token_bucket": ({"algorithm": "token_bucket", "limit": 1, "window_ms": 400, "burst": 2}, 2),
+}
+
+
+def timed_decision(client, function, keys, argv, limit):
+    """One decision between two TIMEs in one MULTI (run back to back): the function's clock is
+    within [before, after] (us). Returns (before, after, allowed, retry_ms)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.time()
+    pipe.fcall(function, len(keys), *keys, *argv)
+    pipe.time()
+    before, reply, after = pipe.execute()
+    allowed, ((_, _, _, retry_ms),) = parse_decide_reply(reply, [limit])
+    return before[0] * 1_000_000 + before[1], after[0] * 1_000_000 + after[1], allowed, retry_ms
+
+
+@pytest.mark.parametrize("algorithm", list(RETRY_CASES))
+def test_retry_ms_is_exact_to_the_millisecond(valkey, algorithm):
+    """A refusal announces retry_ms R; nothing else arrives. Then every attempt made 1 ms or more
+    before the announced time is refused, and an attempt at the announced time or later is
+    allowed: attempts are made every fraction of a millisecond from a few ms before until one
+    is allowed, each in MULTI between two TIMEs, so when each was decided is known to the
+    microsecond. (Refused attempts are not counted: count_denied is off.)"""
+    c = valkey.client
+    limit, fill = RETRY_CASES[algorithm]
+    _, function = decide_library()
+    for scenario in range(3):  # again if the machine stalled over the last milliseconds
+        key = f"retry:{algorithm}:{scenario}"
+        keys, argv = decide_batch([[(key, limit)]])
+        decide_call(c, keys, argv)  # (loads the library when the server lacks it)
+        c.delete(key)
+        avoid_window_boundary(c, limit["window_ms"] / 1000, 0.1)
+        for _ in range(fill):
+            assert timed_decision(c, function, keys, argv, limit)[2] == 1
+        lo, hi, allowed, retry = timed_decision(c, function, keys, argv, limit)
+        assert allowed == 0 and retry >= 1
+        early = lo + (retry - 1) * 1000  # attempts decided before it: refused
+        due = hi + retry * 1000          # attempts decided from it on: allowed
+        offset = hi - time.monotonic() * 1e6  # server clock - local clock (us)
+        time.sleep(max(0.0, (early - 3000 - offset) / 1e6 - time.monotonic()))
+        attempts = []
+        while not attempts or not attempts[-1][2]:
+            attempts.append(timed_decision(c, function, keys, argv, limit))
+            assert attempts[-1][0] < due + 1_000_000, f"still refused 1 s after it was due: {attempts[-3:]}"
+        for a, b, ok, r in attempts:
+            if b < early:
+                assert not ok, f"{algorithm}: allowed {(early - b) / 1000:.3f} ms before retry_ms - 1 " \
+                               f"(retry_ms {retry})"
+            if a >= due:
+                assert ok, f"{algorithm}: refused {(a - due) / 1000:.3f} ms after the announced time"
+        # The last millisecond before was probed (else the machine stalled: once more).
+        if any(not ok and early - 1000 <= b < early for _, b, ok, _ in attempts):
+            return
+    pytest.fail(f"{algorithm}: no attempt fell in the millisecond before retry_ms - 1 in 3 tries")
