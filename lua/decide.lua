@@ -6,7 +6,7 @@
 -- as if each had its own script. The time is the server's (TIME), so gateways with skewed
 -- clocks agree.
 --
--- Layout (the one codec on the gateway's side, src/ratelimit/decision.h ScriptBatch and
+-- Layout (the one codec on the gateway's side, src/ratelimit/script_codec.h ScriptBatch and
 -- DecisionReader, opens with the same description):
 --   KEYS                every key the batch's limits use, each once, in order of first use:
 --                       "<key_prefix>:<limit name>:{<parts>}"; the script touches no other
@@ -19,12 +19,17 @@
 --   then per request    its limits as "<definition>:<cost>" joined by ",", e.g. "1:1,2:3";
 --                       each takes the next key not used before, or, written
 --                       "<definition>:<cost>@<i>", KEYS[i], a key an earlier request used
---   reply               per request, in order, for each of its limits: remaining, reset_ms,
---                       retry_ms (0 when the limit allows this request, at least 1 when it
---                       refuses); the request is refused when a limit that is not a shadow
---                       refuses. Or, when deciding that request failed (an unknown algorithm,
---                       say), one string in place of its values: the error; the others are
---                       decided as usual.
+--   reply               the call's time T (server microseconds: every charge the call makes
+--                       is of that time), then per request, in order, for each of its
+--                       limits: remaining, reset_ms, retry_ms (0 when the limit allows this
+--                       request, at least 1 when it refuses); the request is refused when a
+--                       limit that is not a shadow refuses. Or, when deciding that request
+--                       failed (an unknown algorithm, say), one string in place of its values:
+--                       the error; the others are decided as usual.
+--   undo                (function <decide function>_undo) takes back charges a call made,
+--                       for a request refused in another slot: KEYS the keys, ARGV 5 per key:
+--                       algorithm, limit, window_ms, cost, T of the call that charged it;
+--                       reply: how many keys it changed
 --
 -- Sluice loads this file as a Valkey function library (FUNCTION LOAD), composed as
 --   #!lua name=sluice_<hash>
@@ -47,6 +52,9 @@
 --   settle(k, p, allowed, charge)             makes this request count (charge) or not
 --   report(k, p, allowed, out, pos) -> pos    writes its 3 reply values after out[pos]
 --   finish()                                  writes every key the call changed
+--   undo(key, limit, window_ms, cost, at_us, now_us) -> 1 if it changed the key
+--                     takes back `cost` charged at at_us (the time of an earlier call), as
+--                     exactly as the key allows (see each module), reading and writing the key
 -- (A key of another type reads as absent, and the write replaces it.)
 
 -- Every module, by algorithm name, built by the first call (while a library loads, its code
@@ -181,18 +189,22 @@ local function decide(list, k, pos)
   return pos
 end
 
+local function build_modules()
+  if modules ~= nil then return end
+  modules = {}
+  for name, load in pairs(ALGORITHMS) do modules[name] = load(nil, nil) end
+end
+
 -- One call: the requests of ARGV, in order.
 local function decide_batch(KEYS, ARGV)
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]  -- (strings: `+` and `*` read them)
   keys, values = KEYS, redis.call('MGET', unpack(KEYS))
-  if modules == nil then
-    modules = {}
-    for name, load in pairs(ALGORITHMS) do modules[name] = load(nil, nil) end
-  end
+  build_modules()
   for _, module in pairs(modules) do module.start() end
   local cursor = 2 + 7 * read_definitions(ARGV)
-  local pos = 0
+  reply[1] = now
+  local pos = 1
   local k = 0
   local last = #ARGV
   while cursor <= last do
@@ -215,4 +227,21 @@ local function decide_batch(KEYS, ARGV)
   return reply
 end
 
+-- Takes back what an earlier call charged (the undo layout above).
+local function undo_batch(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local now_us = t[1] * 1000000 + t[2]
+  build_modules()
+  local changed = 0
+  for i = 1, #KEYS do
+    local a = 5 * (i - 1)
+    local module = modules[ARGV[a + 1]]
+    if module == nil then error('unknown algorithm ' .. tostring(ARGV[a + 1])) end
+    changed = changed + module.undo(KEYS[i], ARGV[a + 2] + 0, ARGV[a + 3] + 0, ARGV[a + 4] + 0,
+                                    ARGV[a + 5] + 0, now_us)
+  end
+  return changed
+end
+
 redis.register_function(FUNCTION_NAME, decide_batch)
+redis.register_function(FUNCTION_NAME .. '_undo', undo_batch)

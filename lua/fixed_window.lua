@@ -86,7 +86,18 @@ local function finish()
   end
 end
 
-local M = {start = start, check = check, settle = settle, report = report, finish = finish}
+-- Takes back `cost` counted at at_us: exact (counts add up), unless that window is over.
+local function undo(key, limit, window_ms, cost, at_us, now_us)
+  local value = redis.call('GET', key)
+  if not value or #value ~= 12 then return 0 end
+  local stored_n, count = unpack('<Id', value)
+  if stored_n ~= floor(at_us / (window_ms * 1000)) % WINDOWS then return 0 end
+  redis.call('SET', key, pack('<Id', stored_n, max(0, count - cost)), 'KEEPTTL')
+  return 1
+end
+
+local M = {start = start, check = check, settle = settle, report = report, finish = finish,
+           undo = undo}
 if KEYS == nil then return M end
 start()
 local t = redis.call('TIME')

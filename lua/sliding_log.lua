@@ -106,7 +106,32 @@ local function finish()
   end
 end
 
-local M = {start = start, check = check, settle = settle, report = report, finish = finish}
+-- Takes back the `cost` entries of time at_us (one call's entries all have its time, and any
+-- of them will do); the key goes when nothing is left.
+local function undo(key, limit, window_ms, cost, at_us, now_us)
+  local log = redis.call('GET', key)
+  if not log then return 0 end
+  local n = floor(#log / ENTRY)
+  local kept, removed = {}, 0
+  for i = 1, n do
+    local t = entry(log, i)
+    if removed < cost and t == at_us then
+      removed = removed + 1
+    else
+      kept[#kept + 1] = sub(log, (i - 1) * ENTRY + 1, i * ENTRY)
+    end
+  end
+  if removed == 0 then return 0 end
+  if #kept == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, table.concat(kept), 'KEEPTTL')
+  end
+  return 1
+end
+
+local M = {start = start, check = check, settle = settle, report = report, finish = finish,
+           undo = undo}
 if KEYS == nil then return M end
 start()
 local t = redis.call('TIME')

@@ -112,7 +112,26 @@ local function finish()
   end
 end
 
-local M = {start = start, check = check, settle = settle, report = report, finish = finish}
+-- Takes back `cost` counted at at_us: from the current count while that window lasts, from the
+-- previous one in the window after; exact (counts add up).
+local function undo(key, limit, window_ms, cost, at_us, now_us)
+  local value = redis.call('GET', key)
+  if not value or #value ~= 20 then return 0 end
+  local stored_n, current, previous = unpack('<Idd', value)
+  local n = floor(at_us / (window_ms * 1000))
+  if stored_n == n % WINDOWS then
+    current = max(0, current - cost)
+  elseif stored_n == (n + 1) % WINDOWS then
+    previous = max(0, previous - cost)
+  else
+    return 0
+  end
+  redis.call('SET', key, pack('<Idd', stored_n, current, previous), 'KEEPTTL')
+  return 1
+end
+
+local M = {start = start, check = check, settle = settle, report = report, finish = finish,
+           undo = undo}
 if KEYS == nil then return M end
 start()
 local t = redis.call('TIME')

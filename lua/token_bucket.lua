@@ -104,7 +104,29 @@ local function finish()
   end
 end
 
-local M = {start = start, check = check, settle = settle, report = report, finish = finish}
+-- Takes back `cost` tokens taken at at_us, less the refill time that passed since: while the
+-- charge stood, another request may have found the bucket fuller than it would have been
+-- without it (TAT moved from its time, not from the earlier TAT), which the key cannot tell,
+-- and TAT - cost * T + (now - at) is never below what TAT would be without the charge. So a
+-- take-back never lets the bucket admit more than it would have; the key goes when the bucket
+-- is full again.
+local function undo(key, limit, window_ms, cost, at_us, now_us)
+  local value = redis.call('GET', key)
+  if not value then return 0 end
+  local tat = value + 0
+  local back = cost * window_ms * 1000 / limit - max(0, now_us - at_us)
+  if back <= 0 then return 0 end
+  tat = ceil(tat - back)
+  if tat <= now_us then
+    redis.call('DEL', key)
+  else
+    redis.call('SET', key, format('%d', tat), 'PX', ceil((tat - now_us) / 1000))
+  end
+  return 1
+end
+
+local M = {start = start, check = check, settle = settle, report = report, finish = finish,
+           undo = undo}
 if KEYS == nil then return M end
 start()
 local t = redis.call('TIME')

@@ -124,6 +124,11 @@ std::string renderMetrics(const std::vector<const stats::WorkerStats*>& workers,
                   [](const stats::WorkerStats& w) -> const auto& { return w.valkey_errors; });
     header(out, "sluice_valkey_calls_total", "counter", "Scripts sent to Valkey.");
     sample(out, "sluice_valkey_calls_total", "", static_cast<double>(calls));
+    counterFamily(out, "sluice_valkey_compensations_total",
+                  "Calls that took back the charges of a request refused in another cluster slot, "
+                  "by result (done; failed: the charge stays until its key expires).",
+                  workers,
+                  [](const stats::WorkerStats& w) -> const auto& { return w.valkey_compensations; });
     header(out, "sluice_valkey_reconnects_total", "counter", "Valkey connections re-established.");
     sample(out, "sluice_valkey_reconnects_total", "", static_cast<double>(reconnects));
     header(out, "sluice_access_log_dropped_total", "counter",

@@ -174,7 +174,7 @@ void Worker::applyConfig(Generation generation) {
     const bool same_store = old && old->valkey == snapshot->valkey;
     snapshot->decisions = same_store ? old->decisions
                                      : std::make_shared<ratelimit::DecisionBatcher>(
-                                           &loop_, snapshot->valkey);
+                                           &loop_, snapshot->valkey, stats_);
   }
   if (old && old->valkey && old->valkey != snapshot->valkey) old->valkey->stop();
   snapshot->deny_cache = std::make_shared<ratelimit::DenyCache>();

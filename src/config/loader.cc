@@ -265,20 +265,6 @@ class Loader {
       }
       v.key_prefix = *prefix;
     }
-    if (!v.nodes.empty() && !r.has("address") && !hasHashTag(v.key_prefix)) {
-      // One script decides all limits of a request atomically, so all their keys must live in
-      // one slot of the cluster: the prefix's hash tag puts them there.
-      r.error(r.has("key_prefix") ? "key_prefix" : "nodes",
-              "with Valkey Cluster nodes, key_prefix needs a hash tag, such as \"{rl}:v1\", so "
-              "that every key of a request is in one slot and decided in one atomic script");
-    }
-  }
-
-  static bool hasHashTag(const std::string& key) {
-    const auto open = key.find('{');
-    if (open == std::string::npos) return false;
-    const auto close = key.find('}', open + 1);
-    return close != std::string::npos && close > open + 1;
   }
 
   void loadIdentity(TableReader& r) {

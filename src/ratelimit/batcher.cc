@@ -1,9 +1,11 @@
 #include "ratelimit/batcher.h"
 
+#include <algorithm>
 #include <deque>
 
 #include "core/logging.h"
 #include "ratelimit/script_codec.h"
+#include "stats/stats.h"
 
 namespace sluice::ratelimit {
 
@@ -14,6 +16,10 @@ struct Entry final : PendingDecision {
   // The requester's limits, valid until it is told or cancels.
   const std::vector<AppliedLimit>* limits = nullptr;
   size_t count = 0;  // limits->size(), to read past a cancelled entry
+  std::shared_ptr<void> keep;  // a split request lives as long as its parts' entries
+
+ private:
+  void cancel() override { target = nullptr; }
 };
 
 }  // namespace
@@ -59,6 +65,7 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
         case ReplyPart::Decided:
           if (!e.target) break;
           decisionFromValues(*e.limits, reader.values(), &decision);
+          decision.charged_at_us = reader.timeUs();
           take(e)->onDecision(decision);
           break;
         case ReplyPart::Failed:
@@ -105,8 +112,153 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
   std::deque<Entry> entries_;
 };
 
-DecisionBatcher::DecisionBatcher(uv_loop_t* loop, std::shared_ptr<valkey::Store> store)
-    : store_(std::move(store)), flush_(new Flush{{}, this}) {
+// A call that takes back what one slot's call charged for a request refused in another slot.
+// It belongs to itself until its reply or failure.
+class DecisionBatcher::Compensation final : public valkey::CallTarget {
+ public:
+  static void send(valkey::Store& store, stats::WorkerStats& stats, std::string command,
+                   std::string_view first_key) {
+    auto* c = new Compensation(stats);
+    if (!store.callDecide(std::move(command), first_key, c)) c->failed("not connected");
+  }
+
+  void onValkeyReply(valkey::Reply& reply) override {
+    if (reply.isError()) {
+      failed(reply.text);
+      return;
+    }
+    stats_.valkey_compensations.get("result=\"done\"").inc();
+    delete this;
+  }
+  void onValkeyFailure(valkey::Failure failure) override { failed(valkey::toString(failure)); }
+
+ private:
+  explicit Compensation(stats::WorkerStats& stats) : stats_(stats) {}
+  void failed(std::string_view why) {
+    stats_.valkey_compensations.get("result=\"failed\"").inc();
+    SLUICE_LOG_WARN("valkey: could not take back the charges of a refused request ({}); they "
+                    "stay until their keys expire",
+                    logging::sanitize(why));
+    delete this;
+  }
+
+  stats::WorkerStats& stats_;
+};
+
+// A request whose limits are in several slots: one part per slot, each a request of its own in
+// its slot's batch. Kept alive by its parts' entries, so that it outlives a requester that
+// cancels and still takes back what its parts charged.
+class DecisionBatcher::Split final : public PendingDecision {
+ public:
+  struct Part final : DecisionTarget {
+    Split* split = nullptr;
+    unsigned slot = 0;
+    std::vector<AppliedLimit> limits;  // the request's limits in this slot
+    std::vector<size_t> positions;     // where each is among the request's limits
+    Decision decision;
+    bool answered = false;  // decided by Valkey (else by on_error: nothing charged)
+
+    void onDecision(const Decision& d) override {
+      decision = d;
+      answered = true;
+      split->partDone();
+    }
+    void onDecisionError(std::string_view why) override {
+      decision = decisionOnError(limits);
+      split->why_ = std::string(why);
+      split->partDone();
+    }
+  };
+
+  Split(DecisionTarget* target, std::shared_ptr<valkey::Store> store, stats::WorkerStats& stats,
+        const std::vector<AppliedLimit>& limits)
+      : target_(target), store_(std::move(store)), stats_(stats), count_(limits.size()) {
+    for (size_t i = 0; i < limits.size(); ++i) {
+      const unsigned slot = store_->slotOf(limits[i].key);
+      auto it = std::find_if(parts_.begin(), parts_.end(),
+                             [&](const Part& p) { return p.slot == slot; });
+      if (it == parts_.end()) {
+        it = parts_.emplace(parts_.end());
+        it->split = this;
+        it->slot = slot;
+      }
+      it->limits.push_back(limits[i]);
+      it->positions.push_back(i);
+    }
+    waiting_ = parts_.size();
+  }
+
+  std::deque<Part>& parts() { return parts_; }
+
+ private:
+  void cancel() override { target_ = nullptr; }
+
+  void partDone() {
+    if (--waiting_ > 0) return;
+    Decision combined;
+    combined.limits.resize(count_);
+    bool denied = false, unavailable = false, answered = false;
+    for (const Part& p : parts_) {
+      for (size_t j = 0; j < p.positions.size(); ++j) {
+        combined.limits[p.positions[j]] = p.decision.limits[j];
+      }
+      answered = answered || p.answered;
+      if (p.decision.verdict == Decision::Verdict::Deny) {
+        denied = true;
+        combined.retry_after_s = std::max(combined.retry_after_s, p.decision.retry_after_s);
+      } else if (p.decision.verdict == Decision::Verdict::Unavailable) {
+        unavailable = true;
+      }
+    }
+    // A known refusal (429, with its wait) before an unavailable limiter (503).
+    if (denied) {
+      combined.verdict = Decision::Verdict::Deny;
+    } else if (unavailable) {
+      combined.verdict = Decision::Verdict::Unavailable;
+      combined.retry_after_s = 1;
+    }
+    if (combined.verdict != Decision::Verdict::Allow) takeBack();
+    DecisionTarget* target = target_;
+    target_ = nullptr;
+    if (!target) return;
+    if (answered) {
+      target->onDecision(combined);
+    } else {
+      target->onDecisionError(why_);
+    }
+  }
+
+  // The request is refused: every part that allowed charged its limits (those that allowed,
+  // and shadow ones that count denied requests); one call per such part takes them back.
+  void takeBack() {
+    std::vector<const AppliedLimit*> charged;
+    for (const Part& p : parts_) {
+      if (!p.answered || p.decision.verdict != Decision::Verdict::Allow) continue;
+      charged.clear();
+      for (size_t j = 0; j < p.limits.size(); ++j) {
+        if (p.decision.limits[j].outcome == Outcome::Allowed || p.limits[j].config->count_denied) {
+          charged.push_back(&p.limits[j]);
+        }
+      }
+      if (charged.empty()) continue;
+      Compensation::send(*store_, stats_,
+                         undoCommand(store_->decideFunction(), charged, p.decision.charged_at_us),
+                         p.limits.front().key);
+    }
+  }
+
+  DecisionTarget* target_;  // null once told or cancelled
+  std::shared_ptr<valkey::Store> store_;
+  stats::WorkerStats& stats_;
+  size_t count_;  // the request's limits
+  std::deque<Part> parts_;  // (a deque: parts stay where they are, targets of entries)
+  size_t waiting_ = 0;
+  std::string why_;  // of the last part that failed
+};
+
+DecisionBatcher::DecisionBatcher(uv_loop_t* loop, std::shared_ptr<valkey::Store> store,
+                                 stats::WorkerStats& stats)
+    : store_(std::move(store)), stats_(stats), flush_(new Flush{{}, this}) {
   uv_prepare_init(loop, &flush_->handle);
   flush_->handle.data = flush_;
 }
@@ -122,14 +274,34 @@ PendingDecision* DecisionBatcher::decide(const std::vector<AppliedLimit>& limits
                                          DecisionTarget* target) {
   if (limits.empty() || !store_->accepting()) return nullptr;
   if (queued_.empty()) uv_prepare_start(&flush_->handle, onFlush);
-  if (queued_.empty() || queued_.back()->requests() >= kMaxRequests) {
-    queued_.push_back(new Batch);
+  const unsigned slot = store_->slotOf(limits.front().key);
+  bool one_slot = true;
+  for (size_t i = 1; one_slot && i < limits.size(); ++i) {
+    one_slot = store_->slotOf(limits[i].key) == slot;
   }
-  return queued_.back()->add(limits, target);
+  if (one_slot) return batchFor(slot)->add(limits, target);
+  auto split = std::make_shared<Split>(target, store_, stats_, limits);
+  for (Split::Part& part : split->parts()) {
+    batchFor(part.slot)->add(part.limits, &part)->keep = split;
+  }
+  return split.get();
+}
+
+DecisionBatcher::Batch* DecisionBatcher::batchFor(unsigned slot) {
+  auto it = std::find_if(open_.begin(), open_.end(), [&](const auto& b) { return b.first == slot; });
+  if (it != open_.end() && it->second->requests() < kMaxRequests) return it->second;
+  Batch* batch = new Batch;
+  queued_.push_back(batch);
+  if (it != open_.end()) {
+    it->second = batch;
+  } else {
+    open_.emplace_back(slot, batch);
+  }
+  return batch;
 }
 
 void DecisionBatcher::cancel(PendingDecision* pending) {
-  if (pending) static_cast<Entry*>(pending)->target = nullptr;
+  if (pending) pending->cancel();
 }
 
 void DecisionBatcher::onFlush(uv_prepare_t* handle) {
@@ -143,6 +315,7 @@ void DecisionBatcher::onFlush(uv_prepare_t* handle) {
   while (!alive.expired() && !self->queued_.empty()) {
     std::vector<Batch*> batches;
     batches.swap(self->queued_);
+    self->open_.clear();
     uv_prepare_stop(handle);
     for (Batch* batch : batches) batch->send(*store);
   }

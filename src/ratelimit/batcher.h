@@ -7,6 +7,15 @@
 // its events are sent when it is about to poll again (a uv_prepare handle), in calls of at most
 // kMaxRequests requests. Each request has the deadline of the call it went out in.
 //
+// On a Valkey Cluster a call's keys must share a slot, so calls are per slot: a request whose
+// limits are in several slots (different parts, or limits of different clients) is split, one
+// part per slot, each decided all or nothing in its slot's call, every part in the same round
+// of calls. The request is allowed only if every part allows; when one refuses (or fails and
+// its on_error denies), the charges the other parts made are taken back, one call per slot
+// (FCALL of the undo function). Meanwhile a concurrent request may see those charges and be
+// refused early; no limit ever admits more than its quota. A take-back that fails leaves the
+// charge until its key expires (counted in sluice_valkey_compensations_total).
+//
 // Ownership: a sent batch belongs to its Valkey call and deletes itself when that call ends;
 // a request that goes away cancels its entry (the target becomes null), so no reply reaches a
 // later request. Single-threaded, on one worker's loop.
@@ -21,6 +30,10 @@
 
 #include "ratelimit/decision.h"
 #include "valkey/store.h"
+
+namespace sluice::stats {
+struct WorkerStats;
+}
 
 namespace sluice::ratelimit {
 
@@ -39,13 +52,18 @@ class DecisionTarget {
 class PendingDecision {
  public:
   virtual ~PendingDecision() = default;
+
+ private:
+  friend class DecisionBatcher;
+  virtual void cancel() = 0;
 };
 
 class DecisionBatcher {
  public:
   static constexpr size_t kMaxRequests = 64;
 
-  DecisionBatcher(uv_loop_t* loop, std::shared_ptr<valkey::Store> store);
+  DecisionBatcher(uv_loop_t* loop, std::shared_ptr<valkey::Store> store,
+                  stats::WorkerStats& stats);
   ~DecisionBatcher();  // a batch not sent yet is dropped; its targets are not called
   DecisionBatcher(const DecisionBatcher&) = delete;
   DecisionBatcher& operator=(const DecisionBatcher&) = delete;
@@ -59,16 +77,22 @@ class DecisionBatcher {
 
  private:
   class Batch;
+  class Split;
+  class Compensation;
   struct Flush {  // the uv handle lives apart, freed by its close callback
     uv_prepare_t handle;
     DecisionBatcher* owner;
   };
 
   static void onFlush(uv_prepare_t* handle);
+  // The open batch of `slot` (a new one when it has none or it is full).
+  Batch* batchFor(unsigned slot);
 
   std::shared_ptr<valkey::Store> store_;
+  stats::WorkerStats& stats_;
   Flush* flush_;
-  std::vector<Batch*> queued_;  // not sent yet; only the last one takes more requests
+  std::vector<Batch*> queued_;  // not sent yet, in order
+  std::vector<std::pair<unsigned, Batch*>> open_;  // the batch of each slot taking requests
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // expires with this
 };
 

@@ -44,6 +44,7 @@ struct Decision {
   Verdict verdict = Verdict::Allow;
   std::vector<LimitResult> limits;
   int64_t retry_after_s = 0;  // Deny / Unavailable: whole seconds, at least 1
+  int64_t charged_at_us = 0;  // decided by Valkey: the call's time, which its charges carry
 };
 
 // The decision of a request on `limits` from its values (3 per limit: remaining, reset_ms,

@@ -95,9 +95,17 @@ std::string ScriptBatch::command(std::string_view function) const {
   return out;
 }
 
+DecisionReader::DecisionReader(const std::vector<valkey::Reply>& elements)
+    : elements_(elements) {
+  if (!elements.empty() && elements[0].type == valkey::Reply::Type::Integer &&
+      elements[0].integer >= 0) {
+    time_us_ = elements[0].integer;
+  }
+}
+
 ReplyPart DecisionReader::next(size_t limits, std::string* error) {
   using Type = valkey::Reply::Type;
-  if (limits == 0 || pos_ >= elements_.size()) return ReplyPart::Malformed;
+  if (time_us_ < 0 || limits == 0 || pos_ >= elements_.size()) return ReplyPart::Malformed;
   const valkey::Reply& head = elements_[pos_];
   if (head.type == Type::String) {
     *error = head.text;
@@ -114,6 +122,26 @@ ReplyPart DecisionReader::next(size_t limits, std::string* error) {
   }
   pos_ += width;
   return ReplyPart::Decided;
+}
+
+std::string undoCommand(std::string_view decide_function,
+                        const std::vector<const AppliedLimit*>& limits, int64_t time_us) {
+  std::string out;
+  valkey::appendArrayHeader(out, 3 + limits.size() * 6);
+  valkey::appendBulk(out, "FCALL");
+  std::string function(decide_function);
+  function += "_undo";
+  valkey::appendBulk(out, function);
+  appendBulkNumber(out, static_cast<int64_t>(limits.size()));
+  for (const AppliedLimit* l : limits) valkey::appendBulk(out, l->key);
+  for (const AppliedLimit* l : limits) {
+    valkey::appendBulk(out, algorithmName(l->config->algorithm));
+    appendBulkNumber(out, l->limit);
+    appendBulkNumber(out, l->config->window.count());
+    appendBulkNumber(out, l->cost);
+    appendBulkNumber(out, time_us);
+  }
+  return out;
 }
 
 }  // namespace sluice::ratelimit

@@ -15,12 +15,17 @@
 //   then per request    its limits as "<definition>:<cost>" joined by ",", e.g. "1:1,2:3";
 //                       each takes the next key not used before, or, written
 //                       "<definition>:<cost>@<i>", KEYS[i], a key an earlier request used
-//   reply               per request, in order, for each of its limits: remaining, reset_ms,
-//                       retry_ms (0 when the limit allows this request, at least 1 when it
-//                       refuses); the request is refused when a limit that is not a shadow
-//                       refuses. Or, when deciding that request failed (an unknown algorithm,
-//                       say), one string in place of its values: the error; the others are
-//                       decided as usual.
+//   reply               the call's time T (server microseconds: every charge the call makes
+//                       is of that time), then per request, in order, for each of its
+//                       limits: remaining, reset_ms, retry_ms (0 when the limit allows this
+//                       request, at least 1 when it refuses); the request is refused when a
+//                       limit that is not a shadow refuses. Or, when deciding that request
+//                       failed (an unknown algorithm, say), one string in place of its values:
+//                       the error; the others are decided as usual.
+//   undo                (function <decide function>_undo) takes back charges a call made,
+//                       for a request refused in another slot: KEYS the keys, ARGV 5 per key:
+//                       algorithm, limit, window_ms, cost, T of the call that charged it;
+//                       reply: how many keys it changed
 //
 // A change of this layout, or of what a key holds, is a new key prefix version (README).
 
@@ -85,10 +90,13 @@ enum class ReplyPart {
   Malformed,  // not the expected shape: neither this part nor the rest can be read
 };
 
-// Reads the reply of a ScriptBatch request after request.
+// Reads the reply of a ScriptBatch: the call's time, then request after request.
 class DecisionReader {
  public:
-  explicit DecisionReader(const std::vector<valkey::Reply>& elements) : elements_(elements) {}
+  explicit DecisionReader(const std::vector<valkey::Reply>& elements);
+  // The call's time (server microseconds; every charge it made is of that time); -1 when the
+  // reply does not start with it (then every part is Malformed).
+  int64_t timeUs() const { return time_us_; }
   // The part of the next request, which has `limits` limits.
   ReplyPart next(size_t limits, std::string* error);
   // After Decided: 3 values per limit.
@@ -98,8 +106,14 @@ class DecisionReader {
 
  private:
   const std::vector<valkey::Reply>& elements_;
-  size_t pos_ = 0;
+  int64_t time_us_ = -1;
+  size_t pos_ = 1;
   std::vector<int64_t> values_;
 };
+
+// FCALL <decide function>_undo: takes back what one call charged to these limits (each its
+// cost) at `time_us` (the call's time, DecisionReader::timeUs()). All keys in one slot.
+std::string undoCommand(std::string_view decide_function,
+                        const std::vector<const AppliedLimit*>& limits, int64_t time_us);
 
 }  // namespace sluice::ratelimit

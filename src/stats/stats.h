@@ -115,6 +115,9 @@ struct WorkerStats {
   Counter valkey_reconnects;
   Gauge valkey_connected;  // 1 while this worker's connection is ready
   Counter valkey_calls;
+  // Calls that took back the charges of a request refused in another slot; result: done,
+  // failed (the charge stays until its key expires).
+  Family<Counter> valkey_compensations;
 };
 
 }  // namespace sluice::stats

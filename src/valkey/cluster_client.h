@@ -39,6 +39,7 @@ class ClusterClient final : public Store, private CallTarget {
   PendingCall* callDecide(std::string command, std::string_view first_key,
                           CallTarget* target) override;
   const std::string& decideFunction() const override { return node_options_.function; }
+  unsigned slotOf(std::string_view key) const override { return keySlot(key); }
   PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
   void cancel(PendingCall* call) override;
   // Until stopped: whether the slot's node takes the call is known when it is sent.

@@ -38,12 +38,15 @@ class Store {
   // Disconnects; calls still pending fail with Disconnected. No reconnection afterwards.
   virtual void stop() = 0;
 
-  // `command`: an FCALL of decideFunction() (the decide library, lua/decide.lua) in RESP. Every
-  // key must hash to the slot of `first_key` (one node). Returns null when it cannot be sent now: decide at
-  // once.
+  // `command`: an FCALL of decideFunction() or of its undo (the decide library, lua/decide.lua)
+  // in RESP. Every key must hash to the slot of `first_key` (one node). Returns null when it
+  // cannot be sent now: decide at once.
   virtual PendingCall* callDecide(std::string command, std::string_view first_key,
                                   CallTarget* target) = 0;
   virtual const std::string& decideFunction() const = 0;
+  // The cluster slot of a key, which groups keys into calls; one server takes any keys in one
+  // call (0 for every key).
+  virtual unsigned slotOf(std::string_view) const { return 0; }
   // Whether a call made now would be sent (connected and answering). False counts as a refused
   // call in the metrics, as a call refused by callDecide or command would.
   virtual bool accepting() = 0;

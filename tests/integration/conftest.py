@@ -777,11 +777,12 @@ def _decided(values: list, limits: list) -> tuple:
 def parse_decide_batch_reply(reply: list, requests: Iterable) -> list:
     """decide.lua's reply for requests with these limits (a list of limit dicts each): per
     request either (allowed, [(allowed, remaining, reset_ms, retry_ms)] per limit) or the error
-    string. Asserts the layout: remaining, reset_ms, retry_ms per limit (retry_ms 0: the limit
-    allows, at least 1: it refuses); a request is allowed when no limit that is not a shadow
-    refuses."""
-    assert isinstance(reply, list), f"reply layout: {reply!r}"
-    out, i = [], 0
+    string. Asserts the layout: the call's time (server microseconds), then remaining,
+    reset_ms, retry_ms per limit (retry_ms 0: the limit allows, at least 1: it refuses); a
+    request is allowed when no limit that is not a shadow refuses."""
+    assert isinstance(reply, list) and reply and isinstance(reply[0], int) and \
+        reply[0] > 1_600_000_000_000_000, f"reply layout (the call's time first): {reply!r}"
+    out, i = [], 1
     for limits in requests:
         assert i < len(reply), f"reply too short: {reply!r}"
         if isinstance(reply[i], str):

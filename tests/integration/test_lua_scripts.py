@@ -10,9 +10,9 @@ import time
 import pytest
 
 from conftest import (WINDOW_NUMBERS, avoid_window_boundary, decide_args, decide_batch,
-                      decide_call, decide_library, limit_cfg, lua_source, metric_sum, parse_decide_batch_reply,
-                      parse_decide_reply, ratelimit_toml, route_cfg, server_time,
-                      server_time_us, sleep_until_window_offset, stored, wait_admin)
+                      decide_call, decide_library, limit_cfg, lua_source, metric_sum,
+                      parse_decide_batch_reply, parse_decide_reply, ratelimit_toml, route_cfg,
+                      server_time, server_time_us, sleep_until_window_offset, stored, wait_admin)
 
 
 def run(client, algorithm, key, limit, window_ms, burst=None, cost=1, count_denied=False,
@@ -630,3 +630,87 @@ def test_retry_ms_is_exact_to_the_millisecond(valkey, algorithm):
         if any(not ok and early - 1000 <= b < early for _, b, ok, _ in attempts):
             return
     pytest.fail(f"{algorithm}: no attempt fell in the millisecond before retry_ms - 1 in 3 tries")
+
+
+# ------------------------------------------------------------------------------ undo
+
+def undo_call(client, limits_and_keys, at_us):
+    """FCALL of the undo function: takes back what the call of time at_us charged to these
+    (key, limit) pairs, each its cost (decide.lua's undo layout). Returns how many keys it
+    changed."""
+    _, function = decide_library()
+    keys = [key for key, _ in limits_and_keys]
+    argv = []
+    for _, l in limits_and_keys:
+        argv += [l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("cost", 1)),
+                 str(at_us)]
+    return client.fcall(function + "_undo", len(keys), *keys, *argv)
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "sliding_log",
+                                       "token_bucket"])
+def test_undo_takes_back_exactly_what_a_call_charged(valkey, algorithm):
+    """Two calls charge a key (cost 3 each); undoing the second with its time leaves the key as
+    the first left it: the count, the log's entries (the other call's stay), the bucket's TAT
+    (less only the refill time between the charge and the undo, see token_bucket.lua)."""
+    c = valkey.client
+    limit = {"algorithm": algorithm, "limit": 20, "window_ms": 60_000, "cost": 3}
+    key = f"undo:{algorithm}"
+    avoid_window_boundary(c, 60.0, 5.0)
+    keys, argv = decide_batch([[(key, limit)]])
+    decide_call(c, keys, argv)
+    after_first = stored(valkey, key, algorithm)
+    second = decide_call(c, keys, argv)
+    at = second[0]
+    assert parse_decide_reply(second, [limit])[0] == 1
+    assert undo_call(c, [(key, limit)], at) == 1
+    elapsed = server_time_us(c) - at
+    got = stored(valkey, key, algorithm)
+    if algorithm == "token_bucket":
+        # TAT back by 3 tokens (3 s of a 60 s / 20 window), less the time since the charge.
+        assert after_first + 1 <= got <= after_first + elapsed + 1, (after_first, got, elapsed)
+        assert got >= after_first, "never below what the first call left"
+    else:
+        assert got == after_first, (after_first, got)
+    assert c.pttl(key) > 0, "the key keeps its expiry"
+
+
+def test_undo_of_a_window_that_is_over_takes_nothing(valkey):
+    """A fixed_window charge of an earlier window is gone with its window: nothing to take
+    back; a sliding_window charge of the window before counts as previous and is taken from
+    there."""
+    c = valkey.client
+    for algorithm in ("fixed_window", "sliding_window"):
+        limit = {"algorithm": algorithm, "limit": 10, "window_ms": 60_000, "cost": 2}
+        key = f"undo-over:{algorithm}"
+        avoid_window_boundary(c, 60.0, 5.0)
+        keys, argv = decide_batch([[(key, limit)]])
+        at = decide_call(c, keys, argv)[0]
+        n, count = stored(valkey, key, algorithm)[:2]
+        earlier = at - 60_000_000  # a call of the window before
+        if algorithm == "fixed_window":
+            assert undo_call(c, [(key, limit)], earlier) == 0
+            assert stored(valkey, key, algorithm) == (n, count)
+        else:
+            # Make the stored window the one after `at`: `at`'s charge is now its previous.
+            raw = struct.pack("<Idd", (n + 1) % WINDOW_NUMBERS, 1, 2)
+            valkey.new_client(decode_responses=False).set(key, raw, keepttl=True)
+            assert undo_call(c, [(key, limit)], at) == 1
+            assert stored(valkey, key, algorithm) == ((n + 1) % WINDOW_NUMBERS, 1, 0)
+
+
+def test_undo_of_a_log_takes_only_that_calls_entries(valkey):
+    c = valkey.client
+    limit = {"algorithm": "sliding_log", "limit": 10, "window_ms": 60_000, "cost": 2}
+    key = "undo-log"
+    keys, argv = decide_batch([[(key, limit)], [(key, limit)]])  # one call, two requests
+    at = decide_call(c, keys, argv)[0]
+    keys, argv = decide_batch([[(key, limit)]])
+    other = decide_call(c, keys, argv)[0]
+    assert stored(valkey, key, "sliding_log") == [at] * 4 + [other] * 2
+    assert undo_call(c, [(key, limit)], at) == 1
+    assert stored(valkey, key, "sliding_log") == [at] * 2 + [other] * 2, "cost 2: two entries"
+    assert undo_call(c, [(key, {**limit, "cost": 5})], other) == 1
+    assert stored(valkey, key, "sliding_log") == [at] * 2
+    assert undo_call(c, [(key, {**limit, "cost": 2})], at) == 1
+    assert c.exists(key) == 0, "an empty log is deleted"

@@ -880,15 +880,12 @@ api_keys = []
           "t.toml:3:13: upstream[0].endpoints: must not be empty");
     CHECK(errorsOf("[[limit]]\nname = \"l\"\nby = []\nlimit = 1\nwindow = \"1s\"\n") ==
           "t.toml:3:6: limit[0].by: must name at least one key part, such as [\"ip\"]");
-    // Cluster mode: one slot for all the keys of a request, through the prefix's hash tag.
-    CHECK(errorsOf("[valkey]\nnodes = [\"10.0.0.1:7000\"]\n") ==
-          "t.toml:2:9: valkey.nodes: with Valkey Cluster nodes, key_prefix needs a hash tag, "
-          "such as \"{rl}:v1\", so that every key of a request is in one slot and decided in "
-          "one atomic script");
-    CHECK(errorsOf("[valkey]\nnodes = [\"10.0.0.1:7000\"]\nkey_prefix = \"rl:{}:v1\"\n") ==
-          "t.toml:3:14: valkey.key_prefix: with Valkey Cluster nodes, key_prefix needs a hash "
-          "tag, such as \"{rl}:v1\", so that every key of a request is in one slot and decided "
-          "in one atomic script");
+    // Cluster mode needs no hash tag in key_prefix: each key's parts are its tag (a tag in the
+    // prefix is allowed, and puts every key in its slot).
+    CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\n"))->valkey.key_prefix ==
+          "rl:v1");
+    CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\nkey_prefix = \"{rl}:v1\"\n"))
+              ->valkey.key_prefix == "{rl}:v1");
     CHECK(errorsOf("[valkey]\nnodes = []\n") ==
           "t.toml:2:9: valkey.nodes: must list at least one node (or use address)");
     CHECK(errorsOf("[[tenant]]\nname = \"t\"\napi_keys = [\"\"]\n") ==

@@ -121,10 +121,17 @@ ReplyPart readDecision(DecisionReader& reader, const std::vector<AppliedLimit>& 
   return part;
 }
 
-// A reply for one request, read whole.
+constexpr int64_t kCallTime = 1764600000123456;  // server microseconds
+
+// A reply for one request (the call's time put first), read whole.
 std::optional<Decision> decisionFromReply(const std::vector<AppliedLimit>& limits,
-                                          const Reply& reply) {
-  if (reply.type != Reply::Type::Array) return std::nullopt;
+                                          const Reply& values) {
+  if (values.type != Reply::Type::Array) return std::nullopt;
+  Reply reply = values;
+  Reply time;
+  time.type = Reply::Type::Integer;
+  time.integer = kCallTime;
+  reply.elements.insert(reply.elements.begin(), time);
   DecisionReader reader(reply.elements);
   Decision d;
   std::string error;
@@ -427,7 +434,8 @@ TEST_SUITE("ratelimit: decision") {
                              "definition j: algorithm, limit, window_ms, burst, count_denied",
                              "its limits as \"<definition>:<cost>\" joined by \",\"",
                              "\"<definition>:<cost>@<i>\", KEYS[i], a key an earlier request used",
-                             "reply               per request, in order, for each of its limits"}) {
+                             "reply               the call's time T (server microseconds: every charge",
+                             "undo                (function <decide function>_undo) takes back charges"}) {
       INFO(line);
       CHECK(lua.find(line) != std::string::npos);
       CHECK(codec.find(line) != std::string::npos);
@@ -456,19 +464,36 @@ TEST_SUITE("ratelimit: decision") {
     CHECK(empty.command(function) == sluice::valkey::formatCommand({"FCALL", function, "0", "0"}));
   }
 
+  TEST_CASE("undoCommand follows lua/decide.lua's undo layout") {
+    LimitConfig w = limitConfig("w", Algorithm::SlidingWindow, {}, 100, 60000);
+    LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 10, 1000);
+    AppliedLimit lw = applied(w, "rl:w:{1}");
+    AppliedLimit lb = applied(b, "rl:b:{1}");
+    lb.cost = 3;
+    lb.limit = 20;  // a plan's: the undo takes back cost * window / this limit
+    // KEYS, then 5 per key: algorithm, limit, window_ms, cost, the call's time.
+    CHECK(undoCommand("sluice_decide_x", {&lw, &lb}, kCallTime) ==
+          sluice::valkey::formatCommand({"FCALL", "sluice_decide_x_undo", "2", "rl:w:{1}",
+                                         "rl:b:{1}", "sliding_window", "100", "60000", "1",
+                                         "1764600000123456", "token_bucket", "20", "1000", "3",
+                                         "1764600000123456"}));
+  }
+
   TEST_CASE("DecisionReader: the parts of a batch reply, one after the other") {
     LimitConfig a = limitConfig("a", Algorithm::FixedWindow, {}, 10, 1000);
     LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 5, 1000);
     const std::vector<AppliedLimit> one = {applied(a, "ka")};
     const std::vector<AppliedLimit> two = {applied(a, "ka"), applied(b, "kb")};
-    // remaining, reset_ms, retry_ms per limit (retry 0: allows)
-    Reply reply = integers({9, 800, 0,             // one: allowed
+    // the call's time, then remaining, reset_ms, retry_ms per limit (retry 0: allows)
+    Reply reply = integers({kCallTime,
+                            9, 800, 0,             // one: allowed
                             9, 800, 0, 0, 300, 300,  // two: refused by b
                             0,                     // (a string: this one failed)
                             8, 800, 0});           // one: allowed
-    reply.elements[9].type = Reply::Type::String;
-    reply.elements[9].text = "unknown algorithm leaky_bucket";
+    reply.elements[10].type = Reply::Type::String;
+    reply.elements[10].text = "unknown algorithm leaky_bucket";
     DecisionReader reader(reply.elements);
+    CHECK(reader.timeUs() == kCallTime);
     Decision d;
     std::string error;
     REQUIRE(readDecision(reader, one, &d, &error) == ReplyPart::Decided);
@@ -488,12 +513,17 @@ TEST_SUITE("ratelimit: decision") {
     // Nothing is left: another request's part is missing.
     CHECK(readDecision(reader, one, &d, &error) == ReplyPart::Malformed);
 
-    // Too short for its limits, or not integers: malformed.
-    Reply cut = integers({9, 800});
+    // Too short for its limits, or not integers, or without the call's time: malformed.
+    Reply cut = integers({kCallTime, 9, 800});
     DecisionReader short_reader(cut.elements);
     CHECK(short_reader.next(1, &error) == ReplyPart::Malformed);
-    Reply nested = integers({9, 800, 0});
-    nested.elements[1].type = Reply::Type::Array;
+    Reply untimed = integers({9, 800, 0});
+    untimed.elements[0].type = Reply::Type::String;
+    DecisionReader untimed_reader(untimed.elements);
+    CHECK(untimed_reader.timeUs() == -1);
+    CHECK(untimed_reader.next(1, &error) == ReplyPart::Malformed);
+    Reply nested = integers({kCallTime, 9, 800, 0});
+    nested.elements[2].type = Reply::Type::Array;
     DecisionReader nested_reader(nested.elements);
     CHECK(nested_reader.next(1, &error) == ReplyPart::Malformed);
   }
