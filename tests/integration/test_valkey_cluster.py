@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import (TIMER_SLACK_S, limit_cfg, metric_sum, ratelimit_toml, route_cfg, sluice_bin,
+from conftest import (TIMER_SLACK_S, limit_cfg, metric_sum, ratelimit_toml, route_cfg,
                       wait_admin)
 
 PREFIX = "{rl}:v1"
@@ -148,15 +148,6 @@ def cluster_toml(cluster, limits, seed=None, **valkey):
 
 def slot_of_prefix(cluster):
     return int(cluster.cli(cluster.ports[0], "CLUSTER", "KEYSLOT", PREFIX))
-
-
-def test_key_prefix_without_hash_tag_is_refused(tmp_path):
-    path = tmp_path / "c.toml"
-    path.write_text('[valkey]\nnodes = ["127.0.0.1:7000"]\nkey_prefix = "rl:v1"\n')
-    out = subprocess.run([str(sluice_bin()), "--check-config", "-c", str(path)],
-                         capture_output=True, text=True, timeout=10)
-    assert out.returncode == 1
-    assert f"{path}:3:14: valkey.key_prefix: " in out.stderr and "hash tag" in out.stderr
 
 
 def test_decisions_are_exact_through_the_slot_owner(sluice_factory, upstream, cluster):

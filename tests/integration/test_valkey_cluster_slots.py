@@ -1,0 +1,147 @@
+"""Valkey Cluster with keys spread by their own parts (key_prefix without a hash tag): every
+client's counters on the primary of its own slot, a request's limits in several slots decided
+all or nothing across them (one call per slot, the charges of a refused request taken back),
+exact under concurrency. The cluster operations (redirections, failover) are in
+test_valkey_cluster.py, whose Cluster this file uses."""
+
+import struct
+import time
+from collections import Counter
+
+import pytest
+import redis
+
+from conftest import (avoid_window_boundary, limit_cfg, metric_sum, parallel_requests,
+                      parse_rl_list, ratelimit_toml, route_cfg, wait_admin)
+from rawhttp import build_request
+from test_valkey_cluster import Cluster
+
+PREFIX = "rl:v1"  # no hash tag: each key's parts are its tag
+
+
+@pytest.fixture
+def spread_cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def spread_toml(cluster, limits, **valkey):
+    return ratelimit_toml(None, limits=limits, valkey_options={
+        "nodes": [f"127.0.0.1:{cluster.ports[0]}"], "key_prefix": PREFIX, **valkey})
+
+
+def slot(cluster, key):
+    return int(cluster.cli(cluster.ports[0], "CLUSTER", "KEYSLOT", key))
+
+
+def values_in_other_slots(cluster, limit_a, limit_b):
+    """Header values a, b whose keys (limit_a by a, limit_b by b) are owned by different
+    primaries."""
+    for i in range(100):
+        a, b = f"a{i}", f"b{i}"
+        owner_a = cluster.owner(slot(cluster, f"{PREFIX}:{limit_a}:{{{a}}}"))
+        owner_b = cluster.owner(slot(cluster, f"{PREFIX}:{limit_b}:{{{b}}}"))
+        if owner_a != owner_b:
+            return a, b
+    raise AssertionError("no pair of values on different primaries")
+
+
+def wait_compensations(gw, done, timeout=5.0):
+    """Waits until `done` take-backs have been answered."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = metric_sum(gw, "sluice_valkey_compensations_total", result="done")
+        if got >= done or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)
+
+
+def test_clients_spread_over_every_primary_each_exact(sluice_factory, upstream, spread_cluster):
+    """100 clients, two limits each (same parts: one slot, one call): every client gets exactly
+    its quota, and the keys lie on all three primaries, each key on the owner of its slot."""
+    cluster = spread_cluster
+    limits = [limit_cfg("minute", "fixed_window", 2, "1h", by=["header:X-Client"]),
+              limit_cfg("day", "sliding_window", 5, "1d", by=["header:X-Client"])]
+    gw = sluice_factory(upstream, routes=[route_cfg("api", ["minute", "day"])],
+                        extra_toml=spread_toml(cluster, limits), workers=2)
+    wait_admin(gw, "/ready", 200)
+    avoid_window_boundary_cluster(cluster, 3600, 30)
+    for i in range(100):
+        statuses = [gw.get("/status/200", [("X-Client", f"c{i}")]).status for _ in range(3)]
+        assert statuses == [200, 200, 429], (i, statuses)
+    per_node = {port: int(cluster.cli(port, "DBSIZE")) for port in cluster.ports}
+    assert sum(per_node.values()) == 200, per_node
+    assert all(n >= 30 for n in per_node.values()), f"keys per primary: {per_node}"
+    for port in cluster.ports:
+        for key in cluster.cli(port, "--scan", "--pattern", f"{PREFIX}:*").split():
+            assert cluster.owner(slot(cluster, key)) == port, key
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total", outcome="error_allowed") == 0
+    assert metric_sum(gw, "sluice_valkey_compensations_total") == 0, "one slot per request"
+
+
+def avoid_window_boundary_cluster(cluster, window_s, need_s):
+    class Client:  # avoid_window_boundary reads the server's clock through .time()
+        def time(self):
+            s, us = cluster.cli(cluster.ports[0], "TIME").split()
+            return int(s), int(us)
+    avoid_window_boundary(Client(), window_s, need_s)
+
+
+@pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "sliding_log",
+                                       "token_bucket"])
+def test_a_refusal_in_one_slot_leaves_no_charge_in_another(sluice_factory, upstream,
+                                                           spread_cluster, algorithm):
+    """Limit A (the algorithm, cost 3, count_denied) and limit B (fixed_window 2, count_denied)
+    on keys owned by different primaries: while B refuses, A is charged by its slot's call and
+    the charge is taken back, so A counts only the requests that went through; B records every
+    attempt (count_denied)."""
+    cluster = spread_cluster
+    limits = [limit_cfg("A", algorithm, 30, "1h", by=["header:X-A"], cost=3, count_denied=True),
+              limit_cfg("B", "fixed_window", 2, "1h", by=["header:X-B"], count_denied=True)]
+    gw = sluice_factory(upstream, routes=[route_cfg("api", ["A", "B"])],
+                        extra_toml=spread_toml(cluster, limits), workers=2)
+    wait_admin(gw, "/ready", 200)
+    avoid_window_boundary_cluster(cluster, 3600, 30)
+    a, b = values_in_other_slots(cluster, "A", "B")
+    headers = [("X-A", a), ("X-B", b)]
+    got = [gw.get("/status/200", headers) for _ in range(6)]
+    assert [r.status for r in got] == [200, 200, 429, 429, 429, 429]
+    assert wait_compensations(gw, 4) == 4, "each refused request took back A's charge"
+    # A counted the two requests that went through (cost 3 each), nothing of the four others.
+    r = gw.get("/status/200", [("X-A", a), ("X-B", b + "-other")])
+    assert r.status == 200, r
+    assert parse_rl_list(r.header("ratelimit"))["A"]["r"] == 30 - 9, r.headers
+    assert metric_sum(gw, "sluice_valkey_compensations_total", result="failed") == 0
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total", outcome="error_allowed") == 0
+
+
+@pytest.mark.parametrize("tight", ["A", "B"])
+def test_concurrent_requests_across_slots_exactly_the_limit(sluice_factory, upstream,
+                                                             spread_cluster, tight):
+    """8 processes x 2 workers, 64 requests at once, each with limits A and B on keys owned by
+    different primaries, one of them allowing 15: exactly 15 go through, and once the
+    take-backs are answered the other limit counts exactly those 15."""
+    cluster = spread_cluster
+    quota = {"A": 15 if tight == "A" else 1000, "B": 15 if tight == "B" else 1000}
+    limits = [limit_cfg(name, "fixed_window", quota[name], "1h", by=[f"header:X-{name}"])
+              for name in ("A", "B")]
+    gw = sluice_factory(upstream, routes=[route_cfg("api", ["A", "B"])],
+                        extra_toml=spread_toml(cluster, limits), workers=2)
+    wait_admin(gw, "/ready", 200)
+    avoid_window_boundary_cluster(cluster, 3600, 60)
+    a, b = values_in_other_slots(cluster, "A", "B")
+    raw = build_request("GET", "/status/200", [("X-A", a), ("X-B", b), ("Connection", "close")])
+    statuses = Counter(s for s, _ in parallel_requests(gw.port, [raw] * 64, processes=8))
+    assert statuses == {200: 15, 429: 49}, dict(statuses)
+    # The loose limit's count, once the take-backs are answered: what went through, no charge
+    # of a refused request left (those refused from the deny cache never charged it).
+    loose = "B" if tight == "A" else "A"
+    key = f"{PREFIX}:{loose}:{{{a if loose == 'A' else b}}}"
+    owner = redis.Redis(port=cluster.owner(slot(cluster, key)))
+    deadline = time.monotonic() + 5
+    while (count := struct.unpack("<Id", owner.get(key))[1]) != 15 and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert count == 15, f"{loose} counts {count} after 15 requests went through"
+    assert metric_sum(gw, "sluice_valkey_compensations_total", result="failed") == 0
