@@ -6,7 +6,7 @@
 // the new owner; ASK resends once with ASKING. A redirection to a node that is not connected
 // yet fails the call (its limits decide by on_error) rather than let it wait.
 //
-// All keys of one decision share a slot: the configuration requires a hash tag in key_prefix.
+// A call's keys share a slot: the decision batcher groups them (Store::slotOf).
 
 #include <uv.h>
 
