@@ -22,7 +22,7 @@ Rate limiting and identity (Valkey):
 - decide_library(): lua/decide.lua composed with the algorithm modules into the function
   library exactly as decide.lua's header documents (and src/ratelimit/scripts.cc does);
   decide_call() (FCALL), decide_batch() / decide_args() / parse_decide_batch_reply() /
-  parse_decide_reply().
+  parse_decide_reply(), undo_call() (the undo function).
 - parallel_requests(port, raw_requests, processes): fires requests at once from several
   processes (raw sockets), returns (status, headers) per request in order.
 - helpers: server_time(), sleep_until_window_offset(), avoid_window_boundary(), metric_sum(),
@@ -699,6 +699,20 @@ def route_cfg(name: str, limits: Iterable = (), match: Optional[dict] = None,
 def lua_source(name: str) -> str:
     """lua/<name>.lua byte for byte (no newline translation)."""
     return (LUA_DIR / f"{name}.lua").read_bytes().decode()
+
+
+def undo_call(client, limits_and_keys: list, at_us: int) -> int:
+    """FCALL of the decide function's undo: takes back what the call of time at_us (its reply's
+    first value) charged to these (key, limit dict) pairs, each its cost (decide.lua's undo
+    layout: KEYS, then algorithm, limit, window_ms, cost, time per key). Returns how many keys
+    it changed."""
+    _, function = decide_library()
+    keys = [key for key, _ in limits_and_keys]
+    argv = []
+    for _, l in limits_and_keys:
+        argv += [l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("cost", 1)),
+                 str(at_us)]
+    return client.fcall(function + "_undo", len(keys), *keys, *argv)
 
 
 def algorithm_names() -> list:

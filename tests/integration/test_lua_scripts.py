@@ -12,7 +12,8 @@ import pytest
 from conftest import (WINDOW_NUMBERS, avoid_window_boundary, decide_args, decide_batch,
                       decide_call, decide_library, limit_cfg, lua_source, metric_sum,
                       parse_decide_batch_reply, parse_decide_reply, ratelimit_toml, route_cfg,
-                      server_time, server_time_us, sleep_until_window_offset, stored, wait_admin)
+                      server_time, server_time_us, sleep_until_window_offset, stored, undo_call,
+                      wait_admin)
 
 
 def run(client, algorithm, key, limit, window_ms, burst=None, cost=1, count_denied=False,
@@ -633,19 +634,6 @@ def test_retry_ms_is_exact_to_the_millisecond(valkey, algorithm):
 
 
 # ------------------------------------------------------------------------------ undo
-
-def undo_call(client, limits_and_keys, at_us):
-    """FCALL of the undo function: takes back what the call of time at_us charged to these
-    (key, limit) pairs, each its cost (decide.lua's undo layout). Returns how many keys it
-    changed."""
-    _, function = decide_library()
-    keys = [key for key, _ in limits_and_keys]
-    argv = []
-    for _, l in limits_and_keys:
-        argv += [l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("cost", 1)),
-                 str(at_us)]
-    return client.fcall(function + "_undo", len(keys), *keys, *argv)
-
 
 @pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "sliding_log",
                                        "token_bucket"])
