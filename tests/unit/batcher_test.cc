@@ -1,0 +1,277 @@
+// The decision batcher (src/ratelimit/batcher.h) on a real uv loop with a fake store: calls per
+// slot, a request split over slots decided all or nothing, and the take-back of what the
+// parts that allowed charged, when another part refuses or fails.
+
+#include <doctest/doctest.h>
+#include <uv.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "config/config.h"
+#include "ratelimit/batcher.h"
+#include "ratelimit/script_codec.h"
+#include "stats/stats.h"
+#include "valkey/resp.h"
+
+using namespace sluice::ratelimit;
+using sluice::config::Algorithm;
+using sluice::config::LimitConfig;
+using sluice::config::OnError;
+using sluice::valkey::Reply;
+
+namespace {
+
+constexpr int64_t kTime = 1764600000123456;
+
+// A store whose slots are the keys' first characters ("1:..." is in slot 1); it keeps every
+// call it is asked for, for the test to answer.
+class FakeStore final : public sluice::valkey::Store {
+ public:
+  struct Call final : sluice::valkey::PendingCall {
+    std::string command;
+    std::string first_key;
+    sluice::valkey::CallTarget* target = nullptr;
+  };
+
+  void start() override {}
+  void stop() override {}
+  sluice::valkey::PendingCall* callDecide(std::string command, std::string_view first_key,
+                                          sluice::valkey::CallTarget* target) override {
+    if (refuse) return nullptr;
+    auto call = std::make_unique<Call>();
+    call->command = std::move(command);
+    call->first_key = std::string(first_key);
+    call->target = target;
+    calls.push_back(std::move(call));
+    return calls.back().get();
+  }
+  const std::string& decideFunction() const override { return function_; }
+  unsigned slotOf(std::string_view key) const override {
+    return static_cast<unsigned>(key.front() - '0');
+  }
+  bool accepting() override { return true; }
+  void flush() override {}
+  sluice::valkey::PendingCall* command(std::vector<std::string>,
+                                       sluice::valkey::CallTarget*) override {
+    return nullptr;
+  }
+  void cancel(sluice::valkey::PendingCall*) override {}
+
+  std::vector<std::unique_ptr<Call>> calls;
+  bool refuse = false;
+
+ private:
+  std::string function_ = "decide_f";
+};
+
+struct Recorder final : DecisionTarget {
+  void onDecision(const Decision& d) override {
+    decision = d;
+    ++told;
+  }
+  void onDecisionError(std::string_view why) override {
+    error = std::string(why);
+    ++told;
+  }
+  std::optional<Decision> decision;
+  std::string error;
+  int told = 0;
+};
+
+LimitConfig limitConfig(std::string name, OnError on_error = OnError::Allow) {
+  LimitConfig l;
+  l.name = std::move(name);
+  l.algorithm = Algorithm::FixedWindow;
+  l.limit = l.burst = 10;
+  l.window = std::chrono::milliseconds(60000);
+  l.on_error = on_error;
+  return l;
+}
+
+AppliedLimit applied(const LimitConfig& config, std::string key, int64_t cost = 1) {
+  AppliedLimit a;
+  a.config = &config;
+  a.key = std::move(key);
+  a.limit = config.limit;
+  a.burst = config.burst;
+  a.cost = cost;
+  return a;
+}
+
+// A decide reply: the call's time, then remaining, reset_ms, retry_ms per limit.
+Reply decideReply(std::vector<int64_t> values) {
+  Reply r;
+  r.type = Reply::Type::Array;
+  values.insert(values.begin(), kTime);
+  for (int64_t v : values) {
+    Reply e;
+    e.type = Reply::Type::Integer;
+    e.integer = v;
+    r.elements.push_back(e);
+  }
+  return r;
+}
+
+Reply integer(int64_t value) {
+  Reply r;
+  r.type = Reply::Type::Integer;
+  r.integer = value;
+  return r;
+}
+
+uint64_t compensations(sluice::stats::WorkerStats& stats, const char* result) {
+  return stats.valkey_compensations.get(std::string("result=\"") + result + "\"").value();
+}
+
+// A loop, a fake store and a batcher on them; the loop is closed cleanly at the end.
+struct Fixture {
+  Fixture() {
+    REQUIRE(uv_loop_init(&loop) == 0);
+    store = std::make_shared<FakeStore>();
+    batcher = std::make_unique<DecisionBatcher>(&loop, store, stats);
+  }
+  ~Fixture() {
+    batcher.reset();
+    uv_run(&loop, UV_RUN_NOWAIT);  // the flush handle's close
+    CHECK(uv_loop_close(&loop) == 0);
+  }
+  // One loop iteration: the batches queued so far go out.
+  void iterate() { uv_run(&loop, UV_RUN_NOWAIT); }
+
+  uv_loop_t loop;
+  sluice::stats::WorkerStats stats;
+  std::shared_ptr<FakeStore> store;
+  std::unique_ptr<DecisionBatcher> batcher;
+};
+
+}  // namespace
+
+TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
+  TEST_CASE("requests of one slot share a call; a request over two slots goes in both") {
+    Fixture f;
+    LimitConfig a = limitConfig("a"), b = limitConfig("b");
+    const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}"), applied(b, "1:b:{x}")};
+    const std::vector<AppliedLimit> two = {applied(a, "1:a:{y}"), applied(b, "2:b:{y}")};
+    Recorder r1, r2;
+    REQUIRE(f.batcher->decide(one, &r1));
+    REQUIRE(f.batcher->decide(two, &r2));
+    CHECK(f.store->calls.empty());  // nothing before the loop is about to wait
+    f.iterate();
+    REQUIRE(f.store->calls.size() == 2);  // slot 1 (both requests), slot 2
+    CHECK(f.store->calls[0]->first_key == "1:a:{x}");
+    CHECK(f.store->calls[1]->first_key == "2:b:{y}");
+    ScriptBatch slot1;
+    slot1.add(one);
+    slot1.add({two[0]});
+    CHECK(f.store->calls[0]->command == slot1.command("decide_f"));
+
+    // Slot 1 answers first: r1 is told, r2 waits for slot 2.
+    Reply reply1 = decideReply({9, 100, 0, 9, 100, 0, 8, 100, 0});
+    f.store->calls[0]->target->onValkeyReply(reply1);
+    CHECK(r1.told == 1);
+    CHECK(r1.decision->verdict == Decision::Verdict::Allow);
+    CHECK(r2.told == 0);
+    Reply reply2 = decideReply({7, 100, 0});
+    f.store->calls[1]->target->onValkeyReply(reply2);
+    REQUIRE(r2.told == 1);
+    CHECK(r2.decision->verdict == Decision::Verdict::Allow);
+    // Each limit's result in the request's own order.
+    CHECK(r2.decision->limits[0].config == &a);
+    CHECK(r2.decision->limits[0].remaining == 8);
+    CHECK(r2.decision->limits[1].config == &b);
+    CHECK(r2.decision->limits[1].remaining == 7);
+    CHECK(f.store->calls.size() == 2);  // allowed: nothing to take back
+  }
+
+  TEST_CASE("a refusal in one slot: 429, and what the other slot charged is taken back") {
+    Fixture f;
+    LimitConfig a = limitConfig("a"), b = limitConfig("b");
+    a.count_denied = true;
+    const std::vector<AppliedLimit> limits = {applied(a, "1:a:{x}", 3), applied(b, "2:b:{x}")};
+    Recorder r;
+    REQUIRE(f.batcher->decide(limits, &r));
+    f.iterate();
+    REQUIRE(f.store->calls.size() == 2);
+    Reply allowed = decideReply({7, 100, 0});
+    f.store->calls[0]->target->onValkeyReply(allowed);
+    Reply refused = decideReply({0, 5000, 4200});
+    f.store->calls[1]->target->onValkeyReply(refused);
+    REQUIRE(r.told == 1);
+    CHECK(r.decision->verdict == Decision::Verdict::Deny);
+    CHECK(r.decision->retry_after_s == 5);
+    REQUIRE(f.store->calls.size() == 3);
+    CHECK(f.store->calls[2]->first_key == "1:a:{x}");
+    CHECK(f.store->calls[2]->command == undoCommand("decide_f", {&limits[0]}, kTime));
+    Reply changed = integer(1);
+    f.store->calls[2]->target->onValkeyReply(changed);
+    CHECK(compensations(f.stats, "done") == 1);
+    CHECK(compensations(f.stats, "failed") == 0);
+  }
+
+  TEST_CASE("a part that fails decides by on_error; all or nothing over the outcomes") {
+    Fixture f;
+    LimitConfig open = limitConfig("open", OnError::Allow);
+    LimitConfig closed = limitConfig("closed", OnError::Deny);
+    const std::vector<AppliedLimit> lenient = {applied(open, "1:o:{x}"), applied(open, "2:o:{y}")};
+    const std::vector<AppliedLimit> strict = {applied(open, "1:o:{z}"), applied(closed, "3:c:{z}")};
+    Recorder r1, r2;
+    REQUIRE(f.batcher->decide(lenient, &r1));
+    REQUIRE(f.batcher->decide(strict, &r2));
+    f.iterate();
+    REQUIRE(f.store->calls.size() == 3);  // slots 1, 2, 3
+    Reply slot1 = decideReply({9, 100, 0, 9, 100, 0});
+    f.store->calls[0]->target->onValkeyReply(slot1);
+    f.store->calls[1]->target->onValkeyFailure(sluice::valkey::Failure::Timeout);
+    f.store->calls[2]->target->onValkeyFailure(sluice::valkey::Failure::Timeout);
+    // on_error allow: allowed, the charge of slot 1 stays.
+    REQUIRE(r1.told == 1);
+    CHECK(r1.decision->verdict == Decision::Verdict::Allow);
+    CHECK(toString(r1.decision->limits[1].outcome) == std::string("error_allowed"));
+    // on_error deny: 503, and slot 1's charge is taken back.
+    REQUIRE(r2.told == 1);
+    CHECK(r2.decision->verdict == Decision::Verdict::Unavailable);
+    REQUIRE(f.store->calls.size() == 4);
+    CHECK(f.store->calls[3]->command == undoCommand("decide_f", {&strict[0]}, kTime));
+  }
+
+  TEST_CASE("a requester that leaves is not told, and the charges are still taken back") {
+    Fixture f;
+    LimitConfig a = limitConfig("a"), b = limitConfig("b");
+    std::vector<AppliedLimit> limits = {applied(a, "1:a:{x}"), applied(b, "2:b:{x}")};
+    Recorder r;
+    PendingDecision* pending = f.batcher->decide(limits, &r);
+    REQUIRE(pending);
+    f.iterate();
+    f.batcher->cancel(pending);
+    limits.clear();  // the requester's limits are gone with it
+    REQUIRE(f.store->calls.size() == 2);
+    Reply allowed = decideReply({9, 100, 0});
+    f.store->calls[0]->target->onValkeyReply(allowed);
+    Reply refused = decideReply({0, 100, 100});
+    f.store->calls[1]->target->onValkeyReply(refused);
+    CHECK(r.told == 0);
+    REQUIRE(f.store->calls.size() == 3);  // the take-back
+    f.store->calls[2]->target->onValkeyFailure(sluice::valkey::Failure::Disconnected);
+    CHECK(compensations(f.stats, "failed") == 1);
+  }
+
+  TEST_CASE("a take-back that cannot be sent is counted as failed") {
+    Fixture f;
+    LimitConfig a = limitConfig("a"), b = limitConfig("b");
+    const std::vector<AppliedLimit> limits = {applied(a, "1:a:{x}"), applied(b, "2:b:{x}")};
+    Recorder r;
+    REQUIRE(f.batcher->decide(limits, &r));
+    f.iterate();
+    Reply allowed = decideReply({9, 100, 0});
+    f.store->calls[0]->target->onValkeyReply(allowed);
+    f.store->refuse = true;  // the node is gone
+    Reply refused = decideReply({0, 100, 100});
+    f.store->calls[1]->target->onValkeyReply(refused);
+    CHECK(r.decision->verdict == Decision::Verdict::Deny);
+    CHECK(compensations(f.stats, "failed") == 1);
+    CHECK(compensations(f.stats, "done") == 0);
+  }
+}
