@@ -285,8 +285,9 @@ def cmd_report(args):
                        "Valkey CPU us/req", "us/decision", "/ 1 node", "decisions/req",
                        "FCALL/req", "Sluice calls/req", "compensations/req", "HMGET/req"]))
     print("  FCALL/req: commandstats over the nodes (decisions and compensations); Sluice "
-          "calls/req: sluice_valkey_calls_total; compensations/req: "
-          "sluice_valkey_compensations_total (\"-\": this Sluice has no such metric)")
+          "calls/req: sluice_valkey_calls_total (FCALL and the tenant lookups, HMGET); "
+          "compensations/req: sluice_valkey_compensations_total (\"-\": this Sluice has no such "
+          "metric); us/decision: Valkey CPU over sluice_ratelimit_decisions_total")
 
     rows = []
     for v, e in E.items():
@@ -324,11 +325,20 @@ def cmd_report(args):
     if not pairs:
         add("-", "a variant X@cluster beside X", None, 0, 0, "both measured")
     checks += mix.health_checks(E, args, meta)
+    for v, e in E.items():  # every request of the mix is allowed: nothing to take back
+        if e["cluster"]["compensations"] is not None:
+            checks.append({"variant": v, "kind": "health", "check": "compensations",
+                           "value": e["cluster"]["compensations"], "target": "0",
+                           "result": verdict(e["cluster"]["compensations"] == 0)})
     mix.print_checks(checks, "Targets of the cluster against one node")
     notes = mix.notes_of(E)
     if any(e["cluster"]["compensations"] is None for v, e in E.items() if v.endswith("@cluster")):
         notes.append("sluice_valkey_compensations_total is not on this Sluice's /metrics: "
                      "compensations shown as \"-\"")
+    for v, e in E.items():
+        if e["cluster"]["compensations"]:
+            notes.append(f"{v}: {e['cluster']['compensations']:.0f} compensating calls, although "
+                         f"every request of the mix is allowed")
     if "{" in args.key_prefix:
         notes.append(f"key_prefix \"{args.key_prefix}\" has a hash tag: every key of the cluster "
                      f"variants is in one slot, on one primary (no spread expected)")
