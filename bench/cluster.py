@@ -185,8 +185,12 @@ def cluster_entry(e):
     runs = e.get("rounds") or []
     n = e.get("requests") or 0
     decided = [sum(v for k, v in (d.get("decisions") or {}).items()) for d in runs]
+    # Per decision Valkey made: not those decided by on_error (error_allowed, error_denied),
+    # which cost Valkey nothing.
+    by_valkey = [sum(v for k, v in (d.get("decisions") or {}).items() if not k.startswith("error_"))
+                 for d in runs]
     per_decision = [d["valkey_cpu_us_per_req"] * d["requests"] / k
-                    for d, k in zip(runs, decided) if d.get("valkey_cpu_us_per_req") is not None and k]
+                    for d, k in zip(runs, by_valkey) if d.get("valkey_cpu_us_per_req") is not None and k]
     comps = [d.get("compensations") for d in runs]
     calls = [d.get("sluice_valkey_calls") for d in runs]
     out = {
@@ -245,7 +249,9 @@ def cmd_report(args):
           f"{meta.get('cpus')} CPU(s), load average {meta.get('load_average_start')} at the "
           f"start, {meta.get('load_average_end')} at the end")
     print(f"Cluster: {args.primaries} primaries, no replicas, slots per primary "
-          f"{seed.get('slots')}; key_prefix of the cluster variants \"{args.key_prefix}\"")
+          f"{seed.get('slots')}; key_prefix of the cluster variants \"{args.key_prefix}\"; "
+          + ("no run spans a minute boundary (BENCH_MINUTE_GUARD)" if meta.get("minute_guard")
+             else "runs may span a minute boundary (BENCH_MINUTE_GUARD=0)"))
     print(f"\n== Traffic mix, one Valkey node and a cluster: wrk -t{meta.get('threads')} "
           f"-c{meta.get('connections')} -d{meta.get('duration')} with bench/mix.lua "
           f"({args.addresses:,} client addresses via X-Forwarded-For, {args.keys:,} API keys, "
@@ -287,7 +293,8 @@ def cmd_report(args):
     print("  FCALL/req: commandstats over the nodes (decisions and compensations); Sluice "
           "calls/req: sluice_valkey_calls_total (FCALL and the tenant lookups, HMGET); "
           "compensations/req: sluice_valkey_compensations_total (\"-\": this Sluice has no such "
-          "metric); us/decision: Valkey CPU over sluice_ratelimit_decisions_total")
+          "metric); us/decision: Valkey CPU over the decisions Valkey made "
+          "(sluice_ratelimit_decisions_total but error_*)")
 
     rows = []
     for v, e in E.items():

@@ -58,6 +58,9 @@
 #                            MONITOR, to count the commands Sluice sends per request
 #   BENCH_IDLE_CYCLES=3      open/measure/close cycles of the idle-connection test
 #   BENCH_PIN=0              1: gateways on CPU 1, wrk + upstream + Valkey on CPU 0 (taskset)
+#   BENCH_MINUTE_GUARD=0     1 (default of --mode mix-cluster): no measured keep-alive run spans
+#                            a minute boundary, where the mix's one-minute keys all expire (the
+#                            run waits until 2 s past it)
 #   BENCH_STRICT=0           1: exit 1 when a target is missed
 #   BENCH_RESULTS_DIR=bench/results
 set -Eeuo pipefail
@@ -126,6 +129,7 @@ if [[ -z $REFERENCE ]]; then
   [[ $MODE == mix-cluster ]] && REFERENCE=${VARIANTS%% *}
 fi
 [[ $MODE == mix-cluster && -z ${BENCH_ROUNDS:-} ]] && ROUNDS=5
+MINUTE_GUARD=${BENCH_MINUTE_GUARD:-$([[ $MODE == mix-cluster ]] && echo 1 || echo 0)}
 case "$TLS_KEY" in ec|rsa) ;; *) echo "BENCH_TLS_KEY must be ec or rsa" >&2; exit 2 ;; esac
 case "$HANDSHAKE_TOOL" in wrk|s_time) ;; *) echo "BENCH_HANDSHAKE_TOOL must be wrk or s_time" >&2; exit 2 ;; esac
 [[ " $VARIANTS " == *" $REFERENCE "* ]] || { echo "the reference '$REFERENCE' must be one of the variants" >&2; exit 2; }
@@ -553,6 +557,24 @@ round_order() {
   fi
 }
 
+# BENCH_MINUTE_GUARD=1: waits, when a run of $1 started now would span a minute boundary (or
+# start less than 2 s after one), until 2 s past the next one. Windows are aligned to the
+# epoch: at every minute the mix's one-minute keys expire together and Valkey's active expiry
+# holds it for tens of milliseconds (failed-open decisions, CPU that is no decision's).
+minute_guard() {
+  [[ $MINUTE_GUARD == 1 ]] || return 0
+  local secs s
+  secs=$(seconds "$1")
+  ((secs <= 55)) || return 0
+  s=$(( $(date +%s) % 60 ))
+  if ((s < 2 || s + secs + 1 > 60)); then
+    local wait_s=$(( (62 - s) % 60 ))
+    ((wait_s > 0)) || return 0
+    log "waiting ${wait_s}s: past the minute boundary (BENCH_MINUTE_GUARD)"
+    sleep "$wait_s"
+  fi
+}
+
 # Measured keep-alive runs: $1 = file prefix (wrk: the throughput rounds, cap: capacity),
 # $2 = label, $3 = connections, then the variants; ROUNDS rounds (round_order).
 keepalive_rounds() {
@@ -562,6 +584,7 @@ keepalive_rounds() {
     for v in "${ROUND_ORDER[@]}"; do
       check_alive "$v" "$label round $r" || continue
       sleep 1
+      minute_guard "$DURATION"
       probe "$v" "$OUT/probe_${prefix}_${v}_${r}_before.json"
       run_wrk "$v" "$DURATION" "$RUN_DIR/${prefix}_${v}_$r.txt" "$conns"
       probe "$v" "$OUT/probe_${prefix}_${v}_${r}_after.json" after
@@ -820,7 +843,7 @@ print(json.dumps({
     "duration": "$DURATION", "connections": $CONNECTIONS, "threads": $THREADS,
     "capacity": {"connections": $CAPACITY_CONNECTIONS, "rounds": $CAP_ROUNDS,
                  "variants": "${CAP_VARIANTS[*]}".split()},
-    "warmup": "$WARMUP", "rounds": $ROUNDS, "idle_connections": $IDLE_CONNECTIONS,
+    "warmup": "$WARMUP", "rounds": $ROUNDS, "minute_guard": "$MINUTE_GUARD" == "1", "idle_connections": $IDLE_CONNECTIONS,
     "variants": "$VARIANTS".split(), "reference": "$REFERENCE",
     "pinned": "$PIN" == "1", "cpus": $(nproc),
     "load_average_start": "$LOAD_START", "load_average_end": "$(cut -d' ' -f1-3 /proc/loadavg)",
