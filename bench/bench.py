@@ -260,6 +260,10 @@ def sluice_metrics(admin_port, names=SLUICE_METRICS):
         return None
     out = {}
     for line in body.decode(errors="replace").splitlines():
+        if line.startswith("# TYPE sluice_valkey_compensations_total "):
+            # A family with no sample yet ({result="done"} appears with the first one): there
+            # as 0, to tell a Sluice that counts none from one that does not count them.
+            out.setdefault("sluice_valkey_compensations_total", 0.0)
         if not line or line.startswith("#"):
             continue
         key, _, value = line.rpartition(" ")
