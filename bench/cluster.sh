@@ -2,7 +2,7 @@
 # (GW_* are run.sh's associative arrays.)
 # bench/run.sh --mode mix-cluster: the production-like mix (bench/mix.sh) against one Valkey
 # node (sluice+mix) and against a Valkey Cluster of CLUSTER_PRIMARIES primaries
-# (sluice+mix@cluster), side by side (see "One node and a cluster" in bench/README.md).
+# (sluice+mix@cluster), side by side (see "One Valkey node and a cluster" in bench/README.md).
 # Sourced by run.sh after mix.sh; run.sh provides next_port, STARTED, HELPER, WORK, log, die,
 # sluice_variant and mix_limit_toml.
 #
@@ -12,6 +12,9 @@
 # split evenly), stopped by PID with everything else the run started.
 
 CLUSTER_PRIMARIES=${BENCH_CLUSTER_PRIMARIES:-3}
+if ! [[ $CLUSTER_PRIMARIES =~ ^[0-9]+$ ]] || ((CLUSTER_PRIMARIES < 3)); then
+  echo "BENCH_CLUSTER_PRIMARIES: at least 3 (what --cluster create accepts)" >&2; exit 2
+fi
 # key_prefix of sluice+mix@cluster. Without a hash tag (the default, "rl:v1") every key is
 # key_prefix:limit:{parts}, its own parts being its hash tag: clients spread over every slot.
 # A Sluice that still demands a tag in cluster mode refuses it: "{rl}:v1" runs there (every
@@ -22,7 +25,8 @@ CLUSTER_VARIANTS="sluice+mix sluice+mix@cluster"  # the default variants of the 
 
 # Targets of sluice+mix@cluster against sluice+mix (information unless BENCH_STRICT=1).
 CLUSTER_CPU_PER_DECISION_RATIO_MAX=1.25  # Valkey CPU per decision, cluster (sum) / one node
-CLUSTER_SHARE_TARGET=0.3333              # each primary's share of the keys and of the CPU
+CLUSTER_SHARE_TARGET=$(awk -v n="$CLUSTER_PRIMARIES" 'BEGIN { printf "%.4f", 1 / n }')
+                                         # each primary's share of the keys and of the CPU
 CLUSTER_SHARE_TOLERANCE=0.08             # +- (absolute)
 
 CLUSTER_PORTS=() CLUSTER_PIDS=() CLUSTER_NODES=""  # CLUSTER_NODES: "port:pid,port:pid,..."

@@ -795,7 +795,7 @@ for v in $VARIANTS; do
 done
 
 # Logs and configs of this run, for inspection.
-for v in $VARIANTS upstream valkey cluster cluster/node{1..9}; do
+for v in $VARIANTS upstream valkey cluster $(cd "$WORK" && ls -d cluster/node* 2>/dev/null); do
   for f in "$WORK/$v"/*.log "$WORK/$v"/*.conf "$WORK/$v"/*.toml "$WORK/$v"/*.txt; do
     if [[ -f $f ]]; then cp "$f" "$RUN_DIR/${v//\//_}_$(basename "$f")"; fi
   done
