@@ -72,12 +72,13 @@ ensure_valkey_cluster() {
   log "valkey cluster ($(basename "$bin"), $CLUSTER_PRIMARIES primaries, no replicas, created with $(basename "$CLUSTER_CLI")): ${addrs[*]}  pids ${CLUSTER_PIDS[*]}"
 }
 
-# sluice+mix@cluster (and sluice+mix:ALGO@cluster): the limits of sluice+mix[:ALGO], with
-# [valkey] nodes = the cluster and key_prefix = CLUSTER_KEY_PREFIX. Called by variant_sluice_mix.
-cluster_variant_valkey_toml() {  # (after ensure_valkey_cluster: it may run in a subshell)
+# [valkey] of sluice+mix@cluster (and sluice+mix:ALGO@cluster): nodes = the cluster,
+# key_prefix = $1 (CLUSTER_KEY_PREFIX, and -ALGO for one algorithm alone). Called by
+# variant_sluice_mix, after ensure_valkey_cluster (this may run in a subshell).
+cluster_variant_valkey_toml() {
   local seeds
   seeds=$(printf '"127.0.0.1:%s", ' "${CLUSTER_PORTS[@]}")
-  printf '[valkey]\nnodes = [%s]\nkey_prefix = "%s"\n\n' "${seeds%, }" "$CLUSTER_KEY_PREFIX"
+  printf '[valkey]\nnodes = [%s]\nkey_prefix = "%s"\n\n' "${seeds%, }" "$1"
 }
 
 # After the gateways started: the tenants in the cluster (each hash on the primary of its

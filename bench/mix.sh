@@ -56,14 +56,15 @@ variant_sluice_mix() {
   [[ -z $algo ]] && route='limits = ["per_ip", "per_key"]'
   if ((cluster)); then
     ensure_valkey_cluster
-    GW_CLUSTER[$name]=1 GW_KEY_PREFIX[$name]=$CLUSTER_KEY_PREFIX
+    # (sluice+mix:ALGO@cluster: a prefix of its own, beside sluice+mix@cluster's)
+    GW_CLUSTER[$name]=1 GW_KEY_PREFIX[$name]=$CLUSTER_KEY_PREFIX${algo:+-$algo}
   else
     ensure_valkey
     GW_KEY_PREFIX[$name]=rl:${name//[^A-Za-z0-9_]/-}
   fi
   sluice_variant "$name" "$route" < <(
     if ((cluster)); then
-      cluster_variant_valkey_toml
+      cluster_variant_valkey_toml "${GW_KEY_PREFIX[$name]}"
     else
       printf '[valkey]\naddress = "127.0.0.1:%s"\nkey_prefix = "%s"\n\n' \
         "$VALKEY_PORT" "${GW_KEY_PREFIX[$name]}"
