@@ -246,6 +246,7 @@ def cmd_valkey_monitor(args):
 
 SLUICE_METRICS = ("sluice_ratelimit_decisions_total", "sluice_valkey_errors_total",
                   "sluice_valkey_calls_total", "sluice_valkey_reconnects_total",
+                  "sluice_valkey_compensations_total",
                   "sluice_connections_open", "sluice_connections_total", "sluice_requests_total")
 
 
@@ -259,6 +260,10 @@ def sluice_metrics(admin_port, names=SLUICE_METRICS):
         return None
     out = {}
     for line in body.decode(errors="replace").splitlines():
+        if line.startswith("# TYPE sluice_valkey_compensations_total "):
+            # A family with no sample yet ({result="done"} appears with the first one): there
+            # as 0, to tell a Sluice that counts none from one that does not count them.
+            out.setdefault("sluice_valkey_compensations_total", 0.0)
         if not line or line.startswith("#"):
             continue
         key, _, value = line.rpartition(" ")
@@ -317,8 +322,10 @@ def cmd_wrk_parse(args):
             data["upstream_requests"] = after["upstream_requests"] - before["upstream_requests"] - 1
         if before.get("valkey_commandstats") is not None and after.get("valkey_commandstats") is not None:
             stats = delta_dict(before["valkey_commandstats"], after["valkey_commandstats"])
-            # The "before" probe's own INFO is counted by the "after" one: leave INFO out.
-            stats.pop("info", None)
+            # The "before" probe's own INFO (and DBSIZE, with --valkey-nodes) is counted by the
+            # "after" one: leave them out.
+            for own in PROBE_COMMANDS:
+                stats.pop(own, None)
             data["valkey_calls"] = stats
             data["valkey_fcall_per_req"] = stats.get("fcall", 0) / n
             data["valkey_calls_per_req"] = sum(stats.values()) / n
@@ -336,6 +343,23 @@ def cmd_wrk_parse(args):
                     data["decisions"][m.group(1)] = data["decisions"].get(m.group(1), 0) + v
             data["valkey_errors"] = {re.sub(r'.*kind="([^"]+)".*', r"\1", k): v for k, v in d.items()
                                      if k.startswith("sluice_valkey_errors_total")}
+        if before.get("valkey_nodes") and after.get("valkey_nodes"):
+            data["valkey_nodes"] = node_deltas(before["valkey_nodes"], after["valkey_nodes"], n)
+        if before.get("sluice") is not None and after.get("sluice") is not None:
+            # Calls Sluice sent (every node), and the compensating calls once Sluice counts them
+            # (None while /metrics has no sluice_valkey_compensations_total).
+            data["sluice_valkey_calls"] = (metric_sum(after["sluice"], "sluice_valkey_calls_total")
+                                           - metric_sum(before["sluice"], "sluice_valkey_calls_total"))
+            comp = "sluice_valkey_compensations_total"
+            if any(k == comp or k.startswith(comp + "{") for k in after["sluice"]):
+                data["compensations"] = metric_sum(after["sluice"], comp) - metric_sum(before["sluice"], comp)
+                data["compensations_by_label"] = {
+                    k[len(comp):] or "{}": v for k, v in
+                    (delta_dict({k: v for k, v in before["sluice"].items() if k.startswith(comp)},
+                                {k: v for k, v in after["sluice"].items() if k.startswith(comp)})
+                     or {}).items()}
+            else:
+                data["compensations"] = None
         if before.get("resumed_lines") is not None and after.get("resumed_lines") is not None:
             data["resumed_handshakes"] = after["resumed_lines"] - before["resumed_lines"]
     with open(args.out, "w") as f:
@@ -391,6 +415,75 @@ def stub_status(port):
         return None, None
 
 
+PROBE_COMMANDS = ("info", "dbsize", "scan")  # what the probes themselves send to Valkey
+
+
+def node_deltas(before, after, n):
+    """Per Valkey node (--valkey-nodes probes): CPU per request, commands (commandstats) per
+    request, and the keys counted after the run."""
+    out = []
+    for b, a in zip(before, after):
+        node = {"port": a["port"], "keys": a.get("keys"), "dbsize": a.get("dbsize")}
+        if b.get("cpu_s") is not None and a.get("cpu_s") is not None:
+            node["cpu_s"] = a["cpu_s"] - b["cpu_s"]
+            node["cpu_us_per_req"] = node["cpu_s"] * 1e6 / n
+        if b.get("commandstats") is not None and a.get("commandstats") is not None:
+            stats = delta_dict(b["commandstats"], a["commandstats"])
+            for own in PROBE_COMMANDS:
+                stats.pop(own, None)
+            node["calls"] = stats
+            node["fcall_per_req"] = stats.get("fcall", 0) / n
+        out.append(node)
+    return out
+
+
+def glob_escape(text):
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
+
+
+def valkey_count_keys(port, prefix):
+    """Keys named prefix:* on one node (SCAN), or None if it does not answer."""
+    pattern, cursor, count = glob_escape(prefix) + ":*", "0", 0
+    try:
+        with socket.create_connection((HOST, port), timeout=10) as s, s.makefile("rb") as f:
+            while True:
+                argv = ["SCAN", cursor, "MATCH", pattern, "COUNT", "10000"]
+                s.sendall(f"*{len(argv)}\r\n".encode()
+                          + b"".join(f"${len(a.encode())}\r\n{a}\r\n".encode() for a in argv))
+                line = f.readline()          # *2
+                if not line.startswith(b"*2"):
+                    return None
+                n = int(f.readline()[1:])    # $len of the cursor
+                cursor = f.read(n + 2)[:-2].decode()
+                k = int(f.readline()[1:])    # *count of the keys
+                for _ in range(k):
+                    f.read(int(f.readline()[1:]) + 2)
+                count += k
+                if cursor == "0":
+                    return count
+    except (OSError, ValueError):
+        return None
+
+
+def probe_nodes(spec, count_keys):
+    """--valkey-nodes port:pid,...: CPU time first (all nodes), then INFO commandstats and
+    DBSIZE; with --count-keys (the probe after a run) the keys prefix:* per node, last."""
+    nodes = []
+    for item in spec.split(","):
+        port, _, pid = item.partition(":")
+        nodes.append({"port": int(port), "pid": int(pid), "cpu_s": cpu_seconds(int(pid))})
+    for node in nodes:
+        node["commandstats"] = valkey_commandstats(node["port"])
+        try:
+            node["dbsize"] = valkey_command(node["port"], "DBSIZE")
+        except (OSError, RuntimeError):
+            node["dbsize"] = None
+    if count_keys:
+        for node in nodes:
+            node["keys"] = valkey_count_keys(node["port"], count_keys)
+    return nodes
+
+
 def cmd_probe(args):
     accepts, requests = stub_status(args.status_port)
     data = {"time": time.monotonic(), "gateway_cpu_s": cpu_seconds(args.pid),
@@ -402,6 +495,15 @@ def cmd_probe(args):
         data["valkey_cpu_s"] = cpu_seconds(args.valkey_pid)
     if args.admin_port:
         data["sluice"] = sluice_metrics(args.admin_port)
+    if args.valkey_nodes:
+        nodes = probe_nodes(args.valkey_nodes, args.count_keys)
+        data["valkey_nodes"] = nodes
+        if not args.valkey_port:  # a cluster: commands and CPU summed over the nodes
+            stats = [n["commandstats"] for n in nodes]
+            data["valkey_commandstats"] = None if None in stats else {
+                k: sum(st.get(k, 0) for st in stats) for k in set().union(*stats)}
+        if not args.valkey_pid:
+            data["valkey_cpu_s"] = sum(n["cpu_s"] for n in nodes)
     if args.count_lines:
         data["resumed_lines"] = count_lines(args.count_lines)
     with open(args.out, "w") as f:
@@ -1735,6 +1837,10 @@ def main():
     s.add_argument("--valkey-pid", type=int, default=0, help="CPU time of the Valkey server")
     s.add_argument("--admin-port", type=int, default=0, help="Sluice /metrics")
     s.add_argument("--count-lines", default="", help="a log of resumed TLS sessions")
+    s.add_argument("--valkey-nodes", default="",
+                   help="port:pid,...: per Valkey node CPU time, commandstats, DBSIZE (without "
+                        "--valkey-port/--valkey-pid: their sums are the Valkey figures)")
+    s.add_argument("--count-keys", default="", help="with --valkey-nodes: count PREFIX:* (SCAN)")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_probe)
 

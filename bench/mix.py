@@ -207,6 +207,18 @@ def checks_of(E, args, meta):
             args.valkey_cpu_us_max, f"<= {args.valkey_cpu_us_max}", "target")
         add("sluice+mix", "Sluice CPU us/req - plain sluice's (mix)", d["own_cpu_us_per_req"],
             -inf, args.own_cpu_us_max, f"<= {args.own_cpu_us_max}", "target")
+    return checks + health_checks(E, args, meta)
+
+
+def health_checks(E, args, meta):
+    """Every variant: measured, no errors, every decision allowed, decisions = requests (up to
+    one in flight per connection and round)."""
+    checks = []
+
+    def add(v, name, value, lo, hi, target):
+        ok = None if value is None else lo <= value <= hi
+        checks.append({"variant": v, "kind": "health", "check": name, "value": value,
+                       "target": target, "result": verdict(ok)})
     slack = meta.get("connections", 0) * args.rounds
     for v, e in E.items():
         if not e.get("rounds"):
@@ -223,9 +235,9 @@ def checks_of(E, args, meta):
     return checks
 
 
-def print_checks(checks):
+def print_checks(checks, title="Targets of sluice+mix"):
     targets = [c for c in checks if c["kind"] == "target"]
-    print("\n== Targets of sluice+mix (information; BENCH_STRICT=1 makes a miss fail the run) ==")
+    print(f"\n== {title} (information; BENCH_STRICT=1 makes a miss fail the run) ==")
     print(table([[c["check"], "-" if c["value"] is None else f"{c['value']:.3f}", c["target"],
                   c["result"]] for c in targets], ["check", "value", "target", "result"]))
     rows, by_variant = [], {}

@@ -44,16 +44,31 @@ mix_limit_toml() {  # $1 = limit name, $2 = algorithm
 
 # sluice+mix: per_ip (sliding_window by ip) and per_key (token_bucket by api_key, raised 10x
 # by the plan "pro" of the tenants in Valkey). sluice+mix:ALGO: per_ip alone with ALGO.
+# NAME@cluster (--mode mix-cluster, bench/cluster.sh): the same against the Valkey Cluster.
 variant_sluice_mix() {
-  local name=$1 algo=${1#*:} route='limits = ["per_ip"]'
-  [[ $name == *:* ]] || algo=""
+  local name=$1 base=${1%@cluster} algo route='limits = ["per_ip"]' cluster=0
+  algo=${base#*:}
+  [[ $base == *:* ]] || algo=""
+  [[ $name == *@cluster ]] && cluster=1
+  [[ $name == *@* && $cluster == 0 ]] && die "variant $name: only @cluster is known"
   case "$algo" in ""|fixed_window|sliding_window|token_bucket|sliding_log) ;;
     *) die "variant $name: unknown algorithm '$algo'" ;; esac
-  ensure_valkey
   [[ -z $algo ]] && route='limits = ["per_ip", "per_key"]'
+  if ((cluster)); then
+    ensure_valkey_cluster
+    # (sluice+mix:ALGO@cluster: a prefix of its own, beside sluice+mix@cluster's)
+    GW_CLUSTER[$name]=1 GW_KEY_PREFIX[$name]=$CLUSTER_KEY_PREFIX${algo:+-$algo}
+  else
+    ensure_valkey
+    GW_KEY_PREFIX[$name]=rl:${name//[^A-Za-z0-9_]/-}
+  fi
   sluice_variant "$name" "$route" < <(
-    printf '[valkey]\naddress = "127.0.0.1:%s"\nkey_prefix = "rl:%s"\n\n' \
-      "$VALKEY_PORT" "${name//[^A-Za-z0-9_]/-}"
+    if ((cluster)); then
+      cluster_variant_valkey_toml "${GW_KEY_PREFIX[$name]}"
+    else
+      printf '[valkey]\naddress = "127.0.0.1:%s"\nkey_prefix = "%s"\n\n' \
+        "$VALKEY_PORT" "${GW_KEY_PREFIX[$name]}"
+    fi
     if [[ -z $algo ]]; then
       mix_limit_toml per_ip sliding_window
       mix_limit_toml per_key token_bucket
@@ -74,6 +89,7 @@ mix_prepare() {
   for v in $VARIANTS; do
     [[ " $MIX_ONE_KEY " == *" $v "* ]] || GW_SCRIPT[$v]=$BENCH_DIR/mix.lua
   done
+  [[ $MODE != mix-cluster ]] || cluster_prepare
   if [[ " $VARIANTS " == *" sluice+mix "* ]]; then
     "$PY" "$BENCH_DIR/mix.py" check --port "${GW_PORT[sluice+mix]}" --valkey-port "$VALKEY_PORT" \
       --key-prefix "rl:sluice-mix" --tenant-keys "$MIX_TENANT_KEYS" --keys "$MIX_KEYS" \

@@ -8,6 +8,8 @@
 #                                     # --mode handshake: only new TLS connections)
 #   bench/run.sh --mode mix           # the traffic mix (bench/mix.lua): many addresses, API keys
 #                                     # and tenants, every algorithm; see bench/mix.sh
+#   bench/run.sh --mode mix-cluster   # the mix against one Valkey node and a three-primary
+#                                     # Valkey Cluster, side by side; see bench/cluster.sh
 #   bench/run.sh --variants "nginx sluice sluice+limit"
 #   BENCH_DURATION=30s BENCH_CONNECTIONS=100 bench/run.sh
 #
@@ -21,22 +23,31 @@
 #   BENCH_THREADS=1          wrk threads
 #   BENCH_WARMUP=3s          wrk warm-up per gateway before the measured runs (0 = none)
 #   BENCH_ROUNDS=3           measured runs per gateway, alternating order; the median is reported
+#                            (--mode mix-cluster: 5)
 #   BENCH_IDLE_CONNECTIONS=5000  idle keep-alive connections for the memory test
-#   BENCH_MODE=all           all | throughput | idle | handshake | mix
+#   BENCH_MODE=all           all | throughput | idle | handshake | mix | mix-cluster
 #   BENCH_VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
 #                            gateways to compare (columns); see "Variants" in README.md
 #                            (--mode mix: "nginx sluice sluice+mix sluice+mix:fixed_window
 #                            sluice+mix:sliding_window sluice+mix:token_bucket
-#                            sluice+mix:sliding_log sluice+limit")
+#                            sluice+mix:sliding_log sluice+limit"; --mode mix-cluster:
+#                            "sluice+mix sluice+mix@cluster", and any sluice+mix:ALGO@cluster)
 #   BENCH_MIX_ADDRESSES=100000 BENCH_MIX_KEYS=5000 BENCH_MIX_TENANT_KEYS=1000
 #   BENCH_MIX_TENANTS=100 BENCH_MIX_SEED=1  the mix: client addresses, API keys, keys of
 #                            tenants in Valkey, tenants, random seed (see bench/mix.sh)
 #   BENCH_MIX_ONE_KEY=sluice+limit  variants of --mode mix driven by wrk's one static request
 #   BENCH_VALKEY_SERVER      the server for the variants with limits (default: valkey-server
 #                            on the PATH, else redis-server)
+#   BENCH_VALKEY_CLI         --mode mix-cluster: the client that creates the cluster (default:
+#                            valkey-cli or redis-cli beside the server, else on the PATH)
+#   BENCH_CLUSTER_PRIMARIES=3  --mode mix-cluster: primaries of the cluster (no replicas)
+#   BENCH_CLUSTER_KEY_PREFIX=rl:v1  --mode mix-cluster: key_prefix of the @cluster variants
+#                            (without a hash tag keys spread over the slots; "{rl}:v1" for a
+#                            Sluice that demands a tag in cluster mode: all in one slot)
 #   BENCH_IDLE_VARIANTS=     variants of the idle-connection memory test (default: all of them)
 #   BENCH_REFERENCE=nginx    the variant plain Sluice is compared with (sluice+limit is compared
-#                            with sluice, sluice-tls with nginx-tls)
+#                            with sluice, sluice-tls with nginx-tls; --mode mix-cluster:
+#                            sluice+mix, unused)
 #   BENCH_HANDSHAKE_DURATION=$BENCH_DURATION   one measured run of new TLS connections
 #   BENCH_HANDSHAKE_CONNECTIONS=$BENCH_CONNECTIONS  concurrent connections of that run
 #   BENCH_HANDSHAKE_TOOL=wrk wrk (-H "Connection: close", session reuse disabled) | s_time
@@ -47,6 +58,9 @@
 #                            MONITOR, to count the commands Sluice sends per request
 #   BENCH_IDLE_CYCLES=3      open/measure/close cycles of the idle-connection test
 #   BENCH_PIN=0              1: gateways on CPU 1, wrk + upstream + Valkey on CPU 0 (taskset)
+#   BENCH_MINUTE_GUARD=0     1 (default of --mode mix-cluster): no measured keep-alive run spans
+#                            a minute boundary, where the mix's one-minute keys all expire (the
+#                            run waits until 2 s past it)
 #   BENCH_STRICT=0           1: exit 1 when a target is missed
 #   BENCH_RESULTS_DIR=bench/results
 set -Eeuo pipefail
@@ -66,7 +80,7 @@ IDLE_CONNECTIONS=${BENCH_IDLE_CONNECTIONS:-5000}
 MODE=${BENCH_MODE:-all}
 VARIANTS=${BENCH_VARIANTS:-}
 IDLE_VARIANTS=${BENCH_IDLE_VARIANTS:-}
-REFERENCE=${BENCH_REFERENCE:-nginx}
+REFERENCE=${BENCH_REFERENCE:-}
 HANDSHAKE_DURATION=${BENCH_HANDSHAKE_DURATION:-}
 HANDSHAKE_CONNECTIONS=${BENCH_HANDSHAKE_CONNECTIONS:-}
 HANDSHAKE_TOOL=${BENCH_HANDSHAKE_TOOL:-wrk}
@@ -97,14 +111,25 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$MODE" in all|throughput|idle|handshake|mix) ;;
-  *) echo "BENCH_MODE must be all, throughput, idle, handshake or mix" >&2; exit 2 ;; esac
+case "$MODE" in all|throughput|idle|handshake|mix|mix-cluster) ;;
+  *) echo "BENCH_MODE must be all, throughput, idle, handshake, mix or mix-cluster" >&2; exit 2 ;; esac
+MIX_MODE=0  # the modes of the traffic mix: mix, mix-cluster
+[[ $MODE == mix || $MODE == mix-cluster ]] && MIX_MODE=1
 # shellcheck source=bench/mix.sh
 . "$BENCH_DIR/mix.sh"
+# shellcheck source=bench/cluster.sh
+. "$BENCH_DIR/cluster.sh"
 if [[ -z $VARIANTS ]]; then
   VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
   [[ $MODE == mix ]] && VARIANTS=$MIX_VARIANTS
+  [[ $MODE == mix-cluster ]] && VARIANTS=$CLUSTER_VARIANTS
 fi
+if [[ -z $REFERENCE ]]; then
+  REFERENCE=nginx
+  [[ $MODE == mix-cluster ]] && REFERENCE=${VARIANTS%% *}
+fi
+[[ $MODE == mix-cluster && -z ${BENCH_ROUNDS:-} ]] && ROUNDS=5
+MINUTE_GUARD=${BENCH_MINUTE_GUARD:-$([[ $MODE == mix-cluster ]] && echo 1 || echo 0)}
 case "$TLS_KEY" in ec|rsa) ;; *) echo "BENCH_TLS_KEY must be ec or rsa" >&2; exit 2 ;; esac
 case "$HANDSHAKE_TOOL" in wrk|s_time) ;; *) echo "BENCH_HANDSHAKE_TOOL must be wrk or s_time" >&2; exit 2 ;; esac
 [[ " $VARIANTS " == *" $REFERENCE "* ]] || { echo "the reference '$REFERENCE' must be one of the variants" >&2; exit 2; }
@@ -177,6 +202,7 @@ chmod 755 "$WORK"
 declare -A GW_PID GW_PORT GW_ADMIN GW_LOG GW_KIND GW_EXIT GW_STOP_S GW_CRASH
 declare -A GW_TLS GW_VALKEY GW_RESUMED_LOG   # 1 = HTTPS listener; 1 = uses Valkey; nginx log
 declare -A GW_SCRIPT                         # wrk script (default: wrk_report.lua)
+declare -A GW_CLUSTER GW_KEY_PREFIX          # 1 = uses the Valkey Cluster; its key_prefix
 
 cleanup() {
   local rc=$?
@@ -386,7 +412,7 @@ name = "origin"
 endpoints = ["127.0.0.1:$UPSTREAM_PORT"]
 
 EOF
-  [[ $MODE == mix ]] && printf '%s\n' "$MIX_IDENTITY_TOML"
+  [[ $MIX_MODE == 1 ]] && printf '%s\n' "$MIX_IDENTITY_TOML"
   cat
   cat <<EOF
 
@@ -444,8 +470,11 @@ sluice_variant() {  # $1 = name, $2 = extra route lines; TOML on stdin (see slui
   next_port; local port=$PORT_OUT
   next_port; local admin=$PORT_OUT
   sluice_config "$port" "$admin" "$2" >"$d/sluice.toml"
+  local hint=""
+  [[ ${GW_CLUSTER[$name]:-0} != 1 ]] ||
+    hint=$'\n''(BENCH_CLUSTER_KEY_PREFIX="{rl}:v1" runs on a Sluice that demands a hash tag in cluster mode)'
   "$SLUICE_BIN" --check-config -c "$d/sluice.toml" >"$d/check.log" 2>&1 \
-    || die "Sluice refused its configuration: $(cat "$d/check.log")"
+    || die "Sluice refused its configuration: $(cat "$d/check.log")$hint"
   start_sluice "$name" "$d/sluice.toml"
   GW_PID[$name]=$PID_OUT GW_PORT[$name]=$port GW_ADMIN[$name]=$admin GW_KIND[$name]=sluice
   GW_LOG[$name]=$d/stderr.log
@@ -453,6 +482,7 @@ sluice_variant() {  # $1 = name, $2 = extra route lines; TOML on stdin (see slui
 
 start_variant() {
   local name=$1 fn=variant_${1%%:*} tls=()  # (sluice+mix:ALGO -> variant_sluice_mix)
+  fn=${fn%%@*}  # (sluice+mix@cluster -> variant_sluice_mix)
   fn=${fn//[-+]/_}
   declare -F "$fn" >/dev/null || die "unknown variant '$name' (no function $fn in run.sh)"
   "$fn" "$name"
@@ -484,7 +514,7 @@ OUT=$WORK/out
 mkdir -p "$OUT"
 RUN_DIR=$RESULTS_DIR/last-run
 STAMP=$(date +%Y%m%d-%H%M%S)
-[[ $MODE == mix ]] && RUN_DIR=$RESULTS_DIR/mix-$STAMP  # and mix-$STAMP.{txt,json} beside it
+[[ $MIX_MODE == 1 ]] && RUN_DIR=$RESULTS_DIR/$MODE-$STAMP  # and $MODE-$STAMP.{txt,json} beside it
 mkdir -p "$RESULTS_DIR"
 rm -rf "$RUN_DIR"
 mkdir -p "$RUN_DIR"
@@ -497,7 +527,7 @@ fi
 
 start_upstream
 for v in $VARIANTS; do start_variant "$v"; done
-[[ $MODE != mix ]] || mix_prepare
+[[ $MIX_MODE != 1 ]] || mix_prepare
 
 url_of() {  # $1 = variant
   if [[ ${GW_TLS[$1]:-0} == 1 ]]; then echo "https://127.0.0.1:${GW_PORT[$1]}/"
@@ -527,6 +557,24 @@ round_order() {
   fi
 }
 
+# BENCH_MINUTE_GUARD=1: waits, when a run of $1 started now would span a minute boundary (or
+# start less than 2 s after one), until 2 s past the next one. Windows are aligned to the
+# epoch: at every minute the mix's one-minute keys expire together and Valkey's active expiry
+# holds it for tens of milliseconds (failed-open decisions, CPU that is no decision's).
+minute_guard() {
+  [[ $MINUTE_GUARD == 1 ]] || return 0
+  local secs s
+  secs=$(seconds "$1")
+  ((secs <= 55)) || return 0
+  s=$(( $(date +%s) % 60 ))
+  if ((s < 2 || s + secs + 1 > 60)); then
+    local wait_s=$(( (62 - s) % 60 ))
+    ((wait_s > 0)) || return 0
+    log "waiting ${wait_s}s: past the minute boundary (BENCH_MINUTE_GUARD)"
+    sleep "$wait_s"
+  fi
+}
+
 # Measured keep-alive runs: $1 = file prefix (wrk: the throughput rounds, cap: capacity),
 # $2 = label, $3 = connections, then the variants; ROUNDS rounds (round_order).
 keepalive_rounds() {
@@ -536,9 +584,10 @@ keepalive_rounds() {
     for v in "${ROUND_ORDER[@]}"; do
       check_alive "$v" "$label round $r" || continue
       sleep 1
+      minute_guard "$DURATION"
       probe "$v" "$OUT/probe_${prefix}_${v}_${r}_before.json"
       run_wrk "$v" "$DURATION" "$RUN_DIR/${prefix}_${v}_$r.txt" "$conns"
-      probe "$v" "$OUT/probe_${prefix}_${v}_${r}_after.json"
+      probe "$v" "$OUT/probe_${prefix}_${v}_${r}_after.json" after
       "${HELPER[@]}" wrk-parse --in "$RUN_DIR/${prefix}_${v}_$r.txt" \
         --out "$OUT/${prefix}_${v}_$r.json" --before "$OUT/probe_${prefix}_${v}_${r}_before.json" \
         --after "$OUT/probe_${prefix}_${v}_${r}_after.json" --label "$label $r/$ROUNDS $v" \
@@ -551,11 +600,19 @@ keepalive_rounds() {
 
 # $1 = variant, $2 = output: CPU time of the gateway and the upstream, upstream counters; for
 # a variant with limits also Valkey's INFO commandstats and CPU time and Sluice's decision
-# counters; for nginx-tls the number of resumed TLS sessions so far.
+# counters; for nginx-tls the number of resumed TLS sessions so far. --mode mix-cluster: the
+# same per Valkey node (summed over the cluster's), and with $3 = after (the probe after a
+# run) the variant's keys on each node.
 probe() {
   local extra=()
-  if [[ ${GW_VALKEY[$1]:-0} == 1 ]]; then
+  if [[ ${GW_CLUSTER[$1]:-0} == 1 ]]; then
+    extra+=(--valkey-nodes "$CLUSTER_NODES" --admin-port "${GW_ADMIN[$1]}")
+  elif [[ ${GW_VALKEY[$1]:-0} == 1 ]]; then
     extra+=(--valkey-port "$VALKEY_PORT" --valkey-pid "$VALKEY_PID" --admin-port "${GW_ADMIN[$1]}")
+    [[ $MODE != mix-cluster ]] || extra+=(--valkey-nodes "$VALKEY_PORT:$VALKEY_PID")
+  fi
+  if [[ ${3:-} == after && -n ${GW_KEY_PREFIX[$1]:-} && $MODE == mix-cluster ]]; then
+    extra+=(--count-keys "${GW_KEY_PREFIX[$1]}")
   fi
   [[ -n ${GW_RESUMED_LOG[$1]:-} ]] && extra+=(--count-lines "${GW_RESUMED_LOG[$1]}")
   "${HELPER[@]}" probe --pid "${GW_PID[$1]}" --upstream-pid "$UPSTREAM_PID" \
@@ -617,7 +674,7 @@ EOF
 fi
 
 # 4. Throughput and latency (--mode mix: the same rounds, with the mix on most variants).
-if [[ $MODE == all || $MODE == throughput || $MODE == mix ]]; then
+if [[ $MODE == all || $MODE == throughput || $MIX_MODE == 1 ]]; then
   if [[ $(seconds "$WARMUP") != 0 ]]; then
     for v in $VARIANTS; do
       check_alive "$v" "warm-up" || continue
@@ -738,9 +795,9 @@ for v in $VARIANTS; do
 done
 
 # Logs and configs of this run, for inspection.
-for v in $VARIANTS upstream valkey; do
+for v in $VARIANTS upstream valkey cluster $(cd "$WORK" && ls -d cluster/node* 2>/dev/null); do
   for f in "$WORK/$v"/*.log "$WORK/$v"/*.conf "$WORK/$v"/*.toml "$WORK/$v"/*.txt; do
-    if [[ -f $f ]]; then cp "$f" "$RUN_DIR/${v}_$(basename "$f")"; fi
+    if [[ -f $f ]]; then cp "$f" "$RUN_DIR/${v//\//_}_$(basename "$f")"; fi
   done
 done
 for v in $VARIANTS; do
@@ -786,7 +843,7 @@ print(json.dumps({
     "duration": "$DURATION", "connections": $CONNECTIONS, "threads": $THREADS,
     "capacity": {"connections": $CAPACITY_CONNECTIONS, "rounds": $CAP_ROUNDS,
                  "variants": "${CAP_VARIANTS[*]}".split()},
-    "warmup": "$WARMUP", "rounds": $ROUNDS, "idle_connections": $IDLE_CONNECTIONS,
+    "warmup": "$WARMUP", "rounds": $ROUNDS, "minute_guard": "$MINUTE_GUARD" == "1", "idle_connections": $IDLE_CONNECTIONS,
     "variants": "$VARIANTS".split(), "reference": "$REFERENCE",
     "pinned": "$PIN" == "1", "cpus": $(nproc),
     "load_average_start": "$LOAD_START", "load_average_end": "$(cut -d' ' -f1-3 /proc/loadavg)",
@@ -814,6 +871,10 @@ if [[ $MODE == mix ]]; then
   SUMMARY=$RESULTS_DIR/mix-$STAMP.json
   mix_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/mix-$STAMP.txt"
   echo "Report: $RESULTS_DIR/mix-$STAMP.txt"
+elif [[ $MODE == mix-cluster ]]; then
+  SUMMARY=$RESULTS_DIR/mix-cluster-$STAMP.json
+  cluster_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/mix-cluster-$STAMP.txt"
+  echo "Report: $RESULTS_DIR/mix-cluster-$STAMP.txt"
 else
   "${HELPER[@]}" report --dir "$OUT" --variants "$VARIANTS" --reference "$REFERENCE" \
     --rounds "$([[ $MODE == all || $MODE == throughput ]] && echo "$ROUNDS" || echo 0)" \
