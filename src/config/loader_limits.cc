@@ -1,0 +1,228 @@
+#include <algorithm>
+#include <utility>
+
+#include "config/loader_sections.h"
+
+namespace sluice::config::loader_internal {
+
+// [[limit]] (with its key parts), [[plan]] and [[tenant]].
+
+void Loader::loadLimit(TableReader& r) {
+  LimitConfig& l = config_.limits.emplace_back();
+  readName(r, "limit", limits_, config_.limits.size() - 1, &l.name);
+  if (auto v = r.enumeration<Algorithm>("algorithm", {{"fixed_window", Algorithm::FixedWindow},
+                                                      {"sliding_log", Algorithm::SlidingLog},
+                                                      {"sliding_window", Algorithm::SlidingWindow},
+                                                      {"token_bucket", Algorithm::TokenBucket}})) {
+    l.algorithm = *v;
+  }
+  if (auto items = r.strings("by")) {
+    if (r.node("by")->as_array()->empty()) {
+      r.error("by", "must name at least one key part, such as [\"ip\"]");
+    }
+    for (const StringItem& item : *items) readKeyPart(item, l);
+  } else if (!r.has("by")) {
+    r.missing("by");
+  }
+  const auto limit = r.integer("limit", 1, kMaxCount);
+  if (limit) l.limit = *limit;
+  if (!r.has("limit")) r.missing("limit");
+  if (auto v = r.duration("window", false)) l.window = *v;
+  if (!r.has("window")) r.missing("window");
+  const auto burst = r.integer("burst", 1, kMaxCount);
+  l.burst = burst.value_or(l.limit);
+  // Written, even if wrong: a plan then leaves the capacity to this burst, and loadPlan()
+  // does not add a second, derived error to the one reported here.
+  l.burst_explicit = r.has("burst");
+  const auto cost = r.integer("cost", 1, kMaxCount);
+  if (cost) l.cost = *cost;
+  l.count_denied = l.algorithm == Algorithm::SlidingLog;
+  if (auto v = r.boolean("count_denied")) l.count_denied = *v;
+  if (auto v = r.enumeration<OnError>("on_error",
+                                      {{"allow", OnError::Allow}, {"deny", OnError::Deny}})) {
+    l.on_error = *v;
+  }
+  if (auto v = r.boolean("shadow")) l.shadow = *v;
+
+  // Known only when both values were read without error, to avoid a second, derived error.
+  const bool bucket = l.algorithm == Algorithm::TokenBucket;
+  const bool capacity_known = bucket ? (burst || (!r.has("burst") && limit)) : limit.has_value();
+  if (cost && capacity_known && *cost > (bucket ? l.burst : l.limit)) {
+    r.error("cost", "cost " + std::to_string(*cost) + " is above the capacity of the limit (" +
+                        (bucket ? "burst = " + std::to_string(l.burst)
+                                : "limit = " + std::to_string(l.limit)) +
+                        "): no request could ever pass");
+  }
+}
+
+void Loader::readKeyPart(const StringItem& item, LimitConfig& l) {
+  static const std::vector<std::pair<std::string, KeyPartKind>> kSimple = {
+      {"ip", KeyPartKind::Ip},           {"api_key", KeyPartKind::ApiKey},
+      {"session", KeyPartKind::Session}, {"tenant", KeyPartKind::Tenant},
+      {"route", KeyPartKind::Route},     {"method", KeyPartKind::Method}};
+  static const std::vector<std::pair<std::string, KeyPartKind>> kNamed = {
+      {"header", KeyPartKind::Header},
+      {"cookie", KeyPartKind::Cookie},
+      {"query", KeyPartKind::Query},
+      {"form", KeyPartKind::Form},
+      {"json", KeyPartKind::Json}};
+  const std::string& text = item.value;
+  auto fail = [&](std::string message) { diag_.add(*item.node, item.path, std::move(message)); };
+  auto lookup = [](const auto& table, std::string_view name) -> std::optional<KeyPartKind> {
+    for (const auto& [candidate, kind] : table) {
+      if (candidate == name) return kind;
+    }
+    return std::nullopt;
+  };
+  const auto colon = text.find(':');
+  const std::string prefix = text.substr(0, colon);
+  KeyPart part{KeyPartKind::Ip, "", text};
+  std::optional<KeyPartKind> kind;
+  if (colon == std::string::npos) {
+    kind = lookup(kSimple, text);
+    if (!kind && lookup(kNamed, text)) {
+      return fail(quoted(text) + " needs a name: " + text + ":NAME");
+    }
+  } else {
+    kind = lookup(kNamed, prefix);
+    part.name = text.substr(colon + 1);
+  }
+  if (!kind) {
+    std::vector<std::string> choices;
+    for (const auto& entry : kSimple) choices.push_back(entry.first);
+    for (const auto& entry : kNamed) choices.push_back(entry.first);
+    return fail("unknown key part " + quoted(text) +
+                " (expected ip, api_key, session, tenant, route, method, header:NAME, "
+                "cookie:NAME, query:NAME, form:FIELD or json:FIELD)" +
+                didYouMean(prefix, choices));
+  }
+  part.kind = *kind;
+  if (colon != std::string::npos) {
+    if (part.name.empty()) return fail(quoted(text) + " needs a name after the ':'");
+    const bool token_only = part.kind == KeyPartKind::Header || part.kind == KeyPartKind::Cookie;
+    if (token_only && !isToken(part.name)) {
+      return fail(quoted(part.name) + " is not a valid " + prefix + " name");
+    }
+    if (hasSpaceOrControl(part.name)) {
+      return fail(quoted(part.name) + " has spaces or control characters");
+    }
+    // Header names are case-insensitive; the request side compares them in lower case.
+    if (part.kind == KeyPartKind::Header) part.name = lowerCase(part.name);
+  }
+  for (const KeyPart& earlier : l.by) {
+    if (earlier.kind == part.kind && earlier.name == part.name) {
+      return fail("key part " + quoted(text) + " is repeated");
+    }
+  }
+  l.by.push_back(std::move(part));
+}
+
+void Loader::loadPlan(TableReader& r) {
+  PlanConfig& plan = config_.plans.emplace_back();
+  readName(r, "plan", plans_, config_.plans.size() - 1, &plan.name);
+  const toml::node* node = r.node("limits");
+  if (!node) return;
+  const toml::table* table = node->as_table();
+  if (!table) {
+    r.error("limits", "expected a table such as { per_key = 10000 }, got " + describe(*node));
+    return;
+  }
+  // The keys of this table are limit names, so an unknown one is an unknown limit.
+  for (const auto& [key, value] : *table) {
+    const std::string name(key.str());
+    const std::string path = r.keyPath("limits") + "." + name;
+    const auto* entry = limits_.find(name);
+    if (!entry) {
+      diag_.add(positionOf(key.source()), path,
+                "unknown limit " + quoted(name) + didYouMean(name, limits_.names));
+      continue;
+    }
+    PlanLimitOverride override;
+    std::optional<int64_t> limit;
+    // The value that sets the capacity, where a cost above it is reported.
+    const toml::node* capacity_node = &value;
+    std::string capacity_path = path;
+    if (const toml::table* detail = value.as_table()) {
+      TableReader d(*detail, path, diag_);
+      limit = d.integer("limit", 1, kMaxCount);
+      if (!d.has("limit")) d.missing("limit");
+      override.burst = d.integer("burst", 1, kMaxCount);
+      const bool by_burst =
+          override.burst && config_.limits[entry->index].algorithm == Algorithm::TokenBucket;
+      if (limit || by_burst) {
+        capacity_node = d.node(by_burst ? "burst" : "limit");
+        capacity_path = d.keyPath(by_burst ? "burst" : "limit");
+      }
+      d.finish();
+    } else if (value.is_integer()) {
+      limit = readInteger(value, path, 1, kMaxCount, diag_);
+    } else {
+      diag_.add(
+          value, path,
+          "expected a limit (an integer) or { limit = N, burst = M }, got " + describe(value));
+    }
+    if (!limit) continue;
+    override.limit = *limit;
+    // Same rule as on the limit itself: a cost above the capacity never passes. A token
+    // bucket's capacity under a plan is the plan's burst, else the limit's written burst
+    // (already checked against the cost in loadLimit()), else the plan's limit, which an
+    // implicit burst follows (see ratelimit/applied_limits.cc). Limits are read before plans
+    // whatever their order in the file, so the limit's burst is known here.
+    const LimitConfig& l = config_.limits[entry->index];
+    const bool bucket = l.algorithm == Algorithm::TokenBucket;
+    const bool follows_limit = bucket && !override.burst && !l.burst_explicit;
+    const std::optional<int64_t> capacity =
+        bucket ? (follows_limit ? override.limit : override.burst) : override.limit;
+    if (capacity && l.cost > *capacity) {
+      diag_.add(*capacity_node, capacity_path,
+                "below the cost of limit " + quoted(name) + " (cost = " + std::to_string(l.cost) +
+                    "): no request could ever pass" +
+                    (follows_limit ? " (the bucket's capacity is this limit, as neither the "
+                                     "limit nor the plan sets a burst)"
+                                   : ""));
+    }
+    plan.limits[name] = override;
+  }
+}
+
+void Loader::loadTenant(TableReader& r) {
+  TenantConfig& tenant = config_.tenants.emplace_back();
+  readName(r, "tenant", tenants_, config_.tenants.size() - 1, &tenant.name);
+  if (auto plan = r.string("plan")) {
+    tenant.plan = *plan;
+    if (!plans_.find(*plan)) {
+      r.error("plan", "unknown plan " + quoted(*plan) + didYouMean(*plan, plans_.names));
+    }
+  }
+  if (auto items = r.strings("api_keys")) {
+    for (const StringItem& item : *items) {
+      // The key itself is never echoed: error output ends up in logs and CI transcripts.
+      if (item.value.empty()) {
+        diag_.add(*item.node, item.path, "an API key must not be empty");
+        continue;
+      }
+      if (hasSpaceOrControl(item.value)) {
+        diag_.add(*item.node, item.path,
+                  "an API key cannot hold spaces or control characters (it travels in a "
+                  "header)");
+        continue;
+      }
+      auto [it, inserted] =
+          api_keys_.emplace(item.value, ApiKeyOwner{config_.tenants.size() - 1, tenant.name,
+                                                    positionOf(item.node->source()).line});
+      if (!inserted) {
+        const ApiKeyOwner& owner = it->second;
+        diag_.add(*item.node, item.path,
+                  (owner.tenant_index == config_.tenants.size() - 1
+                       ? std::string("this API key is listed twice")
+                       : "this API key already belongs to tenant " + quoted(owner.tenant)) +
+                      " (line " + std::to_string(owner.line) + ")");
+        continue;
+      }
+      tenant.api_keys.push_back(item.value);
+      config_.tenant_by_api_key.emplace(item.value, config_.tenants.size() - 1);
+    }
+  }
+}
+
+}  // namespace sluice::config::loader_internal
