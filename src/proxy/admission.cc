@@ -4,6 +4,7 @@
 
 #include "core/logging.h"
 #include "identity/tenant_cache.h"
+#include "identity/tenant_lookup.h"
 #include "ratelimit/applied_limits.h"
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/headers.h"
@@ -118,8 +119,7 @@ bool Admission::resolveTenant() {
       return onTenant(record->known, record->tenant, record->plan);
     }
     call_ = client->command(
-        {"HMGET", config.identity.tenant_key_prefix + ":" + *facts_.api_key, "tenant", "plan"},
-        this);
+        identity::tenantLookupCommand(config.identity.tenant_key_prefix, *facts_.api_key), this);
     if (call_) return false;
     if (config.identity.reject_unknown_api_keys) {
       refuse(http::problemResponse(503, "the owner of this API key cannot be looked up now"));
@@ -143,13 +143,7 @@ bool Admission::onTenant(bool known, const std::string& tenant, const std::strin
 }
 
 void Admission::onTenantReply(valkey::Reply& reply) {
-  identity::TenantRecord record;
-  if (reply.type == valkey::Reply::Type::Array && reply.elements.size() == 2 &&
-      reply.elements[0].type == valkey::Reply::Type::String && !reply.elements[0].text.empty()) {
-    record.known = true;
-    record.tenant = reply.elements[0].text;
-    if (reply.elements[1].type == valkey::Reply::Type::String) record.plan = reply.elements[1].text;
-  }
+  const identity::TenantRecord record = identity::tenantFromReply(reply);
   const uint64_t now = uv_now(worker_.loop());
   const auto ttl = static_cast<uint64_t>(snapshot_->config->identity.tenant_cache_ttl.count());
   snapshot_->tenant_cache->store(*facts_.api_key, record, now + ttl, now);

@@ -11,6 +11,8 @@
 #include "core/ip_address.h"
 #include "identity/client_address.h"
 #include "identity/request_facts.h"
+#include "identity/tenant_lookup.h"
+#include "valkey/reply.h"
 
 using sluice::Cidr;
 using sluice::IpAddress;
@@ -391,5 +393,40 @@ TEST_SUITE("identity: request facts") {
     CHECK_FALSE(value(Kind::Form, "user").has_value());
     facts.body = "{not json";
     CHECK_FALSE(value(Kind::Json, "user.email").has_value());
+  }
+}
+
+TEST_SUITE("identity: tenants in Valkey") {
+  using sluice::valkey::Reply;
+
+  Reply bulk(std::string text) {
+    Reply r;
+    r.type = Reply::Type::String;
+    r.text = std::move(text);
+    return r;
+  }
+
+  Reply array(std::vector<Reply> elements) {
+    Reply r;
+    r.type = Reply::Type::Array;
+    r.elements = std::move(elements);
+    return r;
+  }
+
+  TEST_CASE("the lookup of an API key and what its reply says") {
+    CHECK(tenantLookupCommand("sluice:apikey", "k-1") ==
+          std::vector<std::string>{"HMGET", "sluice:apikey:k-1", "tenant", "plan"});
+    const TenantRecord both = tenantFromReply(array({bulk("acme"), bulk("pro")}));
+    CHECK(both.known);
+    CHECK(both.tenant == "acme");
+    CHECK(both.plan == "pro");
+    const TenantRecord no_plan = tenantFromReply(array({bulk("acme"), Reply{}}));
+    CHECK(no_plan.known);
+    CHECK(no_plan.plan.empty());
+    // No tenant field, an empty one, or another shape: nobody owns the key.
+    CHECK_FALSE(tenantFromReply(array({Reply{}, Reply{}})).known);
+    CHECK_FALSE(tenantFromReply(array({bulk(""), bulk("pro")})).known);
+    CHECK_FALSE(tenantFromReply(array({bulk("acme")})).known);
+    CHECK_FALSE(tenantFromReply(bulk("acme")).known);
   }
 }
