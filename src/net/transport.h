@@ -1,7 +1,7 @@
 #pragma once
 
-// The byte transport of one connection: plain TCP today, TLS over memory BIOs later. HTTP code
-// sees only this interface, so TLS slots in without touching it.
+// The byte transport of one connection: plain TCP (TcpTransport) or TLS over memory BIOs on top
+// of it (TlsTransport). HTTP code sees only this interface, whichever it is.
 //
 // Ownership: the user of a Transport owns it and may destroy it only after onClosed(). Callbacks
 // never run inline from a Transport method, except onClosed() is never inline either: every
