@@ -235,6 +235,9 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     CHECK(r2.decision->verdict == Decision::Verdict::Unavailable);
     REQUIRE(f.store->calls.size() == 4);
     CHECK(f.store->calls[3]->command == undoCommand("decide_f", {&strict[0]}, kTime));
+    Reply changed = integer(1);  // (the take-back ends: it belongs to itself until then)
+    f.store->calls[3]->target->onValkeyReply(changed);
+    CHECK(compensations(f.stats, "done") == 1);
   }
 
   TEST_CASE("a requester that leaves is not told, and the charges are still taken back") {
