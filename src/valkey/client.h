@@ -42,6 +42,10 @@ struct ClientOptions {
   std::string function;  // what FCALL names (registered by `library`)
   // Published as the worker's valkey_connected gauge (a cluster publishes its own instead).
   bool publish_ready = true;
+  // A cluster node: a READONLY answer to FUNCTION LOAD (the node is a replica) completes the
+  // handshake, so that the node still answers CLUSTER SLOTS and is ready the moment it is
+  // promoted (the library reaches replicas by replication).
+  bool replica_ok = false;
 };
 
 class Client final : public Store {
@@ -51,6 +55,8 @@ class Client final : public Store {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
+  // Connects. A stopped client may be started again (a cluster node that owns slots again):
+  // it reconnects at once, with a fresh backoff.
   void start() override;
   void stop() override;
   bool ready() const { return state_ == State::Ready; }
@@ -68,9 +74,12 @@ class Client final : public Store {
   bool accepting() override { return !refuseCall(); }
   void flush() override;
   // What both use, and a cluster's routed calls: `command` in RESP (resp.h). `script`: an
-  // FCALL of the decide function (a missing function reloads it); `asking`: sent after ASKING (a cluster's ASK
-  // redirection).
-  PendingCall* submit(std::string command, CallTarget* target, bool script, bool asking);
+  // FCALL of the decide function (a missing function reloads it); `asking`: sent after ASKING
+  // (a cluster's ASK redirection). `deadline_ms`: loop time at which the call fails with
+  // Timeout, 0 for now + timeout (a routed call keeps one deadline across its resends; it must
+  // be later than now).
+  PendingCall* submit(std::string command, CallTarget* target, bool script, bool asking,
+                      uint64_t deadline_ms = 0);
   const std::string& decideFunction() const override { return options_.function; }
 
   const ClientOptions& options() const { return options_; }
