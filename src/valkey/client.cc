@@ -200,7 +200,17 @@ void Client::scheduleReconnect() {
   backoff_ms_ = backoff_ms_ == 0 ? kBackoffFirstMs : std::min(backoff_ms_ * 2, kBackoffMaxMs);
   static thread_local std::minstd_rand random(std::random_device{}());
   const uint64_t jitter = random() % (backoff_ms_ / 5 + 1);
-  reconnect_timer_.start(backoff_ms_ - backoff_ms_ / 10 + jitter);
+  const uint64_t delay = backoff_ms_ - backoff_ms_ / 10 + jitter;
+  reconnect_due_ms_ = uv_now(loop_) + delay;
+  reconnect_timer_.start(delay);
+}
+
+void Client::hurry() {
+  if (state_ != State::Backoff) return;
+  // Not pushed back by repeated calls: only a reconnection due later than the first step.
+  if (reconnect_due_ms_ <= uv_now(loop_) + kBackoffFirstMs + kBackoffFirstMs / 10) return;
+  backoff_ms_ = 0;
+  scheduleReconnect();
 }
 
 void Client::onReconnectTimer(void* context) {

@@ -59,6 +59,10 @@ class Client final : public Store {
   // it reconnects at once, with a fresh backoff.
   void start() override;
   void stop() override;
+  // While waiting to reconnect: reconnect within about kBackoffFirstMs instead of what is left
+  // of a backoff that grew while the server was away (a cluster node named again as a slot's
+  // owner). Does nothing otherwise, or when the reconnection is due that soon anyway.
+  void hurry();
   bool ready() const { return state_ == State::Ready; }
   // Ready and not waiting for a late reply: calls are being sent.
   bool answering() const { return state_ == State::Ready && !suspect_; }
@@ -119,6 +123,7 @@ class Client final : public Store {
   Timer reconnect_timer_;
   std::deque<Call*> inflight_;  // sent, in order; replies come in this order
   uint64_t backoff_ms_ = 0;
+  uint64_t reconnect_due_ms_ = 0;  // while in Backoff
   int handshake_pending_ = 0;
   bool ever_ready_ = false;
   bool in_deadline_ = false;

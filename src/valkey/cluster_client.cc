@@ -140,7 +140,7 @@ ClusterClient::~ClusterClient() { stop(); }
 
 void ClusterClient::start() {
   started_ = true;
-  for (auto& n : nodes_) wake(*n);
+  for (auto& n : nodes_) wake(*n, false);
   refresh_timer_.start(50);
 }
 
@@ -193,7 +193,7 @@ ClusterClient::Node* ClusterClient::node(const std::string& name, bool create) {
   n->stats.tryagain = &stats_.valkey_node_redirects.get(label + ",kind=\"tryagain\"");
   nodes_.push_back(std::move(n));
   Node* added = nodes_.back().get();
-  wake(*added);  // nodes found later start at once
+  wake(*added, false);  // nodes found later start at once
   return added;
 }
 
@@ -204,8 +204,14 @@ int ClusterClient::indexOf(const Node* n) const {
   return -1;
 }
 
-void ClusterClient::wake(Node& n) {
-  if (!started_ || stopped_ || n.running) return;
+void ClusterClient::wake(Node& n, bool hurry) {
+  if (!started_ || stopped_) return;
+  if (n.running) {
+    // Newly named: a node that kept retrying while it was away (a seed) reconnects now, not
+    // when its backoff (up to 5 s) ends.
+    if (hurry) n.client->hurry();
+    return;
+  }
   n.running = true;
   n.client->start();
 }
@@ -269,7 +275,7 @@ void ClusterClient::onRoutedReply(RoutedCall* call, Reply& reply) {
         slots_[slot] = indexOf(to);
         refreshSoon();
       }
-      wake(*to);  // a node that came back: connects now, serves the calls after this one
+      wake(*to, true);  // a node that came back: connects now, serves the calls after this one
       if (call->expired()) {
         fail(call, Failure::Timeout, nullptr);
         return;
@@ -399,12 +405,13 @@ void ClusterClient::applySlots(const Reply& reply) {
       slots[static_cast<size_t>(s)] = index;
     }
   }
+  std::vector<bool> owned(nodes_.size(), false), owns(nodes_.size(), false);
+  for (size_t slot = 0; slot < kSlots; ++slot) {
+    if (slots_[slot] >= 0) owned[static_cast<size_t>(slots_[slot])] = true;
+    if (slots[slot] >= 0) owns[static_cast<size_t>(slots[slot])] = true;
+  }
   slots_.swap(slots);
   have_map_ = true;
-  std::vector<bool> owns(nodes_.size(), false);
-  for (int index : slots_) {
-    if (index >= 0) owns[static_cast<size_t>(index)] = true;
-  }
   // Owners run (one that came back reconnects now). A node that owns nothing and has lost its
   // connection (a dead primary, replaced by its replica) stops trying to reconnect until it
   // owns slots again; seeds keep trying, to find the cluster again, and connected nodes stay
@@ -413,7 +420,7 @@ void ClusterClient::applySlots(const Reply& reply) {
   for (size_t i = 0; i < owns.size(); ++i) {
     Node& n = *nodes_[i];
     if (owns[i]) {
-      wake(n);
+      wake(n, !owned[i]);
     } else if (n.running && !n.seed && !n.client->ready()) {
       idle.push_back(&n);
     }

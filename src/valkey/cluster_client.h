@@ -96,7 +96,7 @@ class ClusterClient final : public Store, private CallTarget {
   void onRetry(RoutedCall* call);
   Node* node(const std::string& name, bool create);
   int indexOf(const Node* n) const;
-  void wake(Node& n);
+  void wake(Node& n, bool hurry);
   void refresh();
   void refreshSoon();
   void applySlots(const Reply& reply);
