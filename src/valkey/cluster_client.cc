@@ -88,8 +88,7 @@ class ClusterClient::RoutedCall final : public PendingCall, public CallTarget {
         command_(std::move(command)),
         script_(script),
         slot_(slot),
-        deadline_ms_(uv_now(owner.loop_) + owner.node_options_.timeout_ms),
-        retry_timer_(owner.loop_, onRetryTimer, this) {}
+        deadline_ms_(uv_now(owner.loop_) + owner.node_options_.timeout_ms) {}
 
   void onValkeyReply(Reply& reply) override { owner_.onRoutedReply(this, reply); }
   void onValkeyFailure(Failure failure) override { owner_.onRoutedFailure(this, failure); }
@@ -116,7 +115,7 @@ class ClusterClient::RoutedCall final : public PendingCall, public CallTarget {
   uint64_t deadline_ms_;  // one deadline for every resend (loop time)
   Node* node_ = nullptr;  // where it was sent last
   PendingCall* inner_ = nullptr;
-  Timer retry_timer_;
+  std::unique_ptr<Timer> retry_timer_;  // made on the first TRYAGAIN only
   int redirects_ = 0;
   int tryagains_ = 0;
   bool waiting_ = false;
@@ -326,9 +325,12 @@ void ClusterClient::retryLater(RoutedCall* call) {
     fail(call, Failure::Timeout, call->node_);
     return;
   }
+  if (!call->retry_timer_) {
+    call->retry_timer_ = std::make_unique<Timer>(loop_, RoutedCall::onRetryTimer, call);
+  }
   call->waiting_ = true;
   waiting_.push_back(call);
-  call->retry_timer_.start(wait);
+  call->retry_timer_->start(wait);
 }
 
 void ClusterClient::onRetry(RoutedCall* call) {
