@@ -377,6 +377,49 @@ def test_tryagain_during_a_migration_is_retried_within_the_deadline(sluice_facto
     assert [get("k2").status for _ in range(5)] == [200] * 4 + [429]
 
 
+def test_a_reload_while_a_call_waits_after_tryagain_decides_it_by_on_error(
+        sluice_factory, upstream, cluster):
+    """The cluster client replaced (SIGHUP with another [valkey]) while a call waits to resend
+    after TRYAGAIN: the call is failed at once (on_error), not left behind its timer; the new
+    client decides exactly once the move ends (the ASan build checks what is freed when)."""
+    slot = slot_of_prefix(cluster)
+    limits = [limit_cfg("a", "fixed_window", 5, "1h", on_error="deny"),
+              limit_cfg("b", "fixed_window", 50, "1h", on_error="deny")]
+    gw = sluice_factory(upstream, routes=[route_cfg("api", ["a", "b"])],
+                        extra_toml=cluster_toml(cluster, limits, timeout="3s"))
+    wait_admin(gw, "/ready", 200)
+    assert gw.get("/status/200").status == 200
+    src = cluster.owner(slot)
+    dst = next(p for p in cluster.ports if p != src)
+    keys = sorted(cluster.cli(src, "CLUSTER", "GETKEYSINSLOT", str(slot), "10").split())
+    assert len(keys) == 2, keys
+    cluster.move_slot(slot, dst, keys=keys[:1])
+    result = {}
+
+    def one():
+        t0 = time.monotonic()
+        result["status"] = gw.get("/status/200", timeout=10).status
+        result["took"] = time.monotonic() - t0
+
+    t = threading.Thread(target=one)
+    t.start()
+    time.sleep(0.3)
+    reloads0 = metric_sum(gw, "sluice_config_reloads_total", result="success")
+    gw.config_path.write_text(gw.config_path.read_text().replace('timeout = "3s"',
+                                                                 'timeout = "2s"'))
+    gw.send_signal(signal.SIGHUP)
+    t.join(10)
+    assert metric_sum(gw, "sluice_config_reloads_total", result="success") == reloads0 + 1
+    assert result.get("status") == 503, result
+    assert result["took"] < 1.5, result
+    assert node_metric(gw, "sluice_valkey_node_redirects_total", src, kind="tryagain") >= 1
+    cluster.migrate(src, dst, keys[1:])
+    cluster.finish_move(slot, dst)
+    wait_admin(gw, "/ready", 200)
+    # The waiting call never ran: 1 charged, 4 more allowed.
+    assert [gw.get("/status/200").status for _ in range(5)] == [200] * 4 + [429]
+
+
 def wait_for(predicate, timeout, what):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
