@@ -131,6 +131,18 @@ std::string renderMetrics(const std::vector<const stats::WorkerStats*>& workers,
                   [](const stats::WorkerStats& w) -> const auto& { return w.valkey_compensations; });
     header(out, "sluice_valkey_reconnects_total", "counter", "Valkey connections re-established.");
     sample(out, "sluice_valkey_reconnects_total", "", static_cast<double>(reconnects));
+    counterFamily(out, "sluice_valkey_node_calls_total",
+                  "Valkey Cluster: calls sent to each node (a resend counts again).", workers,
+                  [](const stats::WorkerStats& w) -> const auto& { return w.valkey_node_calls; });
+    counterFamily(out, "sluice_valkey_node_errors_total",
+                  "Valkey Cluster: calls of each node that failed, by kind (not_connected, "
+                  "timeout, disconnected, error).",
+                  workers,
+                  [](const stats::WorkerStats& w) -> const auto& { return w.valkey_node_errors; });
+    counterFamily(
+        out, "sluice_valkey_node_redirects_total",
+        "Valkey Cluster: redirections answered by each node, by kind (moved, ask, tryagain).",
+        workers, [](const stats::WorkerStats& w) -> const auto& { return w.valkey_node_redirects; });
     header(out, "sluice_access_log_dropped_total", "counter",
            "Access log lines dropped because the writer could not keep up.");
     sample(out, "sluice_access_log_dropped_total", "",

@@ -118,6 +118,10 @@ struct WorkerStats {
   // Calls that took back the charges of a request refused in another slot; result: done,
   // failed (the charge stays until its key expires).
   Family<Counter> valkey_compensations;
+  // Valkey Cluster, per node (label sets built once per node, when the node is first seen):
+  Family<Counter> valkey_node_calls;      // node
+  Family<Counter> valkey_node_errors;     // node, kind
+  Family<Counter> valkey_node_redirects;  // node, kind: moved, ask, tryagain
 };
 
 }  // namespace sluice::stats

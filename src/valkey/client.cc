@@ -56,7 +56,14 @@ Client::Client(uv_loop_t* loop, ClientOptions options, stats::WorkerStats& stats
 Client::~Client() { stop(); }
 
 void Client::start() {
-  if (state_ == State::Idle) connect();
+  if (state_ != State::Idle && state_ != State::Stopped) return;
+  // After stop(): a context freed from inside one of its callbacks is freed by hiredis when
+  // that callback returns; its calls then fail (they are still in inflight_) and its
+  // disconnect callback sees that context_ is another one.
+  backoff_ms_ = 0;
+  suspect_ = false;
+  handshake_pending_ = 0;
+  connect();
 }
 
 void Client::publishReady(bool ready) {
@@ -139,7 +146,8 @@ void Client::onInternalReply(redisAsyncContext*, void* reply, void* privdata) {
   auto* self = static_cast<Client*>(privdata);
   if (!reply || self->handshake_pending_ <= 0) return;
   const Reply* r = replyOf(reply);
-  if (r->isError()) {
+  if (r->isError() &&
+      !(self->options_.replica_ok && r->text.rfind("READONLY", 0) == 0)) {
     self->onHandshakeReply(false, r->text);
     return;
   }
@@ -192,7 +200,17 @@ void Client::scheduleReconnect() {
   backoff_ms_ = backoff_ms_ == 0 ? kBackoffFirstMs : std::min(backoff_ms_ * 2, kBackoffMaxMs);
   static thread_local std::minstd_rand random(std::random_device{}());
   const uint64_t jitter = random() % (backoff_ms_ / 5 + 1);
-  reconnect_timer_.start(backoff_ms_ - backoff_ms_ / 10 + jitter);
+  const uint64_t delay = backoff_ms_ - backoff_ms_ / 10 + jitter;
+  reconnect_due_ms_ = uv_now(loop_) + delay;
+  reconnect_timer_.start(delay);
+}
+
+void Client::hurry() {
+  if (state_ != State::Backoff) return;
+  // Not pushed back by repeated calls: only a reconnection due later than the first step.
+  if (reconnect_due_ms_ <= uv_now(loop_) + kBackoffFirstMs + kBackoffFirstMs / 10) return;
+  backoff_ms_ = 0;
+  scheduleReconnect();
 }
 
 void Client::onReconnectTimer(void* context) {
@@ -227,7 +245,8 @@ bool Client::refuseCall() {
   return true;
 }
 
-PendingCall* Client::submit(std::string command, CallTarget* target, bool script, bool asking) {
+PendingCall* Client::submit(std::string command, CallTarget* target, bool script, bool asking,
+                            uint64_t deadline_ms) {
   if (refuseCall()) return nullptr;
   auto* call = new Call;
   call->client = this;
@@ -236,7 +255,9 @@ PendingCall* Client::submit(std::string command, CallTarget* target, bool script
   call->is_script = script;
   call->asking = asking;
   call->sent_ms = uv_now(loop_);
-  call->deadline_ms = call->sent_ms + options_.timeout_ms;
+  // Never due already: a call is never finished from inside the submit that sent it.
+  call->deadline_ms = deadline_ms == 0 ? call->sent_ms + options_.timeout_ms
+                                       : std::max(deadline_ms, call->sent_ms + 1);
   call->sent_ns = uv_hrtime();
   if (!send(call)) {
     delete call;
@@ -287,7 +308,9 @@ void Client::finish(Call* call, Reply* reply, Failure failure) {
     stats_.valkey_latency.observeMicros((uv_hrtime() - call->sent_ns) / 1000);
     if (reply->isError()) {
       // A cluster's redirections are followed by the cluster client, not failures.
-      const bool redirect = reply->text.rfind("MOVED ", 0) == 0 || reply->text.rfind("ASK ", 0) == 0;
+      const bool redirect = reply->text.rfind("MOVED ", 0) == 0 ||
+                            reply->text.rfind("ASK ", 0) == 0 ||
+                            reply->text.rfind("TRYAGAIN", 0) == 0;
       stats_.valkey_errors.get(redirect ? "kind=\"redirect\"" : "kind=\"error\"").inc();
     }
   } else {

@@ -42,6 +42,10 @@ struct ClientOptions {
   std::string function;  // what FCALL names (registered by `library`)
   // Published as the worker's valkey_connected gauge (a cluster publishes its own instead).
   bool publish_ready = true;
+  // A cluster node: a READONLY answer to FUNCTION LOAD (the node is a replica) completes the
+  // handshake, so that the node still answers CLUSTER SLOTS and is ready the moment it is
+  // promoted (the library reaches replicas by replication).
+  bool replica_ok = false;
 };
 
 class Client final : public Store {
@@ -51,8 +55,14 @@ class Client final : public Store {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
+  // Connects. A stopped client may be started again (a cluster node that owns slots again):
+  // it reconnects at once, with a fresh backoff.
   void start() override;
   void stop() override;
+  // While waiting to reconnect: reconnect within about kBackoffFirstMs instead of what is left
+  // of a backoff that grew while the server was away (a cluster node named again as a slot's
+  // owner). Does nothing otherwise, or when the reconnection is due that soon anyway.
+  void hurry();
   bool ready() const { return state_ == State::Ready; }
   // Ready and not waiting for a late reply: calls are being sent.
   bool answering() const { return state_ == State::Ready && !suspect_; }
@@ -68,9 +78,12 @@ class Client final : public Store {
   bool accepting() override { return !refuseCall(); }
   void flush() override;
   // What both use, and a cluster's routed calls: `command` in RESP (resp.h). `script`: an
-  // FCALL of the decide function (a missing function reloads it); `asking`: sent after ASKING (a cluster's ASK
-  // redirection).
-  PendingCall* submit(std::string command, CallTarget* target, bool script, bool asking);
+  // FCALL of the decide function (a missing function reloads it); `asking`: sent after ASKING
+  // (a cluster's ASK redirection). `deadline_ms`: loop time at which the call fails with
+  // Timeout, 0 for now + timeout (a routed call keeps one deadline across its resends; it must
+  // be later than now).
+  PendingCall* submit(std::string command, CallTarget* target, bool script, bool asking,
+                      uint64_t deadline_ms = 0);
   const std::string& decideFunction() const override { return options_.function; }
 
   const ClientOptions& options() const { return options_; }
@@ -110,6 +123,7 @@ class Client final : public Store {
   Timer reconnect_timer_;
   std::deque<Call*> inflight_;  // sent, in order; replies come in this order
   uint64_t backoff_ms_ = 0;
+  uint64_t reconnect_due_ms_ = 0;  // while in Backoff
   int handshake_pending_ = 0;
   bool ever_ready_ = false;
   bool in_deadline_ = false;

@@ -12,10 +12,14 @@ namespace sluice::valkey {
 namespace {
 
 constexpr unsigned kSlots = 16384;
-constexpr uint64_t kTickMs = 1000;         // readiness is re-published this often
-constexpr int kTicksPerRefresh = 10;       // and the slot map refreshed every 10 ticks
-constexpr uint64_t kMinRefreshGapMs = 200;  // after a redirection or a lost node
-constexpr int kMaxRedirects = 3;
+constexpr uint64_t kTickMs = 1000;            // readiness is re-published this often
+constexpr uint64_t kRefreshEveryMs = 10000;   // and the slot map read again this often,
+constexpr uint64_t kDegradedTickMs = 300;     // or this often while a slot has no reachable owner
+constexpr uint64_t kStartTickMs = 100;        // until the first map
+constexpr uint64_t kMinRefreshGapMs = 200;    // after a redirection or a lost node
+constexpr int kMaxRedirects = 3;              // MOVED and ASK, per call
+constexpr uint64_t kTryAgainFirstMs = 2;      // TRYAGAIN: wait 2, 4, 8, 16, 20, 20... ms
+constexpr uint64_t kTryAgainMaxMs = 20;
 
 uint16_t crc16(std::string_view data) {
   uint16_t crc = 0;
@@ -29,24 +33,29 @@ uint16_t crc16(std::string_view data) {
   return crc;
 }
 
-// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381"
-bool parseRedirect(const std::string& text, bool* ask, unsigned* slot, std::string* endpoint) {
+enum class Redirect { None, Moved, Ask, TryAgain };
+
+// "MOVED 3999 127.0.0.1:6381" / "ASK 3999 127.0.0.1:6381" / "TRYAGAIN Multiple keys ..."
+Redirect parseRedirect(const std::string& text, unsigned* slot, std::string* endpoint) {
   std::string_view rest(text);
+  Redirect kind;
   if (rest.rfind("MOVED ", 0) == 0) {
-    *ask = false;
+    kind = Redirect::Moved;
     rest.remove_prefix(6);
   } else if (rest.rfind("ASK ", 0) == 0) {
-    *ask = true;
+    kind = Redirect::Ask;
     rest.remove_prefix(4);
+  } else if (rest.rfind("TRYAGAIN", 0) == 0) {
+    return Redirect::TryAgain;
   } else {
-    return false;
+    return Redirect::None;
   }
   const auto space = rest.find(' ');
-  if (space == std::string_view::npos) return false;
+  if (space == std::string_view::npos) return Redirect::None;
   auto [end, ec] = std::from_chars(rest.data(), rest.data() + space, *slot);
-  if (ec != std::errc() || *slot >= kSlots) return false;
+  if (ec != std::errc() || *slot >= kSlots) return Redirect::None;
   *endpoint = std::string(rest.substr(space + 1));
-  return !endpoint->empty();
+  return endpoint->empty() ? Redirect::None : kind;
 }
 
 std::string endpointName(const std::string& host, int64_t port) {
@@ -68,28 +77,48 @@ unsigned keySlot(std::string_view key) {
 }
 
 // A call routed to the primary of its slot, which follows redirections. It belongs to itself
-// from submit until its target is told (or the call is cancelled).
+// from submit until its target is told (or the call is cancelled); while it waits to resend
+// after TRYAGAIN it is in the owner's waiting_ list.
 class ClusterClient::RoutedCall final : public PendingCall, public CallTarget {
  public:
-  RoutedCall(ClusterClient& owner, CallTarget* target, std::string command, bool script)
-      : owner_(owner), target_(target), command_(std::move(command)), script_(script) {}
+  RoutedCall(ClusterClient& owner, CallTarget* target, std::string command, bool script,
+             unsigned slot)
+      : owner_(owner),
+        target_(target),
+        command_(std::move(command)),
+        script_(script),
+        slot_(slot),
+        deadline_ms_(uv_now(owner.loop_) + owner.node_options_.timeout_ms) {}
 
   void onValkeyReply(Reply& reply) override { owner_.onRoutedReply(this, reply); }
   void onValkeyFailure(Failure failure) override { owner_.onRoutedFailure(this, failure); }
 
-  bool sendVia(Client& client, bool asking) {
-    via_ = &client;
-    inner_ = client.submit(command_, this, script_, asking);
+  // False when the node's client refuses it now (counted against the node).
+  bool sendVia(Node& n, bool asking) {
+    node_ = &n;
+    inner_ = n.client->submit(command_, this, script_, asking, deadline_ms_);
+    (inner_ ? n.stats.calls : n.stats.not_connected)->inc();
     return inner_ != nullptr;
+  }
+  bool expired() const { return uv_now(owner_.loop_) >= deadline_ms_; }
+
+  static void onRetryTimer(void* self) {
+    auto* call = static_cast<RoutedCall*>(self);
+    call->owner_.onRetry(call);
   }
 
   ClusterClient& owner_;
   CallTarget* target_;
   std::string command_;  // in RESP, sent again after a redirection
   bool script_;
-  Client* via_ = nullptr;
+  unsigned slot_;
+  uint64_t deadline_ms_;  // one deadline for every resend (loop time)
+  Node* node_ = nullptr;  // where it was sent last
   PendingCall* inner_ = nullptr;
+  std::unique_ptr<Timer> retry_timer_;  // made on the first TRYAGAIN only
   int redirects_ = 0;
+  int tryagains_ = 0;
+  bool waiting_ = false;
 };
 
 ClusterClient::ClusterClient(uv_loop_t* loop, std::vector<config::SocketAddress> seeds,
@@ -100,6 +129,7 @@ ClusterClient::ClusterClient(uv_loop_t* loop, std::vector<config::SocketAddress>
       slots_(kSlots, -1),
       refresh_timer_(loop, onRefreshTimer, this) {
   node_options_.publish_ready = false;
+  node_options_.replica_ok = true;
   for (const auto& seed : seeds) {
     if (Node* n = node(seed.text, true)) n->seed = true;
   }
@@ -109,9 +139,7 @@ ClusterClient::~ClusterClient() { stop(); }
 
 void ClusterClient::start() {
   started_ = true;
-  for (auto& n : nodes_) {
-    if (n->client) n->client->start();
-  }
+  for (auto& n : nodes_) wake(*n, false);
   refresh_timer_.start(50);
 }
 
@@ -122,8 +150,17 @@ void ClusterClient::stop() {
   if (refresh_call_ && refresh_client_) refresh_client_->cancel(refresh_call_);
   refresh_call_ = nullptr;
   stats_.valkey_connected.add(-stats_.valkey_connected.value());
-  for (auto& n : nodes_) {
-    if (n->client) n->client->stop();
+  std::vector<RoutedCall*> waiting;
+  waiting.swap(waiting_);
+  for (RoutedCall* call : waiting) {
+    call->waiting_ = false;
+    fail(call, Failure::Disconnected, nullptr);
+  }
+  for (size_t i = 0; i < nodes_.size(); ++i) {  // targets told below may add nodes: no iterator
+    Node& n = *nodes_[i];
+    if (!n.running) continue;
+    n.running = false;
+    n.client->stop();
   }
 }
 
@@ -142,28 +179,59 @@ ClusterClient::Node* ClusterClient::node(const std::string& name, bool create) {
   n->name = name;
   ClientOptions options = node_options_;
   options.address = *address;
-  n->client = std::make_shared<Client>(loop_, options, stats_);
-  if (started_ && !stopped_) n->client->start();  // nodes found later start at once
+  n->client = std::make_unique<Client>(loop_, options, stats_);
+  // The label sets are built here, once: the request path only increments.
+  const std::string label = "node=\"" + stats::labelValue(name) + "\"";
+  n->stats.calls = &stats_.valkey_node_calls.get(label);
+  n->stats.not_connected = &stats_.valkey_node_errors.get(label + ",kind=\"not_connected\"");
+  n->stats.timeout = &stats_.valkey_node_errors.get(label + ",kind=\"timeout\"");
+  n->stats.disconnected = &stats_.valkey_node_errors.get(label + ",kind=\"disconnected\"");
+  n->stats.error = &stats_.valkey_node_errors.get(label + ",kind=\"error\"");
+  n->stats.moved = &stats_.valkey_node_redirects.get(label + ",kind=\"moved\"");
+  n->stats.ask = &stats_.valkey_node_redirects.get(label + ",kind=\"ask\"");
+  n->stats.tryagain = &stats_.valkey_node_redirects.get(label + ",kind=\"tryagain\"");
   nodes_.push_back(std::move(n));
-  return nodes_.back().get();
+  Node* added = nodes_.back().get();
+  wake(*added, false);  // nodes found later start at once
+  return added;
+}
+
+int ClusterClient::indexOf(const Node* n) const {
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (nodes_[i].get() == n) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+void ClusterClient::wake(Node& n, bool hurry) {
+  if (!started_ || stopped_) return;
+  if (n.running) {
+    // Newly named: a node that kept retrying while it was away (a seed) reconnects now, not
+    // when its backoff (up to 5 s) ends.
+    if (hurry) n.client->hurry();
+    return;
+  }
+  n.running = true;
+  n.client->start();
 }
 
 PendingCall* ClusterClient::callDecide(std::string command, std::string_view first_key,
                                        CallTarget* target) {
-  return route(std::make_unique<RoutedCall>(*this, target, std::move(command), true),
-               keySlot(first_key));
+  return route(std::make_unique<RoutedCall>(*this, target, std::move(command), true,
+                                            keySlot(first_key)));
 }
 
 PendingCall* ClusterClient::command(std::vector<std::string> argv, CallTarget* target) {
   const unsigned slot = argv.size() > 1 ? keySlot(argv[1]) : 0;
-  return route(std::make_unique<RoutedCall>(*this, target, formatCommand(argv), false), slot);
+  return route(std::make_unique<RoutedCall>(*this, target, formatCommand(argv), false, slot));
 }
 
-PendingCall* ClusterClient::route(std::unique_ptr<RoutedCall> call, unsigned slot) {
-  const int index = slots_[slot];
-  if (stopped_ || index < 0 || !nodes_[index]->client ||
-      !call->sendVia(*nodes_[index]->client, false)) {
-    if (!stopped_ && index < 0) refreshSoon();
+PendingCall* ClusterClient::route(std::unique_ptr<RoutedCall> call) {
+  if (stopped_) return nullptr;
+  const int index = slots_[call->slot_];
+  if (index < 0 || !call->sendVia(*nodes_[index], false)) {
+    // No owner, or its node is not connected: decide now, and look for the owner.
+    refreshSoon();
     return nullptr;
   }
   return call.release();
@@ -171,48 +239,113 @@ PendingCall* ClusterClient::route(std::unique_ptr<RoutedCall> call, unsigned slo
 
 void ClusterClient::flush() {
   for (auto& n : nodes_) {
-    if (n->client) n->client->flush();
+    if (n->running) n->client->flush();
   }
 }
 
 void ClusterClient::cancel(PendingCall* pending) {
   if (!pending) return;
   auto* call = static_cast<RoutedCall*>(pending);
-  if (call->inner_ && call->via_) call->via_->cancel(call->inner_);
+  if (call->waiting_) {
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), call), waiting_.end());
+  }
+  if (call->inner_ && call->node_) call->node_->client->cancel(call->inner_);
   delete call;
 }
 
 void ClusterClient::onRoutedReply(RoutedCall* call, Reply& reply) {
   call->inner_ = nullptr;
-  bool ask = false;
+  Node* from = call->node_;
   unsigned slot = 0;
   std::string endpoint;
-  if (reply.isError() && parseRedirect(reply.text, &ask, &slot, &endpoint)) {
-    if (call->redirects_++ < kMaxRedirects) {
-      Node* n = node(endpoint, true);
-      if (n && !ask) {
-        slots_[slot] = static_cast<int>(std::find_if(nodes_.begin(), nodes_.end(),
-                                                     [&](const auto& p) { return p.get() == n; }) -
-                                        nodes_.begin());
+  const Redirect redirect =
+      reply.isError() ? parseRedirect(reply.text, &slot, &endpoint) : Redirect::None;
+  if (redirect == Redirect::TryAgain) {
+    from->stats.tryagain->inc();
+    retryLater(call);
+    return;
+  }
+  if (redirect == Redirect::Moved || redirect == Redirect::Ask) {
+    const bool ask = redirect == Redirect::Ask;
+    (ask ? from->stats.ask : from->stats.moved)->inc();
+    Node* to = call->redirects_++ < kMaxRedirects ? node(endpoint, true) : nullptr;
+    if (to) {
+      if (!ask) {
+        slots_[slot] = indexOf(to);
         refreshSoon();
       }
-      if (n && n->client && n->client->answering() && call->sendVia(*n->client, ask)) return;
+      wake(*to, true);  // a node that came back: connects now, serves the calls after this one
+      if (call->expired()) {
+        fail(call, Failure::Timeout, nullptr);
+        return;
+      }
+      if (to->client->answering()) {
+        if (call->sendVia(*to, ask)) return;
+      } else {
+        to->stats.not_connected->inc();
+      }
     }
     // The new owner is not connected yet: this call decides by on_error, the next ones go
     // there once it is.
-    onRoutedFailure(call, Failure::NotConnected);
+    fail(call, Failure::NotConnected, nullptr);
     return;
   }
+  if (reply.isError()) from->stats.error->inc();
   CallTarget* target = call->target_;
   delete call;
   target->onValkeyReply(reply);
 }
 
 void ClusterClient::onRoutedFailure(RoutedCall* call, Failure failure) {
+  call->inner_ = nullptr;
+  if (failure == Failure::Disconnected) refreshSoon();
+  fail(call, failure, call->node_);
+}
+
+void ClusterClient::fail(RoutedCall* call, Failure failure, Node* blame) {
+  if (blame) {
+    switch (failure) {
+      case Failure::NotConnected: blame->stats.not_connected->inc(); break;
+      case Failure::Timeout: blame->stats.timeout->inc(); break;
+      case Failure::Disconnected: blame->stats.disconnected->inc(); break;
+    }
+  }
   CallTarget* target = call->target_;
   delete call;
-  if (failure == Failure::Disconnected) refreshSoon();
   target->onValkeyFailure(failure);
+}
+
+// TRYAGAIN: the slot is being migrated and only some of the call's keys have moved yet. The
+// call is sent again to the slot's owner after a short wait (which answers, or redirects with
+// ASK once every key has moved), as long as the deadline leaves room for it.
+void ClusterClient::retryLater(RoutedCall* call) {
+  const int shift = std::min(call->tryagains_++, 4);
+  const uint64_t wait = std::min(kTryAgainFirstMs << shift, kTryAgainMaxMs);
+  if (stopped_ || uv_now(loop_) + wait >= call->deadline_ms_) {
+    fail(call, Failure::Timeout, call->node_);
+    return;
+  }
+  if (!call->retry_timer_) {
+    call->retry_timer_ = std::make_unique<Timer>(loop_, RoutedCall::onRetryTimer, call);
+  }
+  call->waiting_ = true;
+  waiting_.push_back(call);
+  call->retry_timer_->start(wait);
+}
+
+void ClusterClient::onRetry(RoutedCall* call) {
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), call), waiting_.end());
+  call->waiting_ = false;
+  call->redirects_ = 0;  // a new round: the deadline bounds the rounds
+  if (call->expired()) {  // the timer ran late
+    fail(call, Failure::Timeout, call->node_);
+    return;
+  }
+  const int index = slots_[call->slot_];
+  if (index < 0 || !call->sendVia(*nodes_[index], false)) {
+    refreshSoon();
+    fail(call, Failure::NotConnected, nullptr);
+  }
 }
 
 void ClusterClient::refreshSoon() {
@@ -224,7 +357,7 @@ void ClusterClient::refreshSoon() {
 void ClusterClient::refresh() {
   if (stopped_ || refresh_call_) return;
   for (auto& n : nodes_) {
-    if (!n->client || !n->client->answering()) continue;
+    if (!n->running || !n->client->answering()) continue;
     refresh_call_ = n->client->command({"CLUSTER", "SLOTS"}, this);
     if (refresh_call_) {
       refresh_client_ = n->client.get();
@@ -241,12 +374,12 @@ void ClusterClient::onValkeyReply(Reply& reply) {
   } else {
     SLUICE_LOG_WARN("valkey cluster: CLUSTER SLOTS failed: {}", logging::sanitize(reply.text));
   }
-  publishReady();
+  armRefreshTimer(publishReady());
 }
 
 void ClusterClient::onValkeyFailure(Failure) {
   refresh_call_ = nullptr;
-  publishReady();
+  armRefreshTimer(publishReady());
 }
 
 void ClusterClient::applySlots(const Reply& reply) {
@@ -268,45 +401,70 @@ void ClusterClient::applySlots(const Reply& reply) {
         primary.elements[0].text.empty() ? fallback_host : primary.elements[0].text;
     Node* n = node(endpointName(host, primary.elements[1].integer), true);
     if (!n) continue;
-    const int index = static_cast<int>(
-        std::find_if(nodes_.begin(), nodes_.end(), [&](const auto& p) { return p.get() == n; }) -
-        nodes_.begin());
+    const int index = indexOf(n);
     for (int64_t s = std::max<int64_t>(0, first.integer);
          s <= std::min<int64_t>(kSlots - 1, last.integer); ++s) {
       slots[static_cast<size_t>(s)] = index;
     }
   }
+  std::vector<bool> owned(nodes_.size(), false), owns(nodes_.size(), false);
+  for (size_t slot = 0; slot < kSlots; ++slot) {
+    if (slots_[slot] >= 0) owned[static_cast<size_t>(slots_[slot])] = true;
+    if (slots[slot] >= 0) owns[static_cast<size_t>(slots[slot])] = true;
+  }
   slots_.swap(slots);
   have_map_ = true;
-  // Primaries that own nothing any more are let go (seeds stay, to find the cluster again).
-  std::vector<std::shared_ptr<Client>> retired;
-  for (size_t i = 0; i < nodes_.size(); ++i) {
-    auto& n = nodes_[i];
-    if (n->seed || !n->client) continue;
-    if (std::find(slots_.begin(), slots_.end(), static_cast<int>(i)) == slots_.end()) {
-      retired.push_back(std::move(n->client));
+  // Owners run (one that came back reconnects now). A node that owns nothing and has lost its
+  // connection (a dead primary, replaced by its replica) stops trying to reconnect until it
+  // owns slots again; seeds keep trying, to find the cluster again, and connected nodes stay
+  // (a replica is ready the moment it is promoted).
+  std::vector<Node*> idle;
+  for (size_t i = 0; i < owns.size(); ++i) {
+    Node& n = *nodes_[i];
+    if (owns[i]) {
+      wake(n, !owned[i]);
+    } else if (n.running && !n.seed && !n.client->ready()) {
+      idle.push_back(&n);
     }
   }
   // Stopped last: their pending calls fail now, and their targets may route new calls.
-  for (auto& client : retired) client->stop();
+  for (Node* n : idle) {
+    n->running = false;
+    n->client->stop();
+  }
 }
 
-void ClusterClient::publishReady() {
-  bool ready = have_map_;
-  for (size_t slot = 0; ready && slot < kSlots; ++slot) {
-    const int index = slots_[slot];
-    ready = index >= 0 && nodes_[index]->client && nodes_[index]->client->ready();
+bool ClusterClient::publishReady() {
+  std::vector<char> ready(nodes_.size()), answering(nodes_.size());
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const Node& n = *nodes_[i];
+    ready[i] = n.running && n.client->ready();
+    answering[i] = n.running && n.client->answering();
   }
-  stats_.valkey_connected.add((ready ? 1 : 0) - stats_.valkey_connected.value());
+  bool all_ready = have_map_, all_answering = have_map_;
+  for (size_t slot = 0; all_ready && slot < kSlots; ++slot) {
+    const int index = slots_[slot];
+    all_ready = index >= 0 && ready[static_cast<size_t>(index)];
+    all_answering = all_answering && index >= 0 && answering[static_cast<size_t>(index)];
+  }
+  all_answering = all_answering && all_ready;
+  stats_.valkey_connected.add((all_ready ? 1 : 0) - stats_.valkey_connected.value());
+  return all_answering;
+}
+
+// While some slot has no reachable owner the map is read every kDegradedTickMs: a promoted
+// replica is found within that (plus one round trip and a connection).
+void ClusterClient::armRefreshTimer(bool reachable) {
+  if (stopped_) return;
+  refresh_timer_.start(!have_map_ ? kStartTickMs : reachable ? kTickMs : kDegradedTickMs);
 }
 
 void ClusterClient::onRefreshTimer(void* self) {
   auto* c = static_cast<ClusterClient*>(self);
-  static_assert(kTicksPerRefresh > 0);
+  const bool reachable = c->publishReady();
   const uint64_t now = uv_now(c->loop_);
-  if (!c->have_map_ || now - c->last_refresh_ms_ >= kTickMs * kTicksPerRefresh) c->refresh();
-  c->publishReady();
-  c->refresh_timer_.start(c->have_map_ ? kTickMs : 100);
+  if (!reachable || now - c->last_refresh_ms_ >= kRefreshEveryMs) c->refresh();
+  c->armRefreshTimer(reachable);
 }
 
 }  // namespace sluice::valkey

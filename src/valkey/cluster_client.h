@@ -1,10 +1,20 @@
 #pragma once
 
-// Valkey Cluster from one worker: the slot map (CLUSTER SLOTS, from any node that answers, at
-// start, every 10 s, and at once after a redirection or a lost node), one Client per primary,
-// and each call sent to the primary of its key's slot. MOVED updates the map and resends to
-// the new owner; ASK resends once with ASKING. A redirection to a node that is not connected
-// yet fails the call (its limits decide by on_error) rather than let it wait.
+// Valkey Cluster from one worker: the slot map (CLUSTER SLOTS, from any node that answers), one
+// Client per primary, and each call sent to the primary of its key's slot.
+//
+// The map is read at start, every 10 s, at once after a redirection or a lost node, and every
+// 300 ms while some slot has no reachable owner (no owner in the map, or its node not
+// connected or not answering): a replica promoted after its primary died is found within one
+// of those rounds. MOVED updates the map and resends to the new owner; ASK resends once with
+// ASKING; TRYAGAIN (a multi-key call on a slot being migrated) resends to the slot's owner
+// after a short wait. A routed call keeps the deadline it was made with across every resend.
+// A redirection to a node that is not connected yet fails the call (its limits decide by
+// on_error) rather than let it wait.
+//
+// Nodes are never forgotten: a node that owns no slot and has lost its connection is stopped
+// (no reconnection attempts to a dead node), and started again when the map gives it slots or
+// a redirection names it (a failed primary that came back and took its slots back).
 //
 // A call's keys share a slot: the decision batcher groups them (Store::slotOf).
 
@@ -21,6 +31,10 @@
 #include "valkey/client.h"
 #include "valkey/store.h"
 
+namespace sluice::stats {
+class Counter;
+}
+
 namespace sluice::valkey {
 
 // The cluster slot of a key: CRC16 (XMODEM) of the key, or of its hash tag ("{...}").
@@ -35,6 +49,7 @@ class ClusterClient final : public Store, private CallTarget {
   ~ClusterClient() override;
 
   void start() override;
+  // Calls pending (also those waiting to retry after TRYAGAIN) fail with Disconnected.
   void stop() override;
   PendingCall* callDecide(std::string command, std::string_view first_key,
                           CallTarget* target) override;
@@ -47,10 +62,23 @@ class ClusterClient final : public Store, private CallTarget {
   void flush() override;
 
  private:
+  // The per-node counters, resolved once when the node is first seen.
+  struct NodeStats {
+    stats::Counter* calls = nullptr;
+    stats::Counter* not_connected = nullptr;
+    stats::Counter* timeout = nullptr;
+    stats::Counter* disconnected = nullptr;
+    stats::Counter* error = nullptr;
+    stats::Counter* moved = nullptr;
+    stats::Counter* ask = nullptr;
+    stats::Counter* tryagain = nullptr;
+  };
   struct Node {
     std::string name;  // "host:port"
-    std::shared_ptr<Client> client;
+    std::unique_ptr<Client> client;  // lives as long as the ClusterClient
+    NodeStats stats;
     bool seed = false;
+    bool running = false;  // started and not stopped since
   };
   class RoutedCall;
   friend class RoutedCall;
@@ -59,21 +87,31 @@ class ClusterClient final : public Store, private CallTarget {
   void onValkeyReply(Reply& reply) override;
   void onValkeyFailure(Failure failure) override;
 
-  PendingCall* route(std::unique_ptr<RoutedCall> call, unsigned slot);
+  PendingCall* route(std::unique_ptr<RoutedCall> call);
   void onRoutedReply(RoutedCall* call, Reply& reply);
   void onRoutedFailure(RoutedCall* call, Failure failure);
+  // Tells the call's target `failure` and deletes the call; counts it against `blame`.
+  void fail(RoutedCall* call, Failure failure, Node* blame);
+  void retryLater(RoutedCall* call);
+  void onRetry(RoutedCall* call);
   Node* node(const std::string& name, bool create);
+  int indexOf(const Node* n) const;
+  void wake(Node& n, bool hurry);
   void refresh();
   void refreshSoon();
   void applySlots(const Reply& reply);
-  void publishReady();
+  // Publishes readiness (every slot owned by a connected node); returns whether every slot
+  // has a reachable owner (connected and answering).
+  bool publishReady();
+  void armRefreshTimer(bool reachable);
   static void onRefreshTimer(void* self);
 
   uv_loop_t* loop_;
   ClientOptions node_options_;
   stats::WorkerStats& stats_;
-  std::vector<std::unique_ptr<Node>> nodes_;
+  std::vector<std::unique_ptr<Node>> nodes_;  // append-only
   std::vector<int> slots_;  // slot -> index into nodes_, -1 when unknown
+  std::vector<RoutedCall*> waiting_;  // calls waiting to resend after TRYAGAIN
   Timer refresh_timer_;
   PendingCall* refresh_call_ = nullptr;
   Client* refresh_client_ = nullptr;

@@ -330,7 +330,9 @@ TEST_SUITE("admin metrics") {
           "sluice_ratelimit_decisions_total", "sluice_upstream_errors_total",
           "sluice_upstream_latency_seconds", "sluice_valkey_latency_seconds",
           "sluice_valkey_errors_total", "sluice_valkey_calls_total",
-          "sluice_valkey_reconnects_total", "sluice_config_reloads_total", "sluice_ready"}) {
+          "sluice_valkey_reconnects_total", "sluice_valkey_node_calls_total",
+          "sluice_valkey_node_errors_total", "sluice_valkey_node_redirects_total",
+          "sluice_config_reloads_total", "sluice_ready"}) {
       INFO(std::string(family));
       CHECK(e.types.count(family) == 1);
     }
@@ -362,6 +364,11 @@ TEST_SUITE("admin metrics") {
     w2.valkey_calls.inc(50);
     w1.valkey_reconnects.inc(1);
     w2.valkey_reconnects.inc(2);
+    w1.valkey_node_calls.get("node=\"127.0.0.1:7000\"").inc(7);
+    w2.valkey_node_calls.get("node=\"127.0.0.1:7000\"").inc(3);
+    w2.valkey_node_calls.get("node=\"[::1]:7001\"").inc(1);
+    w1.valkey_node_errors.get("node=\"127.0.0.1:7000\",kind=\"timeout\"").inc(2);
+    w2.valkey_node_redirects.get("node=\"127.0.0.1:7000\",kind=\"tryagain\"").inc(4);
 
     ProcessStats process;
     process.config_reloads = 3;
@@ -388,6 +395,12 @@ TEST_SUITE("admin metrics") {
     CHECK(valueOf(e, "sluice_valkey_errors_total", {{"kind", "timeout"}}) == 5);
     CHECK(valueOf(e, "sluice_valkey_calls_total") == 150);
     CHECK(valueOf(e, "sluice_valkey_reconnects_total") == 3);
+    CHECK(valueOf(e, "sluice_valkey_node_calls_total", {{"node", "127.0.0.1:7000"}}) == 10);
+    CHECK(valueOf(e, "sluice_valkey_node_calls_total", {{"node", "[::1]:7001"}}) == 1);
+    CHECK(valueOf(e, "sluice_valkey_node_errors_total",
+                  {{"node", "127.0.0.1:7000"}, {"kind", "timeout"}}) == 2);
+    CHECK(valueOf(e, "sluice_valkey_node_redirects_total",
+                  {{"node", "127.0.0.1:7000"}, {"kind", "tryagain"}}) == 4);
     CHECK(valueOf(e, "sluice_config_reloads_total", {{"result", "success"}}) == 3);
     CHECK(valueOf(e, "sluice_config_reloads_total", {{"result", "failure"}}) == 1);
     CHECK(valueOf(e, "sluice_ready") == 1);
