@@ -1296,6 +1296,14 @@ def fmt_us(us):
     return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.0f} us"
 
 
+def write_summary(path, summary):
+    """Writes a run's JSON summary (bench/results/<mode>-<stamp>.json) and says where."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=1)
+    print(f"JSON summary: {path}")
+
+
 def fmt_ratio(x):
     return "-" if x is None else f"{x:.3f}x"
 
@@ -1780,10 +1788,7 @@ def cmd_report(args):
             print(f"  - {n}")
     print(f"Overall: {summary['overall']}"
           + (f" ({', '.join(c['variant'] + ':' + c['check'] for c in failed)})" if failed else ""))
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(summary, f, indent=1)
-    print(f"JSON summary: {args.out}")
+    write_summary(args.out, summary)
     return 0
 
 

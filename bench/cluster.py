@@ -28,7 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (bench.py, beside this file)
 import mix  # noqa: E402
-from bench import fmt_ratio, fmt_us, table, verdict  # noqa: E402
+from bench import fmt_ratio, fmt_us, table, verdict, write_summary  # noqa: E402
 
 SLOTS = 16384
 
@@ -363,10 +363,7 @@ def cmd_report(args):
         "targets": {k: getattr(args, k) for k in ("cpu_per_decision_ratio_max", "share_target",
                                                   "share_tolerance")},
         "variants": E, "checks": checks, "notes": notes, "overall": overall}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(summary, f, indent=1)
-    print(f"JSON summary: {args.out}")
+    write_summary(args.out, summary)
     return 0
 
 

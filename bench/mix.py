@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (bench.py, beside this file)
-from bench import fmt_ratio, fmt_us, table, verdict  # noqa: E402
+from bench import fmt_ratio, fmt_us, table, verdict, write_summary  # noqa: E402
 
 KEY_FORMAT = "mk{:05d}"          # the API keys of bench/mix.lua
 TENANT_PREFIX = "sluice:apikey"  # [identity] tenant_key_prefix (default)
@@ -324,11 +324,9 @@ def cmd_report(args):
     mix = {k: getattr(args, k) for k in ("addresses", "keys", "tenant_keys", "tenants", "seed")}
     targets = {k: getattr(args, k) for k in ("rps_ratio_min", "p99_ratio_max",
                                              "valkey_cpu_us_max", "own_cpu_us_max")}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump({"meta": meta, "mix": mix, "one_key": sorted(one_key), "targets": targets,
-                   "variants": E, "checks": checks, "notes": notes, "overall": overall}, f, indent=1)
-    print(f"JSON summary: {args.out}")
+    write_summary(args.out, {"meta": meta, "mix": mix, "one_key": sorted(one_key),
+                             "targets": targets, "variants": E, "checks": checks, "notes": notes,
+                             "overall": overall})
     return 0
 
 
