@@ -28,7 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (bench.py, beside this file)
 import mix  # noqa: E402
-from bench import fmt_ratio, fmt_us, table, verdict, write_summary  # noqa: E402
+from bench import fmt_ratio, table, verdict, write_summary  # noqa: E402
 
 SLOTS = 16384
 

@@ -22,7 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402  (bench.py, beside this file)
-from bench import fmt_ratio, fmt_us, table, verdict, write_summary  # noqa: E402
+from bench import fmt_ratio, table, verdict, write_summary  # noqa: E402
 
 KEY_FORMAT = "mk{:05d}"          # the API keys of bench/mix.lua
 TENANT_PREFIX = "sluice:apikey"  # [identity] tenant_key_prefix (default)
