@@ -15,6 +15,7 @@
 #include "ratelimit/script_codec.h"
 #include "stats/stats.h"
 #include "valkey/resp.h"
+#include "replies.h"
 
 using namespace sluice::ratelimit;
 using sluice::config::Algorithm;
@@ -101,25 +102,12 @@ AppliedLimit applied(const LimitConfig& config, std::string key, int64_t cost = 
   return a;
 }
 
+using sluice::testing::integer;
+
 // A decide reply: the call's time, then remaining, reset_ms, retry_ms per limit.
 Reply decideReply(std::vector<int64_t> values) {
-  Reply r;
-  r.type = Reply::Type::Array;
   values.insert(values.begin(), kTime);
-  for (int64_t v : values) {
-    Reply e;
-    e.type = Reply::Type::Integer;
-    e.integer = v;
-    r.elements.push_back(e);
-  }
-  return r;
-}
-
-Reply integer(int64_t value) {
-  Reply r;
-  r.type = Reply::Type::Integer;
-  r.integer = value;
-  return r;
+  return sluice::testing::integers(values);
 }
 
 uint64_t compensations(sluice::stats::WorkerStats& stats, const char* result) {

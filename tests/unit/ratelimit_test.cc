@@ -25,6 +25,7 @@
 #include "ratelimit/scripts.h"
 #include "valkey/reply.h"
 #include "valkey/resp.h"
+#include "replies.h"
 
 using namespace sluice::ratelimit;
 using sluice::config::Algorithm;
@@ -56,17 +57,7 @@ LimitConfig limitConfig(std::string name, Algorithm algorithm, std::vector<KeyPa
 
 KeyPart part(KeyPartKind kind, std::string name = {}) { return KeyPart{kind, std::move(name), ""}; }
 
-Reply integers(std::vector<int64_t> values) {
-  Reply r;
-  r.type = Reply::Type::Array;
-  for (int64_t v : values) {
-    Reply e;
-    e.type = Reply::Type::Integer;
-    e.integer = v;
-    r.elements.push_back(e);
-  }
-  return r;
-}
+using sluice::testing::integers;
 
 AppliedLimit applied(const LimitConfig& config, std::string key) {
   AppliedLimit a;
