@@ -143,6 +143,12 @@ std::string renderMetrics(const std::vector<const stats::WorkerStats*>& workers,
         out, "sluice_valkey_node_redirects_total",
         "Valkey Cluster: redirections answered by each node, by kind (moved, ask, tryagain).",
         workers, [](const stats::WorkerStats& w) -> const auto& { return w.valkey_node_redirects; });
+    counterFamily(out, "sluice_valkey_node_compensations_total",
+                  "Valkey Cluster: take-backs of the charges of refused requests sent to each "
+                  "node.",
+                  workers, [](const stats::WorkerStats& w) -> const auto& {
+                    return w.valkey_node_compensations;
+                  });
     header(out, "sluice_access_log_dropped_total", "counter",
            "Access log lines dropped because the writer could not keep up.");
     sample(out, "sluice_access_log_dropped_total", "",

@@ -119,7 +119,7 @@ class DecisionBatcher::Compensation final : public valkey::CallTarget {
   static void send(valkey::Store& store, stats::WorkerStats& stats, std::string command,
                    std::string_view first_key) {
     auto* c = new Compensation(stats);
-    if (!store.callDecide(std::move(command), first_key, c)) c->failed("not connected");
+    if (!store.callUndo(std::move(command), first_key, c)) c->failed("not connected");
   }
 
   void onValkeyReply(valkey::Reply& reply) override {

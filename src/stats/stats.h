@@ -122,6 +122,7 @@ struct WorkerStats {
   Family<Counter> valkey_node_calls;      // node
   Family<Counter> valkey_node_errors;     // node, kind
   Family<Counter> valkey_node_redirects;  // node, kind: moved, ask, tryagain
+  Family<Counter> valkey_node_compensations;  // node: take-backs sent to it
 };
 
 }  // namespace sluice::stats

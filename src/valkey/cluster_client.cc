@@ -98,6 +98,10 @@ class ClusterClient::RoutedCall final : public PendingCall, public CallTarget {
     node_ = &n;
     inner_ = n.client->submit(command_, this, script_, asking, deadline_ms_);
     (inner_ ? n.stats.calls : n.stats.not_connected)->inc();
+    if (inner_ && undo_ && !counted_undo_) {  // a take-back, counted where it first went
+      n.stats.compensations->inc();
+      counted_undo_ = true;
+    }
     return inner_ != nullptr;
   }
   bool expired() const { return uv_now(owner_.loop_) >= deadline_ms_; }
@@ -119,6 +123,8 @@ class ClusterClient::RoutedCall final : public PendingCall, public CallTarget {
   int redirects_ = 0;
   int tryagains_ = 0;
   bool waiting_ = false;
+  bool undo_ = false;  // a take-back (callUndo)
+  bool counted_undo_ = false;
 };
 
 ClusterClient::ClusterClient(uv_loop_t* loop, std::vector<config::SocketAddress> seeds,
@@ -190,6 +196,7 @@ ClusterClient::Node* ClusterClient::node(const std::string& name, bool create) {
   n->stats.moved = &stats_.valkey_node_redirects.get(label + ",kind=\"moved\"");
   n->stats.ask = &stats_.valkey_node_redirects.get(label + ",kind=\"ask\"");
   n->stats.tryagain = &stats_.valkey_node_redirects.get(label + ",kind=\"tryagain\"");
+  n->stats.compensations = &stats_.valkey_node_compensations.get(label);
   nodes_.push_back(std::move(n));
   Node* added = nodes_.back().get();
   wake(*added, false);  // nodes found later start at once
@@ -219,6 +226,14 @@ PendingCall* ClusterClient::callDecide(std::string command, std::string_view fir
                                        CallTarget* target) {
   return route(std::make_unique<RoutedCall>(*this, target, std::move(command), true,
                                             keySlot(first_key)));
+}
+
+PendingCall* ClusterClient::callUndo(std::string command, std::string_view first_key,
+                                     CallTarget* target) {
+  auto call = std::make_unique<RoutedCall>(*this, target, std::move(command), true,
+                                           keySlot(first_key));
+  call->undo_ = true;
+  return route(std::move(call));
 }
 
 PendingCall* ClusterClient::command(std::vector<std::string> argv, CallTarget* target) {

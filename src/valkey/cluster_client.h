@@ -53,6 +53,8 @@ class ClusterClient final : public Store, private CallTarget {
   void stop() override;
   PendingCall* callDecide(std::string command, std::string_view first_key,
                           CallTarget* target) override;
+  PendingCall* callUndo(std::string command, std::string_view first_key,
+                        CallTarget* target) override;
   const std::string& decideFunction() const override { return node_options_.function; }
   unsigned slotOf(std::string_view key) const override { return keySlot(key); }
   PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
@@ -72,6 +74,7 @@ class ClusterClient final : public Store, private CallTarget {
     stats::Counter* moved = nullptr;
     stats::Counter* ask = nullptr;
     stats::Counter* tryagain = nullptr;
+    stats::Counter* compensations = nullptr;
   };
   struct Node {
     std::string name;  // "host:port"

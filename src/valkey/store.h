@@ -43,6 +43,11 @@ class Store {
   // cannot be sent now: decide at once.
   virtual PendingCall* callDecide(std::string command, std::string_view first_key,
                                   CallTarget* target) = 0;
+  // The same for a take-back (the undo of decideFunction()), counted as such by a cluster.
+  virtual PendingCall* callUndo(std::string command, std::string_view first_key,
+                                CallTarget* target) {
+    return callDecide(std::move(command), first_key, target);
+  }
   virtual const std::string& decideFunction() const = 0;
   // The cluster slot of a key, which groups keys into calls; one server takes any keys in one
   // call (0 for every key).

@@ -5,6 +5,7 @@ exact under concurrency. The cluster operations (redirections, failover) are in
 test_valkey_cluster.py, whose Cluster this file uses."""
 
 import struct
+import threading
 import time
 from collections import Counter
 
@@ -108,6 +109,10 @@ def test_a_refusal_in_one_slot_leaves_no_charge_in_another(sluice_factory, upstr
     got = [gw.get("/status/200", headers) for _ in range(6)]
     assert [r.status for r in got] == [200, 200, 429, 429, 429, 429]
     assert wait_compensations(gw, 4) == 4, "each refused request took back A's charge"
+    owner_a = cluster.owner(slot(cluster, f"{PREFIX}:A:{{{a}}}"))
+    assert metric_sum(gw, "sluice_valkey_node_compensations_total",
+                      node=f"127.0.0.1:{owner_a}") == 4, "sent to the owner of A's key"
+    assert metric_sum(gw, "sluice_valkey_node_compensations_total") == 4
     # A counted the two requests that went through (cost 3 each), nothing of the four others.
     r = gw.get("/status/200", [("X-A", a), ("X-B", b + "-other")])
     assert r.status == 200, r
@@ -144,4 +149,53 @@ def test_concurrent_requests_across_slots_exactly_the_limit(sluice_factory, upst
             time.monotonic() < deadline:
         time.sleep(0.02)
     assert count == 15, f"{loose} counts {count} after 15 requests went through"
+    assert metric_sum(gw, "sluice_valkey_compensations_total", result="failed") == 0
+
+
+def test_a_slot_moved_under_load_admits_nothing_beyond_the_limit(sluice_factory, upstream,
+                                                                 spread_cluster):
+    """4 clients in a loop on one client's limit A (60 an hour; on_error deny) and a loose
+    limit B in another slot, while A's slot moves to another primary (MIGRATING/IMPORTING,
+    MIGRATE, SETSLOT NODE): at worst some decisions go by on_error (503) while it moves;
+    exactly 60 are admitted in all, the last ones by the new owner."""
+    cluster = spread_cluster
+    limits = [limit_cfg("A", "fixed_window", 60, "1h", by=["header:X-A"], on_error="deny"),
+              limit_cfg("B", "fixed_window", 100000, "1h", by=["header:X-B"])]
+    gw = sluice_factory(upstream, routes=[route_cfg("api", ["A", "B"])],
+                        extra_toml=spread_toml(cluster, limits, timeout="200ms"), workers=2)
+    wait_admin(gw, "/ready", 200)
+    avoid_window_boundary_cluster(cluster, 3600, 60)
+    a, b = values_in_other_slots(cluster, "A", "B")
+    key_a = f"{PREFIX}:A:{{{a}}}"
+    slot_a = slot(cluster, key_a)
+    source = cluster.owner(slot_a)
+    target = next(p for p in cluster.ports if p not in (source, cluster.owner(
+        slot(cluster, f"{PREFIX}:B:{{{b}}}"))))
+    statuses, stop = [], threading.Event()
+
+    def client():
+        while not stop.is_set():
+            statuses.append(gw.get("/status/200", [("X-A", a), ("X-B", b)]).status)
+
+    threads = [threading.Thread(target=client) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while statuses.count(200) < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cluster.move_slot(slot_a, target) == [key_a], "A's counter moves with its slot"
+        deadline = time.monotonic() + 10
+        while 429 not in statuses[-20:] and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    got = Counter(statuses)
+    assert got[200] == 60, dict(got)
+    assert set(got) <= {200, 429, 503}, dict(got)
+    assert cluster.owner(slot_a) == target
+    assert struct.unpack("<Id", redis.Redis(port=target).get(key_a))[1] == 60, \
+        "the new owner counts every admitted request, and no refused one"
     assert metric_sum(gw, "sluice_valkey_compensations_total", result="failed") == 0
