@@ -27,7 +27,9 @@
 //                       algorithm, limit, window_ms, cost, T of the call that charged it;
 //                       reply: how many keys it changed
 //
-// A change of this layout, or of what a key holds, is a new key prefix version (README).
+// A change of what a key holds is a new key prefix version (README). This layout is between
+// a gateway and its own library (named after the hash of its code): gateways of two versions
+// each call their own.
 
 #include <cstddef>
 #include <cstdint>
