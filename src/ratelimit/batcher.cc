@@ -170,11 +170,12 @@ class DecisionBatcher::Split final : public PendingDecision {
     }
   };
 
+  // `slots`: the slot of each limit's key.
   Split(DecisionTarget* target, std::shared_ptr<valkey::Store> store, stats::WorkerStats& stats,
-        const std::vector<AppliedLimit>& limits)
+        const std::vector<AppliedLimit>& limits, const std::vector<unsigned>& slots)
       : target_(target), store_(std::move(store)), stats_(stats), count_(limits.size()) {
     for (size_t i = 0; i < limits.size(); ++i) {
-      const unsigned slot = store_->slotOf(limits[i].key);
+      const unsigned slot = slots[i];
       auto it = std::find_if(parts_.begin(), parts_.end(),
                              [&](const Part& p) { return p.slot == slot; });
       if (it == parts_.end()) {
@@ -274,13 +275,15 @@ PendingDecision* DecisionBatcher::decide(const std::vector<AppliedLimit>& limits
                                          DecisionTarget* target) {
   if (limits.empty() || !store_->accepting()) return nullptr;
   if (queued_.empty()) uv_prepare_start(&flush_->handle, onFlush);
-  const unsigned slot = store_->slotOf(limits.front().key);
+  // Each key's slot, computed once (a CRC16 of its hash tag on a cluster).
+  slots_.clear();
   bool one_slot = true;
-  for (size_t i = 1; one_slot && i < limits.size(); ++i) {
-    one_slot = store_->slotOf(limits[i].key) == slot;
+  for (const AppliedLimit& l : limits) {
+    slots_.push_back(store_->slotOf(l.key));
+    one_slot = one_slot && slots_.back() == slots_.front();
   }
-  if (one_slot) return batchFor(slot)->add(limits, target);
-  auto split = std::make_shared<Split>(target, store_, stats_, limits);
+  if (one_slot) return batchFor(slots_.front())->add(limits, target);
+  auto split = std::make_shared<Split>(target, store_, stats_, limits, slots_);
   for (Split::Part& part : split->parts()) {
     batchFor(part.slot)->add(part.limits, &part)->keep = split;
   }

@@ -93,6 +93,7 @@ class DecisionBatcher {
   Flush* flush_;
   std::vector<Batch*> queued_;  // not sent yet, in order
   std::vector<std::pair<unsigned, Batch*>> open_;  // the batch of each slot taking requests
+  std::vector<unsigned> slots_;  // (reused by decide(): the slot of each limit's key)
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // expires with this
 };
 
