@@ -64,6 +64,8 @@ class Client final : public Store {
   // owner). Does nothing otherwise, or when the reconnection is due that soon anyway.
   void hurry();
   bool ready() const { return state_ == State::Ready; }
+  // A connection attempt is under way (not waiting out a backoff): ready in about a round trip.
+  bool connecting() const { return state_ == State::Connecting || state_ == State::Handshake; }
   // Ready and not waiting for a late reply: calls are being sent.
   bool answering() const { return state_ == State::Ready && !suspect_; }
 

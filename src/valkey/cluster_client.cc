@@ -17,6 +17,11 @@ constexpr uint64_t kRefreshEveryMs = 10000;   // and the slot map read again thi
 constexpr uint64_t kDegradedTickMs = 300;     // or this often while a slot has no reachable owner
 constexpr uint64_t kStartTickMs = 100;        // until the first map
 constexpr uint64_t kMinRefreshGapMs = 200;    // after a redirection or a lost node
+// After an unsettled moment (a slot without a reachable owner, a lost node, a redirection, an
+// owner that changed) the map stays read every kDegradedTickMs this long: the nodes' views
+// differ for a while after a failover (a map read from a node that had not heard of the
+// promotion yet, a dead primary restarted that still names itself the owner).
+constexpr uint64_t kSettleMs = 5000;
 constexpr int kMaxRedirects = 3;              // MOVED and ASK, per call
 constexpr uint64_t kTryAgainFirstMs = 2;      // TRYAGAIN: wait 2, 4, 8, 16, 20, 20... ms
 constexpr uint64_t kTryAgainMaxMs = 20;
@@ -243,13 +248,23 @@ PendingCall* ClusterClient::command(std::vector<std::string> argv, CallTarget* t
 
 PendingCall* ClusterClient::route(std::unique_ptr<RoutedCall> call) {
   if (stopped_) return nullptr;
-  const int index = slots_[call->slot_];
-  if (index < 0 || !call->sendVia(*nodes_[index], false)) {
-    // No owner, or its node is not connected: decide now, and look for the owner.
-    refreshSoon();
-    return nullptr;
-  }
+  if (dispatch(call.get()) == Dispatch::NotSent) return nullptr;
   return call.release();
+}
+
+ClusterClient::Dispatch ClusterClient::dispatch(RoutedCall* call) {
+  const int index = slots_[call->slot_];
+  Node* owner = index >= 0 ? nodes_[index].get() : nullptr;
+  const bool connecting = owner && owner->client->connecting();
+  if (owner && !connecting && call->sendVia(*owner, false)) return Dispatch::Sent;
+  // No owner, or its node is not connected: look for the owner.
+  unsettle();
+  refreshSoon();
+  if (connecting) {
+    if (scheduleRetry(call)) return Dispatch::Waiting;
+    owner->stats.not_connected->inc();
+  }
+  return Dispatch::NotSent;
 }
 
 void ClusterClient::flush() {
@@ -287,21 +302,24 @@ void ClusterClient::onRoutedReply(RoutedCall* call, Reply& reply) {
     if (to) {
       if (!ask) {
         slots_[slot] = indexOf(to);
+        unsettle();
         refreshSoon();
       }
-      wake(*to, true);  // a node that came back: connects now, serves the calls after this one
+      wake(*to, true);  // a node that came back: connects now
       if (call->expired()) {
         fail(call, Failure::Timeout, nullptr);
         return;
       }
       if (to->client->answering()) {
         if (call->sendVia(*to, ask)) return;
+      } else if (to->client->connecting() && scheduleRetry(call)) {
+        return;  // sent to the slot's owner again once the new node is connected
       } else {
         to->stats.not_connected->inc();
       }
     }
-    // The new owner is not connected yet: this call decides by on_error, the next ones go
-    // there once it is.
+    // The new owner cannot be reached within the deadline: this call decides by on_error,
+    // the next ones go there once it is connected.
     fail(call, Failure::NotConnected, nullptr);
     return;
   }
@@ -313,7 +331,10 @@ void ClusterClient::onRoutedReply(RoutedCall* call, Reply& reply) {
 
 void ClusterClient::onRoutedFailure(RoutedCall* call, Failure failure) {
   call->inner_ = nullptr;
-  if (failure == Failure::Disconnected) refreshSoon();
+  if (failure == Failure::Disconnected) {
+    unsettle();
+    refreshSoon();
+  }
   fail(call, failure, call->node_);
 }
 
@@ -334,18 +355,21 @@ void ClusterClient::fail(RoutedCall* call, Failure failure, Node* blame) {
 // call is sent again to the slot's owner after a short wait (which answers, or redirects with
 // ASK once every key has moved), as long as the deadline leaves room for it.
 void ClusterClient::retryLater(RoutedCall* call) {
+  if (!scheduleRetry(call)) fail(call, Failure::Timeout, call->node_);
+}
+
+// The same waits serve a call whose slot's owner is still connecting.
+bool ClusterClient::scheduleRetry(RoutedCall* call) {
   const int shift = std::min(call->tryagains_++, 4);
   const uint64_t wait = std::min(kTryAgainFirstMs << shift, kTryAgainMaxMs);
-  if (stopped_ || uv_now(loop_) + wait >= call->deadline_ms_) {
-    fail(call, Failure::Timeout, call->node_);
-    return;
-  }
+  if (stopped_ || uv_now(loop_) + wait >= call->deadline_ms_) return false;
   if (!call->retry_timer_) {
     call->retry_timer_ = std::make_unique<Timer>(loop_, RoutedCall::onRetryTimer, call);
   }
   call->waiting_ = true;
   waiting_.push_back(call);
   call->retry_timer_->start(wait);
+  return true;
 }
 
 void ClusterClient::onRetry(RoutedCall* call) {
@@ -356,12 +380,10 @@ void ClusterClient::onRetry(RoutedCall* call) {
     fail(call, Failure::Timeout, call->node_);
     return;
   }
-  const int index = slots_[call->slot_];
-  if (index < 0 || !call->sendVia(*nodes_[index], false)) {
-    refreshSoon();
-    fail(call, Failure::NotConnected, nullptr);
-  }
+  if (dispatch(call) == Dispatch::NotSent) fail(call, Failure::NotConnected, nullptr);
 }
+
+void ClusterClient::unsettle() { unsettled_until_ms_ = uv_now(loop_) + kSettleMs; }
 
 void ClusterClient::refreshSoon() {
   const uint64_t now = uv_now(loop_);
@@ -427,6 +449,7 @@ void ClusterClient::applySlots(const Reply& reply) {
     if (slots_[slot] >= 0) owned[static_cast<size_t>(slots_[slot])] = true;
     if (slots[slot] >= 0) owns[static_cast<size_t>(slots[slot])] = true;
   }
+  if (have_map_ && slots != slots_) unsettle();  // an owner changed: views may still differ
   slots_.swap(slots);
   have_map_ = true;
   // Owners run (one that came back reconnects now). A node that owns nothing and has lost its
@@ -471,14 +494,18 @@ bool ClusterClient::publishReady() {
 // replica is found within that (plus one round trip and a connection).
 void ClusterClient::armRefreshTimer(bool reachable) {
   if (stopped_) return;
-  refresh_timer_.start(!have_map_ ? kStartTickMs : reachable ? kTickMs : kDegradedTickMs);
+  if (!reachable) unsettle();
+  const bool settled = uv_now(loop_) >= unsettled_until_ms_;
+  refresh_timer_.start(!have_map_ ? kStartTickMs : settled ? kTickMs : kDegradedTickMs);
 }
 
 void ClusterClient::onRefreshTimer(void* self) {
   auto* c = static_cast<ClusterClient*>(self);
   const bool reachable = c->publishReady();
   const uint64_t now = uv_now(c->loop_);
-  if (!reachable || now - c->last_refresh_ms_ >= kRefreshEveryMs) c->refresh();
+  if (!reachable || now < c->unsettled_until_ms_ || now - c->last_refresh_ms_ >= kRefreshEveryMs) {
+    c->refresh();
+  }
   c->armRefreshTimer(reachable);
 }
 

@@ -5,12 +5,16 @@
 //
 // The map is read at start, every 10 s, at once after a redirection or a lost node, and every
 // 300 ms while some slot has no reachable owner (no owner in the map, or its node not
-// connected or not answering): a replica promoted after its primary died is found within one
-// of those rounds. MOVED updates the map and resends to the new owner; ASK resends once with
-// ASKING; TRYAGAIN (a multi-key call on a slot being migrated) resends to the slot's owner
-// after a short wait. A routed call keeps the deadline it was made with across every resend.
-// A redirection to a node that is not connected yet fails the call (its limits decide by
-// on_error) rather than let it wait.
+// connected or not answering) and for 5 s after that, or after any redirection, lost node or
+// change of owner: a replica promoted after its primary died is found within one of those
+// rounds, even when the first map read after the promotion came from a node that had not
+// heard of it yet, or the dead primary came back still naming itself the owner. MOVED updates
+// the map and resends to the new owner; ASK resends once with ASKING; TRYAGAIN (a multi-key
+// call on a slot being migrated) resends to the slot's owner after a short wait. A routed call
+// keeps the deadline it was made with across every resend. A call for a node that is being
+// connected (just named the owner, by the map or a redirection) waits for it within that
+// deadline; one for a node that is not connected otherwise fails at once (its limits decide
+// by on_error).
 //
 // Nodes are never forgotten: a node that owns no slot and has lost its connection is stopped
 // (no reconnection attempts to a dead node), and started again when the map gives it slots or
@@ -91,17 +95,27 @@ class ClusterClient final : public Store, private CallTarget {
   void onValkeyFailure(Failure failure) override;
 
   PendingCall* route(std::unique_ptr<RoutedCall> call);
+  enum class Dispatch { Sent, Waiting, NotSent };
+  // Sends the call to its slot's owner, or keeps it to be sent again shortly when the owner is
+  // connecting and the deadline leaves room (Waiting), or neither (NotSent: no owner, or not
+  // connected). Unless sent, the map is read again soon.
+  Dispatch dispatch(RoutedCall* call);
   void onRoutedReply(RoutedCall* call, Reply& reply);
   void onRoutedFailure(RoutedCall* call, Failure failure);
   // Tells the call's target `failure` and deletes the call; counts it against `blame`.
   void fail(RoutedCall* call, Failure failure, Node* blame);
   void retryLater(RoutedCall* call);
+  // Resends the call after a short wait (2, 4, 8, 16, 20... ms); false if the deadline leaves
+  // no room for it.
+  bool scheduleRetry(RoutedCall* call);
   void onRetry(RoutedCall* call);
   Node* node(const std::string& name, bool create);
   int indexOf(const Node* n) const;
   void wake(Node& n, bool hurry);
   void refresh();
   void refreshSoon();
+  // Reads the map every kDegradedTickMs for the next kSettleMs.
+  void unsettle();
   void applySlots(const Reply& reply);
   // Publishes readiness (every slot owned by a connected node); returns whether every slot
   // has a reachable owner (connected and answering).
@@ -119,6 +133,7 @@ class ClusterClient final : public Store, private CallTarget {
   PendingCall* refresh_call_ = nullptr;
   Client* refresh_client_ = nullptr;
   uint64_t last_refresh_ms_ = 0;
+  uint64_t unsettled_until_ms_ = 0;
   bool have_map_ = false;
   bool started_ = false;
   bool stopped_ = false;

@@ -160,6 +160,20 @@ class Cluster:
     def in_sync(self, replica):
         return "master_link_status:up" in self.cli(replica, "INFO", "replication")
 
+    def wait_replicated(self, primary, replica, timeout=5):
+        """Until `replica` has applied every write `primary` made so far. (WAIT from a new
+        connection proves nothing: it waits for that connection's own writes, which are none.)"""
+        def offset(port, field):
+            for line in self.cli(port, "INFO", "replication").splitlines():
+                if line.startswith(field + ":"):
+                    return int(line.split(":", 1)[1])
+            return -1
+        target = offset(primary, "master_repl_offset")
+        deadline = time.monotonic() + timeout
+        while offset(replica, "slave_repl_offset") < target:
+            assert time.monotonic() < deadline, f"{replica} did not reach offset {target}"
+            time.sleep(0.01)
+
     def role(self, port):
         return self.cli(port, "ROLE").split("\n")[0]
 
@@ -510,7 +524,7 @@ def test_a_killed_primary_decides_by_on_error_until_its_replica_is_promoted(
     # Every node is a seed (replicas too), as in production.
     gw = failover_gateway(sluice_factory, upstream, ha_cluster, limit, ha_cluster.ports)
     assert [gw.get("/status/200").status for _ in range(3)] == [200] * 3
-    assert ha_cluster.cli(primary, "WAIT", "1", "2000") == "1"  # the replica has the charges
+    ha_cluster.wait_replicated(primary, replica)  # the replica has the charges
     traffic = Traffic(gw)
     t_kill, t_promoted, t_unready = kill_and_wait_for_promotion(
         ha_cluster, gw, traffic, primary, replica, survivor)
@@ -548,7 +562,7 @@ def test_a_primary_that_comes_back_and_fails_back_is_used_again(sluice_factory, 
     # connection is stopped while it owns nothing and started again when it owns slots.
     gw = failover_gateway(sluice_factory, upstream, ha_cluster, limit, [survivor])
     assert gw.get("/status/200").status == 200
-    assert ha_cluster.cli(primary, "WAIT", "1", "2000") == "1"
+    ha_cluster.wait_replicated(primary, replica)
     traffic = Traffic(gw)
     _, t_promoted, _ = kill_and_wait_for_promotion(ha_cluster, gw, traffic, primary, replica,
                                                    survivor)
