@@ -502,6 +502,13 @@ def run_until_refused(traffic, limit_s):
     pytest.fail(f"no 429 within {limit_s} s: {traffic.log[-20:]}")
 
 
+def assert_counted_once(gw, allowed, limit, log):
+    """Never beyond the limit; below it only by the calls that ran out of their deadline (the
+    gateway answered by on_error, but Valkey may have charged them: conservative)."""
+    timeouts = metric_sum(gw, "sluice_valkey_node_errors_total", kind="timeout")
+    assert limit - timeouts <= allowed <= limit, (allowed, timeouts, log)
+
+
 def assert_exact_within(log, t_event, within):
     """From t_event on: 503 (on_error) only within `within` s of it (each worker finds the new
     owner on its own: one may still answer by on_error after the other is exact), then only
@@ -543,7 +550,7 @@ def test_a_killed_primary_decides_by_on_error_until_its_replica_is_promoted(
     assert t_ready - t_promoted < 2.0
     # Exact across the failover: the replica had the 3 charges, 27 more were allowed, no more.
     allowed = 3 + sum(1 for s in after if s == 200)
-    assert allowed == limit, traffic.log
+    assert_counted_once(gw, allowed, limit, traffic.log)
     # Per node: the dead primary's refusals, the promoted replica's calls.
     assert node_metric(gw, "sluice_valkey_node_errors_total", primary) >= 1
     assert node_metric(gw, "sluice_valkey_node_calls_total", replica) >= limit - 3
@@ -591,4 +598,4 @@ def test_a_primary_that_comes_back_and_fails_back_is_used_again(sluice_factory, 
     # Its decisions went to the old primary again, and every request allowed was counted once.
     assert node_metric(gw, "sluice_valkey_node_calls_total", primary) > calls_before
     allowed = 1 + sum(1 for at, s in traffic.log if s == 200)
-    assert allowed == limit, traffic.log
+    assert_counted_once(gw, allowed, limit, traffic.log)
