@@ -86,9 +86,9 @@ FieldValue dropEmpty(FieldValue field) {
 }
 
 FieldValue single(std::optional<std::string> value) {
-  FieldValue field;
-  field.value = std::move(value);
-  return dropEmpty(std::move(field));
+  FieldValue field;  // an empty value is no value
+  if (value && !value->empty()) field.value = std::move(value);
+  return field;
 }
 
 }  // namespace

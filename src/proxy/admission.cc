@@ -54,13 +54,14 @@ void Admission::reset() {
   std::string().swap(body_);
   rate_headers_.clear();  // its capacity serves the connection's next request
   sent_ms_ = sent_ns_ = valkey_ns_ = 0;
-  started_ = done_ = needs_body_ = body_complete_ = waiting_body_ = false;
+  state_ = State::Idle;
+  needs_body_ = body_complete_ = false;
 }
 
 void Admission::start(Snapshot& snapshot, const config::RouteConfig& route,
                       const http::MessageHead& head, const Target& target,
                       const identity::ClientAddress& client) {
-  started_ = true;
+  state_ = State::Tenant;
   snapshot_ = &snapshot;
   route_ = &route;
   const config::Config& config = *snapshot.config;
@@ -91,17 +92,14 @@ void Admission::start(Snapshot& snapshot, const config::RouteConfig& route,
 }
 
 void Admission::onBody(const char* data, size_t len) {
-  if (!needs_body_ || done_) return;
+  if (!needs_body_ || state_ == State::Done) return;
   body_.append(data, len);
   if (body_.size() > route_->max_buffered_body_bytes) refuse(bodyTooLarge());
 }
 
 void Admission::onBodyComplete() {
   body_complete_ = true;
-  if (waiting_body_ && !done_) {
-    waiting_body_ = false;
-    continueAfterTenant();
-  }
+  if (state_ == State::Body) continueAfterTenant();
 }
 
 bool Admission::resolveTenant() {
@@ -152,7 +150,7 @@ void Admission::onTenantReply(valkey::Reply& reply) {
 
 void Admission::continueAfterTenant() {
   if (needs_body_ && !body_complete_) {
-    waiting_body_ = true;
+    state_ = State::Body;
     return;
   }
   facts_.body = body_;
@@ -160,6 +158,7 @@ void Admission::continueAfterTenant() {
 }
 
 void Admission::decide() {
+  state_ = State::Deciding;
   const config::Config& config = *snapshot_->config;
   std::string ambiguous;
   ratelimit::appliedLimits(config, *route_, facts_, &ambiguous, &applied_);
@@ -242,14 +241,16 @@ void Admission::apply(const ratelimit::Decision& decision) {
   }
 }
 
-// Both end the admission, and the owner may reset it from inside: nothing follows them.
+// Both end the admission: the owner is told once.
 void Admission::refuse(const http::LocalResponse& response) {
-  done_ = true;
+  if (state_ == State::Done) return;
+  state_ = State::Done;
   owner_.onRefused(response);
 }
 
 void Admission::admit() {
-  done_ = true;
+  if (state_ == State::Done) return;
+  state_ = State::Done;
   owner_.onAdmitted();
 }
 

@@ -4,7 +4,9 @@
 // fields) and what the rate limits say. Up to three steps may wait: the tenant of an API key
 // that the TOML does not list (a Valkey lookup on a cache miss), the body (form: and json: key
 // parts), and the decision (one FCALL). Lives in its Exchange and is reset with it; the
-// pending Valkey call is cancelled on reset, so no reply reaches a later request.
+// pending Valkey call is cancelled on reset, so no reply reaches a later request. The owner is
+// told the outcome once (onAdmitted or onRefused), as the last thing a method of this class
+// does; the owner does not reset it from there (its connection does, afterwards).
 
 #include <cstdint>
 #include <string>
@@ -46,7 +48,7 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   void onBodyComplete();
   // Cancels what is pending and forgets the request.
   void reset();
-  bool pending() const { return started_ && !done_; }
+  bool pending() const { return state_ != State::Idle && state_ != State::Done; }
   // Waiting for the rest of the body, which it needs to decide.
   bool readsBody() const { return pending() && needs_body_ && !body_complete_; }
 
@@ -64,8 +66,15 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   void onDecision(const ratelimit::Decision& decision) override;
   void onDecisionError(std::string_view why) override;
 
-  // Both return whether to go on (false: waiting for Valkey, or refused). After a refusal the
-  // owner may already have reset this admission, so the caller must touch nothing.
+  enum class State {
+    Idle,      // no request
+    Tenant,    // waiting for the tenant of the API key (call_ pending)
+    Body,      // waiting for the rest of the body, which a limit's key needs
+    Deciding,  // waiting for the decision (decision_ pending)
+    Done,      // admitted or refused: the owner was told, once
+  };
+
+  // Both return whether to go on (false: waiting for Valkey, or refused).
   bool resolveTenant();
   bool onTenant(bool known, const std::string& tenant, const std::string& plan);
   void onTenantReply(valkey::Reply& reply);
@@ -89,11 +98,9 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   uint64_t sent_ms_ = 0;  // loop time when the decision was asked, for the deny cache
   uint64_t sent_ns_ = 0;
   uint64_t valkey_ns_ = 0;
-  bool started_ = false;
-  bool done_ = false;
-  bool needs_body_ = false;
-  bool body_complete_ = false;
-  bool waiting_body_ = false;
+  State state_ = State::Idle;
+  bool needs_body_ = false;     // a limit of the route is keyed on a body field
+  bool body_complete_ = false;  // the request's last body byte was read
 };
 
 }  // namespace sluice::proxy

@@ -43,6 +43,7 @@ DownstreamConnection::DownstreamConnection(WorkerContext& worker,
     : worker_(worker),
       transport_(std::move(transport)),
       timer_(worker.loop(), onTimer, this),
+      after_response_(worker.loop(), onAfterResponse, this),
       parser_(http::Parser::Type::Request, this,
               requestLimits(worker.snapshot()->config->server)),
       exchange_(*this) {
@@ -89,8 +90,8 @@ void DownstreamConnection::onRead(const char* data, size_t len) {
       break;
   }
   if (close_when_drained_) return;  // answered and closing: the rest is discarded
-  const bool parsing_held = (request_active_ && request_complete_) || !pending_.empty() ||
-                            timer_role_ == TimerRole::Resume;
+  const bool parsing_held = request_ == Request::Received || request_ == Request::Answered ||
+                            !pending_.empty() || timer_role_ == TimerRole::Resume;
   if (parsing_held) {
     pending_.append(data, len);
     if (pending_.size() > kMaxPendingBytes && !paused_full_) {
@@ -103,7 +104,7 @@ void DownstreamConnection::onRead(const char* data, size_t len) {
 }
 
 void DownstreamConnection::process(const char* data, size_t len) {
-  if (!request_active_ && !parser_.inMessage() && timer_role_ != TimerRole::Header) {
+  if (request_ == Request::None && !parser_.inMessage() && timer_role_ != TimerRole::Header) {
     // The first byte of a new request: from now on the head has request_header_timeout.
     timer_role_ = TimerRole::Header;
     timer_.start(static_cast<uint64_t>(
@@ -128,13 +129,11 @@ void DownstreamConnection::process(const char* data, size_t len) {
       failRequest(result.error_status, result.error_reason);
       return;
   }
-  if (response_done_ && request_active_) afterResponse();
+  if (answered()) afterResponse();
 }
 
 int DownstreamConnection::onMessageHead(http::MessageHead& head) {
-  request_active_ = true;
-  request_complete_ = false;
-  response_done_ = false;
+  request_ = Request::Receiving;
   keep_alive_ = head.keep_alive;
   if (head.version_major != 1) return 505;
   if (head.method == "CONNECT") return 405;
@@ -160,7 +159,8 @@ void DownstreamConnection::onMessageBody(const char* data, size_t len) {
 }
 
 void DownstreamConnection::onMessageComplete() {
-  request_complete_ = true;
+  if (request_ == Request::Receiving) request_ = Request::Received;
+  if (request_ == Request::AnsweredEarly) request_ = Request::Answered;
   if (timer_role_ == TimerRole::Body) {
     timer_role_ = TimerRole::None;
     timer_.stop();
@@ -169,21 +169,29 @@ void DownstreamConnection::onMessageComplete() {
 }
 
 void DownstreamConnection::responseFinished(bool keep_alive) {
-  response_done_ = true;
+  if (request_ == Request::Receiving) request_ = Request::AnsweredEarly;
+  if (request_ == Request::Received) request_ = Request::Answered;
   keep_alive_ = keep_alive_ && keep_alive;
-  // Inside the parser the request may still be arriving; process() takes it from here.
-  if (!in_parser_) afterResponse();
+  // The exchange is inside one of its methods: reset it once that returned. Inside the parser
+  // the request may still be arriving, and process() takes it from here; otherwise on the
+  // next loop iteration.
+  if (!in_parser_) after_response_.start(0);
+}
+
+void DownstreamConnection::onAfterResponse(void* self) {
+  auto* conn = static_cast<DownstreamConnection*>(self);
+  if (conn->answered() && conn->state_ == State::Reading) conn->afterResponse();
 }
 
 void DownstreamConnection::afterResponse() {
-  request_active_ = false;
-  response_done_ = false;
+  after_response_.stop();
+  const bool complete = request_ == Request::Answered;
+  request_ = Request::None;
   exchange_.reset();
-  if (!keep_alive_ || !request_complete_ || draining_ || client_eof_) {
+  if (!keep_alive_ || !complete || draining_ || client_eof_) {
     closeAfterWrites();
     return;
   }
-  request_complete_ = false;
   parser_.resume();
   if (!pending_.empty()) {
     // A pipelined request is waiting. Parse it from the loop, not from inside the callback
@@ -197,7 +205,7 @@ void DownstreamConnection::afterResponse() {
 
 void DownstreamConnection::failRequest(int status, const char* reason) {
   SLUICE_LOG_DEBUG("client request refused: {} {}", status, logging::sanitize(reason));
-  request_active_ = false;
+  request_ = Request::None;
   if (exchange_.refuse(status, reason)) {
     closeAfterWrites();
   } else {
@@ -261,7 +269,7 @@ void DownstreamConnection::endTunnel() {
 void DownstreamConnection::drain() {
   draining_ = true;
   if (state_ != State::Reading) return;
-  if (!request_active_ && !parser_.inMessage()) closeNow();
+  if (request_ == Request::None && !parser_.inMessage()) closeNow();
 }
 
 void DownstreamConnection::forceClose() {
@@ -311,7 +319,9 @@ void DownstreamConnection::onReadEnd(int status) {
   }
   client_eof_ = true;
   // A client may half-close after sending a complete request; it still gets its response.
-  if (request_active_ && request_complete_ && !close_when_drained_) return;
+  if ((request_ == Request::Received || request_ == Request::Answered) && !close_when_drained_) {
+    return;
+  }
   closeNow();
 }
 

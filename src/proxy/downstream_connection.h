@@ -5,6 +5,10 @@
 // client-side timeouts, and closes without losing the last response (lingering close).
 //
 // Lifetime: created by the listener, destroyed in the transport's onClosed(), never earlier.
+// The exchange is reset by the connection only, from its own callbacks: when the exchange
+// says its response is finished (from inside an upstream or Valkey callback, or from inside
+// the parser), the reset waits until that call has returned (after the parser, or on the
+// next loop iteration), so no object is reset while one of its methods runs.
 
 #include <memory>
 #include <optional>
@@ -60,6 +64,15 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
  private:
   friend class WorkerContext;  // intrusive list
   enum class State { Reading, Tunnel, Lingering, Closed };
+  // The request being answered, while State::Reading.
+  enum class Request {
+    None,           // between requests
+    Receiving,      // its head was parsed, its body is arriving; no response yet
+    Received,       // its last byte was parsed; the response is in progress
+    AnsweredEarly,  // the response is finished, the body was still arriving (the connection
+                    // closes: the rest of the body is not read)
+    Answered,       // both are done: the exchange is reset, then the next request may come
+  };
 
   // net::TransportCallbacks
   void onRead(const char* data, size_t len) override;
@@ -73,9 +86,13 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   void onMessageComplete() override;
 
   static void onTimer(void* self);
+  static void onAfterResponse(void* self);
   // Parses from pending_ (and `data`): stops after a complete request or at an error.
   void process(const char* data, size_t len);
   void afterResponse();
+  bool answered() const {
+    return request_ == Request::AnsweredEarly || request_ == Request::Answered;
+  }
   void failRequest(int status, const char* reason);
   void closeAfterWrites();
   void closeNow();
@@ -84,6 +101,7 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   WorkerContext& worker_;
   std::unique_ptr<net::Transport> transport_;
   Timer timer_;
+  Timer after_response_;  // runs afterResponse() on the next loop iteration
   http::Parser parser_;
   Exchange exchange_;
   std::string pending_;  // received, not parsed yet (pipelined requests, tunnel bytes)
@@ -94,10 +112,8 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   State state_ = State::Reading;
   enum class TimerRole { None, Idle, Header, Body, Resume, Linger, Tunnel };
   TimerRole timer_role_ = TimerRole::None;
+  Request request_ = Request::None;
   bool in_parser_ = false;
-  bool request_active_ = false;    // between the head of a request and the end of its response
-  bool request_complete_ = false;  // its last byte was parsed
-  bool response_done_ = false;
   bool keep_alive_ = true;
   bool paused_by_exchange_ = false;
   bool paused_full_ = false;       // pending_ is full

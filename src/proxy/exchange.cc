@@ -53,7 +53,7 @@ void Exchange::reset() {
   out_pieces_.clear();
   out_owned_.clear();
   client_ = identity::ClientAddress{};
-  phase_ = Phase::Idle;
+  state_ = State::Idle;
   snapshot_.reset();
   route_ = nullptr;
   cluster_ = nullptr;
@@ -68,36 +68,36 @@ void Exchange::reset() {
   error_ = "";
   request_id_.clear();
   head_request_ = wants_upgrade_ = expect_continue_ = continue_sent_ = false;
-  request_complete_ = request_head_sent_ = upstream_reused_ = false;
-  response_started_ = keep_alive_ = client_paused_ = upstream_paused_ = false;
+  request_complete_ = upstream_reused_ = false;
+  keep_alive_ = client_paused_ = upstream_paused_ = false;
   tunnel_client_ended_ = tunnel_upstream_ended_ = false;
 }
 
 void Exchange::abort(int status, const char* why) {
   detach();
-  if (phase_ != Phase::Idle && phase_ != Phase::Done) {
+  if (state_ != State::Idle && state_ != State::Done) {
     // Like nginx's 499: the client went away before its response was complete.
     if (!*error_) error_ = why;
-    complete(response_started_ ? status_ : status);
+    complete(responseStarted() ? status_ : status);
   }
-  phase_ = Phase::Done;
+  state_ = State::Done;
 }
 
 bool Exchange::refuse(int status, const char* why) {
   detach();
-  if (response_started_) {
-    if (phase_ != Phase::Idle && phase_ != Phase::Done) {
+  if (responseStarted()) {
+    if (state_ != State::Idle && state_ != State::Done) {
       error_ = why;
       complete(status_);
     }
-    phase_ = Phase::Done;
+    state_ = State::Done;
     return false;
   }
-  if (phase_ == Phase::Idle) resolveClient();  // the head never parsed: the peer is all we know
+  if (state_ == State::Idle) resolveClient();  // the head never parsed: the peer is all we know
   error_ = why;
   send(http::renderLocalResponse(http::problemResponse(status, why), false, false, false));
-  response_started_ = true;
-  phase_ = Phase::Done;
+  status_ = status;
+  state_ = State::Done;
   complete(status);
   return true;
 }
@@ -175,7 +175,7 @@ void Exchange::sendv(const std::string_view* parts, size_t count) {
 void Exchange::begin(http::MessageHead&& head) {
   reset();
   start_ns_ = uv_hrtime();
-  phase_ = Phase::Deciding;
+  state_ = State::Deciding;
   snapshot_ = conn_.worker().snapshot();
   request_ = std::move(head);
   resolveClient();
@@ -236,7 +236,7 @@ void Exchange::forward() {
 
 void Exchange::connectUpstream(bool fresh) {
   ++attempts_;
-  phase_ = Phase::Connecting;
+  state_ = State::Connecting;
   const upstream::Cluster::Acquired acquired = cluster_->acquire(this, fresh);
   if (!acquired.connection) {
     if (attempts_ < static_cast<int>(cluster_->endpointCount())) {
@@ -255,7 +255,7 @@ void Exchange::connectUpstream(bool fresh) {
 void Exchange::onUpstreamReady() { sendRequestHead(); }
 
 void Exchange::sendRequestHead() {
-  phase_ = Phase::Upstream;
+  state_ = State::Upstream;
   const std::string target = target_.originForm();
   http::UpstreamRequestContext context;
   context.target = target;
@@ -275,7 +275,6 @@ void Exchange::sendRequestHead() {
   if (request_complete_ && request_framing_ == http::Framing::Chunked) parts[count++] = http::kLastChunk;
   upstream_->writev(parts, count);
   std::string().swap(body_buffer_);
-  request_head_sent_ = true;
   upstream_sent_ns_ = uv_hrtime();
   if (request_complete_) {
     upstream_->requestComplete();
@@ -290,14 +289,14 @@ void Exchange::sendRequestHead() {
 }
 
 void Exchange::onRequestBody(const char* data, size_t len) {
-  if (phase_ == Phase::Done || phase_ == Phase::Idle || len == 0) return;
+  if (state_ == State::Done || state_ == State::Idle || len == 0) return;
   bytes_in_ += len;
   if (admission_.pending()) {
     admission_.onBody(data, len);
-    if (phase_ == Phase::Done) return;  // refused: too large
+    if (state_ == State::Done) return;  // refused: too large
   }
   const bool chunked = request_framing_ == http::Framing::Chunked;
-  if (request_head_sent_ && upstream_) {
+  if (headSent() && upstream_) {
     if (chunked) {
       const std::string header = http::chunkHeader(len);
       std::string_view parts[3] = {header, {data, len}, http::kChunkEnd};
@@ -324,12 +323,12 @@ void Exchange::onRequestBody(const char* data, size_t len) {
 
 void Exchange::onRequestComplete() {
   request_complete_ = true;
-  if (phase_ == Phase::Done || phase_ == Phase::Idle) return;
+  if (state_ == State::Done || state_ == State::Idle) return;
   if (admission_.pending()) {
     admission_.onBodyComplete();
     return;
   }
-  if (request_head_sent_ && upstream_) {
+  if (headSent() && upstream_) {
     if (request_framing_ == http::Framing::Chunked) upstream_->write(http::kLastChunk);
     upstream_->requestComplete();
   }
@@ -357,7 +356,7 @@ bool Exchange::clientKeepAlive() const {
 int Exchange::onUpstreamHead(http::MessageHead& head) {
   if (head.status == 101 && !wants_upgrade_) return 502;
   status_ = head.status;
-  response_started_ = true;
+  state_ = State::Responding;
   const uint64_t now = uv_hrtime();
   upstream_head_ns_ = now;
   if (upstream_sent_ns_ != 0) {
@@ -371,7 +370,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
     context.keep_alive = true;
     context.framing = http::Framing::None;
     send(http::buildClientResponseHead(head, context));
-    phase_ = Phase::Tunnel;
+    state_ = State::Tunnel;
     upstream_->startTunnel();
     conn_.startTunnel();
     return 0;
@@ -415,12 +414,12 @@ void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_star
       .get("upstream=\"" + stats::labelValue(cluster_->name()) + "\",kind=\"" +
            upstream::toString(error) + "\"")
       .inc();
-  if (response_started_) {
+  if (responseStarted()) {
     // The head went out: the only honest signal left is to cut the connection.
     flushGathered();
     SLUICE_LOG_WARN("upstream {} failed in the middle of a response: {}", cluster_->name(),
                     upstream::toString(error));
-    phase_ = Phase::Done;
+    state_ = State::Done;
     complete(status_);
     conn_.abortConnection();
     return;
@@ -437,7 +436,6 @@ void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_star
   if (resendable && !upstream_reused_) cluster_->reportFailure(endpoint_);
   if ((nothing_sent || resendable) &&
       attempts_ < static_cast<int>(cluster_->endpointCount()) + (upstream_reused_ ? 1 : 0)) {
-    request_head_sent_ = false;
     connectUpstream(resendable && upstream_reused_);
     return;
   }
@@ -456,20 +454,19 @@ void Exchange::respondLocal(const http::LocalResponse& response) {
     upstream_ = nullptr;
   }
   status_ = response.status;
-  response_started_ = true;
   const bool keep_alive = clientKeepAlive() && !wants_upgrade_;
   send(http::renderLocalResponse(response, keep_alive, head_request_, request_.isHttp10()));
   finish(keep_alive);
 }
 
 void Exchange::finish(bool keep_alive) {
-  phase_ = Phase::Done;
+  state_ = State::Done;
   complete(status_);
   if (client_paused_) {
     client_paused_ = false;
     conn_.resumeReading();
   }
-  conn_.responseFinished(keep_alive);  // may reset this exchange: nothing after it
+  conn_.responseFinished(keep_alive);  // the connection resets this exchange after this call
 }
 
 void Exchange::onClientTunnelData(const char* data, size_t len) {
@@ -503,7 +500,7 @@ void Exchange::endTunnelSide(bool client_side) {
     conn_.transport().shutdownWrite();
   }
   if (tunnel_client_ended_ && tunnel_upstream_ended_) {
-    phase_ = Phase::Done;
+    state_ = State::Done;
     complete(status_);
     conn_.endTunnel();
   }

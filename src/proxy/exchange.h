@@ -45,10 +45,21 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   bool refuse(int status, const char* why);
   // Back to empty between two requests (frees per-request memory).
   void reset();
-  bool responseStarted() const { return response_started_; }
+  // A status line went to the client (from the upstream or ours).
+  bool responseStarted() const { return status_ != 0; }
 
  private:
-  enum class Phase { Idle, Deciding, Connecting, Upstream, Tunnel, Done };
+  enum class State {
+    Idle,        // no request (between two)
+    Deciding,    // routed; the admission runs (tenant, body, decision)
+    Connecting,  // admitted; waiting for an upstream connection
+    Upstream,    // the request head went upstream (its body follows); no response head yet
+    Responding,  // the upstream's response head went to the client; relaying its body
+    Tunnel,      // after a 101: bytes flow both ways
+    Done,        // answered (or aborted); the connection resets it
+  };
+  // The request head went upstream: its body goes there too.
+  bool headSent() const { return state_ == State::Upstream || state_ == State::Responding; }
 
   // upstream::UpstreamCallbacks
   void onUpstreamReady() override;
@@ -89,7 +100,7 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void endTunnelSide(bool client_side);
 
   DownstreamConnection& conn_;
-  Phase phase_ = Phase::Idle;
+  State state_ = State::Idle;
   std::shared_ptr<Snapshot> snapshot_;
   const config::RouteConfig* route_ = nullptr;
   upstream::Cluster* cluster_ = nullptr;
@@ -111,16 +122,14 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   uint64_t bytes_out_ = 0;
   size_t endpoint_ = SIZE_MAX;  // of cluster_, for the log
   const char* error_ = "";
-  int status_ = 0;
+  int status_ = 0;  // of the response, once one started
   int attempts_ = 0;
   bool head_request_ = false;
   bool wants_upgrade_ = false;
   bool expect_continue_ = false;
   bool continue_sent_ = false;
   bool request_complete_ = false;
-  bool request_head_sent_ = false;
   bool upstream_reused_ = false;
-  bool response_started_ = false;
   bool keep_alive_ = false;
   bool client_paused_ = false;
   bool upstream_paused_ = false;
