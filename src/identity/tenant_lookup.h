@@ -1,8 +1,8 @@
 #pragma once
 
 // The owner of an API key that the TOML does not list, looked up in Valkey: the hash
-// "<tenant_key_prefix>:<api key>" with fields `tenant` and `plan` (README, "Tenants in
-// Valkey"). Pure: the command to send and the reading of its reply; the call is the caller's.
+// "<tenant_key_prefix>:<api key>" with fields `tenant` and `plan` (README, "Identity",
+// Tenants). Pure: the command to send and the reading of its reply; the call is the caller's.
 
 #include <string>
 #include <string_view>

@@ -3,9 +3,9 @@
 // The byte transport of one connection: plain TCP (TcpTransport) or TLS over memory BIOs on top
 // of it (TlsTransport). HTTP code sees only this interface, whichever it is.
 //
-// Ownership: the user of a Transport owns it and may destroy it only after onClosed(). Callbacks
-// never run inline from a Transport method, except onClosed() is never inline either: every
-// callback comes from the event loop.
+// Ownership: the user of a Transport owns it and may destroy it only after onClosed(). No
+// callback runs inline from a Transport method, onClosed() included: every callback comes from
+// the event loop.
 
 #include <cstddef>
 #include <functional>

@@ -1,10 +1,11 @@
 #pragma once
 
 // Valkey keys of limits: "<key_prefix>:<limit name>:{<part>[:<part>...]}" (the parts are the
-// key's hash tag; see applied_limits.cc). A part value that is
-// short and made of safe bytes stays readable; anything else (long, binary, separators) is
-// replaced by "~" and a SHA-256 digest, so no client can bloat a key or forge another key's
-// parts: '~' and ':' never appear in a readable value, so the two forms cannot collide.
+// key's hash tag; see applied_limits.cc). A part value that is short and made of safe bytes
+// stays readable; anything else (long, binary, separators) is replaced by "~" and a SHA-256
+// digest, so no client can bloat a key or forge another key's parts: '~' never appears in a
+// readable value, so the two forms cannot collide, and ':' (between parts) only in an IPv6
+// address, whose text is canonical.
 
 #include <string>
 #include <string_view>
