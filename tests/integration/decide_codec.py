@@ -179,17 +179,19 @@ def decide_reply(reply, requests: Iterable) -> Decided:
     requests = [list(r) for r in requests]
     answer = codec().ask({"op": "decode", "reply": _element(reply),
                           "requests": [[limit for _, limit in r] for r in requests]})
-    assert answer["time_us"] is not None, f"the reply does not start with the call's time: {reply!r}"
+    assert answer["time_us"] is not None, \
+        f"the reply does not start with the call's time: {reply!r}"
     results = []
-    for request, part in zip(requests, answer["requests"]):
+    for part in answer["requests"]:
         assert "malformed" not in part, f"malformed reply for {requests!r}: {reply!r}"
         if "failed" in part:
             results.append(part["failed"])
             continue
         values = part["decided"]
         assert all(x >= 0 for v in values for x in v), f"negative value: {reply!r}"
-        results.append((1 if part["allowed"] else 0,
-                        [(1 if o == "allowed" else 0, *v) for o, v in zip(part["outcomes"], values)]))
+        per_limit = [(1 if outcome == "allowed" else 0, *v)
+                     for outcome, v in zip(part["outcomes"], values)]
+        results.append((1 if part["allowed"] else 0, per_limit))
     assert answer["done"], f"reply too long: {reply!r}"
     return Decided(answer["time_us"], results)
 
