@@ -48,7 +48,8 @@ stop_started() {  # every process still running, in the order they were started
   for pid in "${STARTED[@]}"; do alive "$pid" && stop_pid "$pid" TERM 5; done
 }
 
-# SLUICE_BIN if set, else a Release build in build-release/ (log in $RESULTS_DIR/build.log).
+# SLUICE_BIN if set, else a Release build in build-release/ (log in $RESULTS_DIR/build.log),
+# with the codec tool that bench/sizing.py and bench/script_cost.py call (sluice_codec).
 build_sluice() {
   if [[ -n ${SLUICE_BIN:-} ]]; then
     [[ -x $SLUICE_BIN ]] || die "SLUICE_BIN=$SLUICE_BIN is not executable"
@@ -57,7 +58,8 @@ build_sluice() {
     local build_log=$RESULTS_DIR/build.log warnings
     log "building Sluice (Release) in build-release (log: $build_log)"
     if ! { cmake -S "$ROOT" -B "$ROOT/build-release" -DCMAKE_BUILD_TYPE=Release &&
-           cmake --build "$ROOT/build-release" --target sluice -j2; } >"$build_log" 2>&1; then
+           cmake --build "$ROOT/build-release" --target sluice sluice_codec -j2; } \
+        >"$build_log" 2>&1; then
       tail -n 30 "$build_log" >&2
       die "build failed (if another engineer is editing src/, retry in a minute)"
     fi

@@ -2,8 +2,8 @@
 """What one decision costs Valkey, on the production-like mix, without a gateway: batches of
 requests (as one gateway worker sends them) with `per_ip` (sliding_window by one of 100,000
 addresses) and `per_key` (token_bucket by one of 5,000 API keys), or one algorithm alone on
-the addresses, decided by the real script (lua/*.lua composed as lua/decide.lua documents)
-on a private server. Prints the server's CPU time per decision (utime + stime from /proc) and
+the addresses, decided by the real script (the library the gateway loads, called by its own
+codec: sizing.use_codec()) on a private server. Prints the server's CPU time per decision (utime + stime from /proc) and
 the script commands per decision (INFO commandstats); last, the floor of the mix: the same
 calls to a function that only runs the commands every decision needs (TIME, MGET, a SET per
 key) and replies, deciding nothing.
@@ -14,6 +14,7 @@ key) and replies, deciding nothing.
     SCRIPT_COST_CALLGRIND=1 ...   # the server under callgrind: instructions per decision
                                   # (repeatable whatever else the machine does; slow: use
                                   # SCRIPT_COST_DECISIONS=5000)
+    SLUICE_CODEC_BIN=build/sluice_codec ...  # this codec tool (default: build-release's)
 """
 
 import os
@@ -24,7 +25,7 @@ import sys
 
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sizing import decide_library, private_server  # noqa: E402
+from sizing import private_server, use_codec  # noqa: E402
 
 BATCH = int(os.environ.get("SCRIPT_COST_BATCH", "13"))
 DECISIONS = int(os.environ.get("SCRIPT_COST_DECISIONS", "100000"))
@@ -45,16 +46,16 @@ CASES = {
 
 # The floor of any script that decides on Valkey: the same call (KEYS, ARGV) doing only what
 # every decision needs, TIME, one MGET, one SET per key (a 20-byte value with an expiry) and a
-# reply of 3 integers per limit, and no deciding at all. What a decision costs above it is the
-# Lua that decides.
+# reply of 3 integers per key (per limit of each request, but for the few keys that two
+# requests of a call share: it does not read the call's layout), and no deciding at all. What
+# a decision costs above it is the Lua that decides.
 FLOOR_LIBRARY = """#!lua name=sluice_floor
 local reply = {}
 redis.register_function('sluice_floor', function(KEYS, ARGV)
   redis.call('TIME')
   redis.call('MGET', unpack(KEYS))
   for i = 1, #KEYS do redis.call('SET', KEYS[i], '01234567890123456789', 'PX', 60000) end
-  local d = ARGV[1] + 0
-  local n = (#ARGV - 1 - 7 * d) * d * 3  -- each request of these cases has every limit
+  local n = #KEYS * 3
   for i = 1, n do reply[i] = 0 end
   reply[n + 1] = nil
   return reply
@@ -63,30 +64,16 @@ end)
 FLOOR_CASE = "floor of the mix (TIME, MGET, SETs, reply; no Lua)"
 
 
-def definition(algorithm, limit, window_ms):
-    """One limit definition as decide.lua reads it (see its header)."""
-    return [algorithm, str(limit), str(window_ms), str(limit), "0", "0", str(limit)]
-
-
-def batch_args(limits, rng, seq):
-    """(KEYS, ARGV) of one call of BATCH requests, as decide.lua lays them out: each key once,
-    a request's limit on a key an earlier request used names it ("<definition>:<cost>@<i>")."""
-    keys, index, argv = [], {}, [str(len(limits))]
-    for algorithm, limit, window_ms, _ in limits:
-        argv += definition(algorithm, limit, window_ms)
+def batch(limits, rng):
+    """The requests of one call: BATCH of them, each with every limit (key, limit dict)."""
+    requests = []
     for _ in range(BATCH):
         ip, key = rng.choice(ADDRESSES), rng.choice(API_KEYS)
-        refs = []
-        for j, (_, _, _, by) in enumerate(limits):
-            name = f"rl:v1:{'per_ip' if by == 'ip' else 'per_key'}:{{{ip if by == 'ip' else key}}}"
-            if name in index:
-                refs.append(f"{j + 1}:1@{index[name]}")
-            else:
-                keys.append(name)
-                index[name] = len(keys)
-                refs.append(f"{j + 1}:1")
-        argv.append(",".join(refs))
-    return keys, argv
+        requests.append([(f"rl:v1:{'per_ip' if by == 'ip' else 'per_key'}:"
+                          f"{{{ip if by == 'ip' else key}}}",
+                          {"algorithm": algorithm, "limit": limit, "window_ms": window_ms})
+                         for algorithm, limit, window_ms, by in limits])
+    return requests
 
 
 def cpu_seconds(pid):
@@ -106,18 +93,19 @@ def instructions(pid):
     return sum(int(m.replace(",", "")) for m in re.findall(r"Th \d+\s+([\d,]+)", out))
 
 
-def run_case(r, pid, function, limits, use_callgrind=False):
+def run_case(r, pid, codec, function, limits, use_callgrind=False):
     rng = random.Random(7)
     r.flushall()
     r.config_resetstat()
-    calls = [batch_args(limits, rng, n) for n in range(DECISIONS // BATCH)]
+    calls = codec.decide_commands([batch(limits, rng) for _ in range(DECISIONS // BATCH)],
+                                  function)
     if use_callgrind:
         callgrind(pid, "-z")
         callgrind(pid, "-i", "on")
     start = cpu_seconds(pid)
     pipe = r.pipeline(transaction=False)
-    for n, (keys, argv) in enumerate(calls):
-        pipe.fcall(function, len(keys), *keys, *argv)
+    for command in calls:
+        pipe.execute_command(*command)
         if len(pipe) >= 50:
             for reply in pipe.execute():
                 assert isinstance(reply, list), reply
@@ -136,12 +124,13 @@ def run_case(r, pid, function, limits, use_callgrind=False):
 
 def main():
     use_callgrind = os.environ.get("SCRIPT_COST_CALLGRIND") == "1"
+    codec = use_codec()
     wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                "--callgrind-out-file=/dev/null"] if use_callgrind else []
     with private_server(wrapper, decode_responses=True) as (r, proc, server):
         info = r.info("server")
         version = info.get("valkey_version") or info["redis_version"]
-        library, function = decide_library()
+        library, function = codec.decide_library()
         r.function_load(library, replace=True)
         r.function_load(FLOOR_LIBRARY, replace=True)
         print(f"{os.path.basename(server)} {version}: {DECISIONS} decisions per case, "
@@ -151,7 +140,7 @@ def main():
         cases = [(name, function, limits) for name, limits in CASES.items()]
         cases.append((FLOOR_CASE, "sluice_floor", CASES[next(iter(CASES))]))
         for name, called, limits in cases:
-            us, commands = run_case(r, proc.pid, called, limits, use_callgrind)
+            us, commands = run_case(r, proc.pid, codec, called, limits, use_callgrind)
             print(f"{name:50} {us:23.{0 if use_callgrind else 2}f} {commands:18.2f}")
 
 

@@ -1,16 +1,15 @@
 #!/usr/bin/env python3
 """Valkey memory per client for each algorithm, measured on a private redis-server with the
-real scripts (lua/*.lua composed as lua/decide.lua documents). For each case, N clients each
-make `requests` allowed requests; the table shows used_memory growth per client, MEMORY USAGE
-of one client's keys, and the projection for 100,000 active clients.
+real scripts (the library the gateway loads, called by its own codec: see use_codec()). For
+each case, N clients each make `requests` allowed requests; the table shows used_memory growth
+per client, MEMORY USAGE of one client's keys, and the projection for 100,000 active clients.
 
     /usr/bin/python3 bench/sizing.py            # N = 100,000 clients per case
     REDIS_SERVER=/path/to/valkey-server /usr/bin/python3 bench/sizing.py
+    SLUICE_CODEC_BIN=build/sluice_codec ...     # this codec tool (default: build-release's)
 """
 
 import contextlib
-import glob
-import hashlib
 import os
 import shutil
 import socket
@@ -25,21 +24,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = int(os.environ.get("SIZING_CLIENTS", "100000"))
 
 
-def decide_library():
-    """(source, function name) of the function library Sluice loads, composed from lua/ as
-    lua/decide.lua's header documents."""
-    body = "local ALGORITHMS = {}\n"
-    for path in sorted(glob.glob(os.path.join(ROOT, "lua", "*.lua"))):
-        name = os.path.basename(path)[:-4]
-        if name == "decide":
-            continue
-        with open(path) as f:
-            body += f"ALGORITHMS['{name}'] = function(KEYS, ARGV)\n{f.read()}\nend\n"
-    with open(os.path.join(ROOT, "lua", "decide.lua")) as f:
-        body += f.read()
-    tag = hashlib.sha1(body.encode()).hexdigest()[:16]
-    function = f"sluice_decide_{tag}"
-    return f"#!lua name=sluice_{tag}\nlocal FUNCTION_NAME = '{function}'\n{body}", function
+def use_codec():
+    """tests/integration/decide_codec.py: the library Sluice loads and its calls, from Sluice's
+    own codec (the sluice_codec tool): SLUICE_CODEC_BIN, else build-release/sluice_codec,
+    built now (Release, like bench/run.sh's gateway; nothing to do when it is up to date)."""
+    if not os.environ.get("SLUICE_CODEC_BIN"):
+        build = os.path.join(ROOT, "build-release")
+        for command in (["cmake", "-S", ROOT, "-B", build, "-DCMAKE_BUILD_TYPE=Release"],
+                        ["cmake", "--build", build, "--target", "sluice_codec", "-j2"]):
+            if subprocess.run(command, stdout=subprocess.DEVNULL).returncode != 0:
+                sys.exit(f"cannot build the codec tool: {' '.join(command)}")
+        os.environ["SLUICE_CODEC_BIN"] = os.path.join(build, "sluice_codec")
+    sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+    import decide_codec
+    return decide_codec
 
 
 def free_port():
@@ -94,8 +92,9 @@ def private_server(wrapper=(), **client_options):
 
 
 def main():
+    codec = use_codec()
     with private_server() as (r, _, server):
-        library, function = decide_library()
+        library, _ = codec.decide_library()
         r.function_load(library, replace=True)
         print(f"{N} clients per case, keys like rl:v1:<limit>:{{203.0.113.7}} (IPv4 text)")
         print(f"server: {server} {r.info('server').get('redis_version')}\n")
@@ -106,16 +105,16 @@ def main():
             time.sleep(0.2)
             before = r.info("memory")["used_memory"]
             pipe = r.pipeline(transaction=False)
-            for i in range(clients):
-                key = f"rl:v1:lim:{{10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}}}"
-                for j in range(requests):
-                    # decide.lua's layout: one definition (algorithm, limit, window, burst,
-                    # count_denied, shadow, keep), then this request ("1:1": the definition,
-                    # cost 1, on the call's one key)
-                    pipe.fcall(function, 1, key, "1", algorithm, limit, window, limit, "0", "0",
-                                 limit, "1:1")
-                if len(pipe) >= 2000:
-                    pipe.execute()
+            lim = {"algorithm": algorithm, "limit": limit, "window_ms": window}
+            for first in range(0, clients, 2000):
+                # One call per request, of one limit on the client's key.
+                keys = [f"rl:v1:lim:{{10.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}}}"
+                        for i in range(first, min(clients, first + 2000))]
+                for command in codec.decide_commands([[(key, lim)]] for key in keys):
+                    for j in range(requests):
+                        pipe.execute_command(*command)
+                    if len(pipe) >= 2000:
+                        pipe.execute()
             pipe.execute()
             after = r.info("memory")["used_memory"]
             per_client = (after - before) / clients

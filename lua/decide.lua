@@ -1,3 +1,27 @@
+-- The decide layout, on the script's side (src/ratelimit/script_codec.h, the gateway's one
+-- codec, opens with the same description): decide_batch reads a call and writes its reply,
+-- undo_batch reads an undo. Nothing else reads or writes them.
+--
+--   KEYS               each key the call's limits use, once, in order of first use; the
+--                      script touches no other
+--   ARGV[1]            D, the number of limit definitions
+--   ARGV[2 .. 1 + 7D]  7 per definition: algorithm, limit, window_ms, burst, count_denied
+--                      ("1"|"0"), shadow ("1"|"0": charged like the others, never refuses),
+--                      keep (the largest limit of the quotas on the limit's keys: what a
+--                      sliding_log keeps)
+--   then per request   its limits as "<definition>:<cost>" joined by "," ("1:1,2:3"); each
+--                      takes the next key not used before, or, written
+--                      "<definition>:<cost>@<i>", KEYS[i]
+--   reply              the call's time T (server microseconds; every charge of the call is of
+--                      that time), then per request, in order: remaining, reset_ms, retry_ms
+--                      per limit (retry_ms 0: the limit allows, at least 1: it refuses; the
+--                      request is refused when a limit that is not a shadow refuses), or, when
+--                      deciding it failed, one string: the error
+--   undo               function <decide function>_undo, which takes back a call's charges (a
+--                      request refused in another slot): KEYS the keys, ARGV 5 per key:
+--                      algorithm, limit, window_ms, cost, T of the call that charged it;
+--                      reply: how many keys it changed
+--
 -- decide: the rate limits of a batch of requests in one atomic script (all that one gateway
 -- worker asked in one loop iteration). Each request is decided on its own, all or nothing: its
 -- limits are first checked; only when no enforced limit refuses are they charged. When one
@@ -6,41 +30,16 @@
 -- as if each had its own script. The time is the server's (TIME), so gateways with skewed
 -- clocks agree.
 --
--- Layout (the one codec on the gateway's side, src/ratelimit/script_codec.h ScriptBatch and
--- DecisionReader, opens with the same description):
---   KEYS                every key the batch's limits use, each once, in order of first use:
---                       "<key_prefix>:<limit name>:{<parts>}"; the script touches no other
---   ARGV[1]             D, the number of limit definitions
---   ARGV[2 .. 1 + 7D]   definition j: algorithm, limit, window_ms, burst, count_denied
---                       ("1"|"0"), shadow ("1"|"0": decided and charged like the others,
---                       never refuses), keep (the largest limit of the quotas that share the
---                       limit's keys: a plan's for one client, the limit's own for another; a
---                       sliding_log keeps that many entries)
---   then per request    its limits as "<definition>:<cost>" joined by ",", e.g. "1:1,2:3";
---                       each takes the next key not used before, or, written
---                       "<definition>:<cost>@<i>", KEYS[i], a key an earlier request used
---   reply               the call's time T (server microseconds: every charge the call makes
---                       is of that time), then per request, in order, for each of its
---                       limits: remaining, reset_ms, retry_ms (0 when the limit allows this
---                       request, at least 1 when it refuses); the request is refused when a
---                       limit that is not a shadow refuses. Or, when deciding that request
---                       failed (an unknown algorithm, say), one string in place of its values:
---                       the error; the others are decided as usual.
---   undo                (function <decide function>_undo) takes back charges a call made,
---                       for a request refused in another slot: KEYS the keys, ARGV 5 per key:
---                       algorithm, limit, window_ms, cost, T of the call that charged it;
---                       reply: how many keys it changed
---
 -- Sluice loads this file as a Valkey function library (FUNCTION LOAD), composed as
 --   #!lua name=sluice_<hash>
 --   local FUNCTION_NAME = 'sluice_decide_<hash>'
 --   local ALGORITHMS = {}
 --   ALGORITHMS['<name>'] = function(KEYS, ARGV) <lua/<name>.lua> end
 --   <this file>
--- (<hash>: of the modules and this file; see src/ratelimit/scripts.cc; tests compose it the
--- same way from the files) and calls it with FCALL. Each call of an ALGORITHMS function with
--- KEYS = nil returns the module; the library builds every module once, at its first call, and
--- they keep their tables from call to call (a call reuses them instead of building new ones).
+-- (<hash>: of the modules and this file; see src/ratelimit/scripts.cc) and calls it with
+-- FCALL. Each call of an ALGORITHMS function with KEYS = nil returns the module; the library
+-- builds every module once, at its first call, and they keep their tables from call to call
+-- (a call reuses them instead of building new ones).
 -- A module keeps each key's state by the key's index for the whole call (several requests of a
 -- batch may meet one key) and writes each changed key once:
 --   start()           a new call begins: every key index's state is stale

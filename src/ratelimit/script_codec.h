@@ -1,31 +1,28 @@
 #pragma once
 
-// The decision protocol between Sluice and lua/decide.lua, on Sluice's side: ScriptBatch
-// writes a call, DecisionReader reads its reply. Nothing else builds or parses it. The layout
-// (decide.lua opens with the same description):
+// The decide layout, on Sluice's side (lua/decide.lua opens with the same description):
+// ScriptBatch writes a call, DecisionReader reads its reply, undoCommand writes an undo.
+// Nothing else builds or reads them: tests and benchmarks use them (tests/tools/codec_tool.cc).
 //
-//   KEYS                every key the batch's limits use, each once, in order of first use:
-//                       "<key_prefix>:<limit name>:{<parts>}"; the script touches no other
-//   ARGV[1]             D, the number of limit definitions
-//   ARGV[2 .. 1 + 7D]   definition j: algorithm, limit, window_ms, burst, count_denied
-//                       ("1"|"0"), shadow ("1"|"0": decided and charged like the others,
-//                       never refuses), keep (the largest limit of the quotas that share the
-//                       limit's keys: a plan's for one client, the limit's own for another; a
-//                       sliding_log keeps that many entries)
-//   then per request    its limits as "<definition>:<cost>" joined by ",", e.g. "1:1,2:3";
-//                       each takes the next key not used before, or, written
-//                       "<definition>:<cost>@<i>", KEYS[i], a key an earlier request used
-//   reply               the call's time T (server microseconds: every charge the call makes
-//                       is of that time), then per request, in order, for each of its
-//                       limits: remaining, reset_ms, retry_ms (0 when the limit allows this
-//                       request, at least 1 when it refuses); the request is refused when a
-//                       limit that is not a shadow refuses. Or, when deciding that request
-//                       failed (an unknown algorithm, say), one string in place of its values:
-//                       the error; the others are decided as usual.
-//   undo                (function <decide function>_undo) takes back charges a call made,
-//                       for a request refused in another slot: KEYS the keys, ARGV 5 per key:
-//                       algorithm, limit, window_ms, cost, T of the call that charged it;
-//                       reply: how many keys it changed
+//   KEYS               each key the call's limits use, once, in order of first use; the
+//                      script touches no other
+//   ARGV[1]            D, the number of limit definitions
+//   ARGV[2 .. 1 + 7D]  7 per definition: algorithm, limit, window_ms, burst, count_denied
+//                      ("1"|"0"), shadow ("1"|"0": charged like the others, never refuses),
+//                      keep (the largest limit of the quotas on the limit's keys: what a
+//                      sliding_log keeps)
+//   then per request   its limits as "<definition>:<cost>" joined by "," ("1:1,2:3"); each
+//                      takes the next key not used before, or, written
+//                      "<definition>:<cost>@<i>", KEYS[i]
+//   reply              the call's time T (server microseconds; every charge of the call is of
+//                      that time), then per request, in order: remaining, reset_ms, retry_ms
+//                      per limit (retry_ms 0: the limit allows, at least 1: it refuses; the
+//                      request is refused when a limit that is not a shadow refuses), or, when
+//                      deciding it failed, one string: the error
+//   undo               function <decide function>_undo, which takes back a call's charges (a
+//                      request refused in another slot): KEYS the keys, ARGV 5 per key:
+//                      algorithm, limit, window_ms, cost, T of the call that charged it;
+//                      reply: how many keys it changed
 //
 // A change of what a key holds is a new key prefix version (README). This layout is between
 // a gateway and its own library (named after the hash of its code): gateways of two versions

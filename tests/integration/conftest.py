@@ -19,10 +19,8 @@ Rate limiting and identity (Valkey):
   (SIGSTOP/SIGCONT). Teardown: SIGCONT, SIGTERM, wait; kills only that PID.
 - ratelimit_toml(valkey, limits=[...], identity={...}, plans=[...], tenants=[...]): the
   [valkey], [identity], [[limit]], [[plan]] and [[tenant]] text for sluice_factory(extra_toml=).
-- decide_library(): lua/decide.lua composed with the algorithm modules into the function
-  library exactly as decide.lua's header documents (and src/ratelimit/scripts.cc does);
-  decide_call() (FCALL), decide_batch() / decide_args() / parse_decide_batch_reply() /
-  parse_decide_reply(), undo_call() (the undo function).
+- the decide function's calls and replies: decide_codec.py (Sluice's own codec, through the
+  sluice_codec tool); lua_source(name): a script for standalone EVAL.
 - parallel_requests(port, raw_requests, processes): fires requests at once from several
   processes (raw sockets), returns (status, headers) per request in order.
 - helpers: server_time(), sleep_until_window_offset(), avoid_window_boundary(), metric_sum(),
@@ -72,7 +70,6 @@ conftest:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import select
 import signal
@@ -266,128 +263,13 @@ def valkey(valkey_factory) -> ValkeyServer:
 
 # ------------------------------------------------------------------ the decide script
 
+# (Its calls and replies: decide_codec.py, Sluice's own codec.)
+
 def lua_source(name: str) -> str:
     """lua/<name>.lua byte for byte (no newline translation)."""
     return (LUA_DIR / f"{name}.lua").read_bytes().decode()
 
 
-def undo_call(client, limits_and_keys: list, at_us: int) -> int:
-    """FCALL of the decide function's undo: takes back what the call of time at_us (its reply's
-    first value) charged to these (key, limit dict) pairs, each its cost (decide.lua's undo
-    layout: KEYS, then algorithm, limit, window_ms, cost, time per key). Returns how many keys
-    it changed."""
-    _, function = decide_library()
-    keys = [key for key, _ in limits_and_keys]
-    argv = []
-    for _, l in limits_and_keys:
-        argv += [l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("cost", 1)),
-                 str(at_us)]
-    return client.fcall(function + "_undo", len(keys), *keys, *argv)
-
-
-def algorithm_names() -> list:
-    return sorted(p.stem for p in LUA_DIR.glob("*.lua") if p.stem != "decide")
-
-
-def decide_library() -> tuple:
-    """(source, function name) of the function library Sluice loads, composed as
-    lua/decide.lua's header documents: the algorithm modules (sorted by file name, like
-    cmake/embed_lua.cmake) wrapped as ALGORITHMS['<name>'] = function(KEYS, ARGV) <file> end,
-    then decide.lua, under a header naming the library and its function after the SHA-1 of
-    that body."""
-    body = "local ALGORITHMS = {}\n"
-    for name in algorithm_names():
-        body += f"ALGORITHMS['{name}'] = function(KEYS, ARGV)\n{lua_source(name)}\nend\n"
-    body += lua_source("decide")
-    tag = hashlib.sha1(body.encode()).hexdigest()[:16]
-    function = f"sluice_decide_{tag}"
-    return f"#!lua name=sluice_{tag}\nlocal FUNCTION_NAME = '{function}'\n{body}", function
-
-
-def decide_call(client, keys: list, argv: list):
-    """FCALL of the decide function with (KEYS, ARGV) from decide_batch(), loading the library
-    first when the server lacks it; returns the raw reply."""
-    import redis
-    source, function = decide_library()
-    try:
-        return client.fcall(function, len(keys), *keys, *argv)
-    except redis.ResponseError as e:
-        if "Function not found" not in str(e):
-            raise
-    client.function_load(source, replace=True)
-    return client.fcall(function, len(keys), *keys, *argv)
-
-
-def decide_batch(requests: Iterable[tuple]) -> tuple:
-    """(KEYS, ARGV) of decide.lua for a batch of requests, as its header lays them out: each
-    request is a list of (key, limit dict); a limit dict has algorithm, limit, window_ms, and
-    optionally burst (default limit), cost (1), count_denied (False), shadow (False), keep
-    (the largest limit of the quotas that share the key; default: this limit's own). Each
-    distinct definition and each key is listed once; a request names its limits
-    "<definition>:<cost>", and a key an earlier request used "<definition>:<cost>@<i>"."""
-    definitions, keys, per_request = [], [], []
-    for limits in requests:
-        refs = []
-        for key, l in limits:
-            d = (l["algorithm"], str(l["limit"]), str(l["window_ms"]), str(l.get("burst", l["limit"])),
-                 "1" if l.get("count_denied") else "0", "1" if l.get("shadow") else "0",
-                 str(l.get("keep", l["limit"])))
-            if d not in definitions:
-                definitions.append(d)
-            ref = f"{definitions.index(d) + 1}:{l.get('cost', 1)}"
-            if key in keys:
-                ref += f"@{keys.index(key) + 1}"
-            else:
-                keys.append(key)
-            refs.append(ref)
-        per_request.append(",".join(refs))
-    argv = [str(len(definitions))] + [v for d in definitions for v in d] + per_request
-    return keys, argv
-
-
-def decide_args(limits: Iterable[dict]) -> list:
-    """ARGV of decide.lua for one request (its keys are the limits' own, in order, distinct)."""
-    return decide_batch([[(f"k{i}", l) for i, l in enumerate(limits)]])[1]
-
-
-def _decided(values: list, limits: list) -> tuple:
-    """(allowed, [(allowed, remaining, reset_ms, retry_ms)] per limit) from a request's values."""
-    assert all(x >= 0 for x in values), f"negative value: {values!r}"
-    per = [(1 if values[3 * j + 2] == 0 else 0, *values[3 * j: 3 * j + 3]) for j in range(len(limits))]
-    allowed = 0 if any(a == 0 and not l.get("shadow") for (a, *_), l in zip(per, limits)) else 1
-    return allowed, per
-
-
-def parse_decide_batch_reply(reply: list, requests: Iterable) -> list:
-    """decide.lua's reply for requests with these limits (a list of limit dicts each): per
-    request either (allowed, [(allowed, remaining, reset_ms, retry_ms)] per limit) or the error
-    string. Asserts the layout: the call's time (server microseconds), then remaining,
-    reset_ms, retry_ms per limit (retry_ms 0: the limit allows, at least 1: it refuses); a
-    request is allowed when no limit that is not a shadow refuses."""
-    assert isinstance(reply, list) and reply and isinstance(reply[0], int) and \
-        reply[0] > 1_600_000_000_000_000, f"reply layout (the call's time first): {reply!r}"
-    out, i = [], 1
-    for limits in requests:
-        assert i < len(reply), f"reply too short: {reply!r}"
-        if isinstance(reply[i], str):
-            out.append(reply[i])
-            i += 1
-            continue
-        m = 3 * len(limits)
-        part = reply[i: i + m]
-        assert len(part) == m and all(isinstance(x, int) for x in part), f"reply layout: {reply!r}"
-        out.append(_decided(part, limits))
-        i += m
-    assert i == len(reply), f"reply too long: {reply!r}"
-    return out
-
-
-def parse_decide_reply(reply: list, limits: list) -> tuple:
-    """(allowed, [(allowed, remaining, reset_ms, retry_ms)] per limit) of a batch of one
-    request with these limits."""
-    (result,) = parse_decide_batch_reply(reply, [limits])
-    assert not isinstance(result, str), f"the request failed: {result}"
-    return result
 
 
 @pytest.fixture(scope="session")

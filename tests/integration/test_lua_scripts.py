@@ -1,6 +1,7 @@
 """The Lua scripts of lua/ run directly on a real redis-server: each algorithm standalone (EVAL
-of the file, as its header documents) and the composed decide script (decide.lua's header).
-Time is the server's (TIME), so the tests use short windows and sleep."""
+of the file, as its header documents) and the decide function of the library the gateway loads,
+called and read by the gateway's own codec (decide_codec.py). Time is the server's (TIME), so
+the tests use short windows and sleep."""
 
 import math
 import random
@@ -9,11 +10,11 @@ import time
 
 import pytest
 
-from conftest import (WINDOW_NUMBERS, avoid_window_boundary, decide_args, decide_batch,
-                      decide_call, decide_library, limit_cfg, lua_source, metric_sum,
-                      parse_decide_batch_reply, parse_decide_reply, ratelimit_toml, route_cfg,
-                      server_time, server_time_us, sleep_until_window_offset, stored, undo_call,
-                      wait_admin)
+from conftest import (WINDOW_NUMBERS, avoid_window_boundary, limit_cfg, lua_source, metric_sum,
+                      ratelimit_toml, route_cfg, server_time, server_time_us,
+                      sleep_until_window_offset, stored, wait_admin)
+from decide_codec import (decide_call, decide_command, decide_keys, decide_library, decide_reply,
+                          decided, undo_call)
 
 
 def run(client, algorithm, key, limit, window_ms, burst=None, cost=1, count_denied=False,
@@ -316,8 +317,8 @@ def test_standalone_scripts_charge_the_cost(valkey):
 # ------------------------------------------------------------------------------ decide
 
 def decide(client, keys, limits):
-    reply = decide_call(client, keys, decide_args(limits))
-    return parse_decide_reply(reply, list(limits))
+    request = list(zip(keys, limits))
+    return decided(decide_call(client, decide_command([request])), request)
 
 
 def test_decide_reply_layout(valkey):
@@ -384,9 +385,7 @@ def test_decide_shadow_never_refuses_but_is_charged(valkey):
 
 def decide_many(client, requests):
     """One call of decide for several requests: [[(key, limit)]]."""
-    keys, argv = decide_batch(requests)
-    reply = decide_call(client, keys, argv)
-    return parse_decide_batch_reply(reply, [[l for _, l in limits] for limits in requests])
+    return decide_reply(decide_call(client, decide_command(requests)), requests).results
 
 
 def test_decide_unknown_algorithm_fails_only_its_request(valkey):
@@ -416,9 +415,7 @@ def test_decide_batch_requests_in_order_each_all_or_nothing(valkey):
         [("b:many", many), ("b:log", log)],
         [("b:log", log)],
     ]
-    keys, argv = decide_batch(requests)
-    assert keys == ["b:many", "b:one", "b:log"]
-    assert argv[-4:] == ["1:1,2:1", "1:1@1,2:1@2", "1:1@1,3:1", "3:1@3"]
+    assert decide_keys(requests) == ["b:many", "b:one", "b:log"]
     results = decide_many(c, requests)
     assert [r[0] for r in results] == [1, 0, 1, 1]
     assert results[0][1][0][1] == 9 and results[1][1][0] == (1, 9, results[1][1][0][2], 0), \
@@ -535,9 +532,10 @@ def library_names(client) -> list:
 
 
 def test_composed_library_is_what_the_gateway_loads(sluice_factory, upstream, valkey):
-    """decide_library() (decide.lua's header) gives the very library the gateway loads: named
-    after the SHA-1 of its body, it is on the server after the gateway connected, and the
-    gateway's FCALL finds its function in the library loaded from the composed files."""
+    """decide_library() (the codec tool's, these tests' library) is the very library the
+    gateway loads: named "sluice_<hash>" for its function "sluice_decide_<hash>", it is on the
+    server after the gateway connected, and the gateway's FCALL finds its function in that
+    library loaded by the test."""
     source, function = decide_library()
     library = "sluice_" + function.rsplit("_", 1)[1]
     valkey.client.function_flush()
@@ -550,14 +548,14 @@ def test_composed_library_is_what_the_gateway_loads(sluice_factory, upstream, va
     # /ready, which says the connection is up and its FUNCTION LOAD answered.
     wait_admin(gw, "/ready", 200)
     assert library_names(valkey.client) == [library], \
-        "the gateway loaded a library other than lua/decide.lua composed as documented"
+        "the gateway loaded a library other than the one these tests call"
 
     def decided_by_valkey(n):
         """The gateway's n requests so far were each decided by one FCALL, none by on_error."""
         stats = valkey.client.info("commandstats").get("cmdstat_fcall", {})
         assert stats.get("calls") == n, stats
         assert stats.get("failed_calls", 0) == 0, \
-            "the gateway's FCALL found the function of the library composed from the files"
+            "the gateway's FCALL found its function in the library the test loaded"
         outcomes = {o: metric_sum(gw, "sluice_ratelimit_decisions_total", limit="l", outcome=o)
                     for o in ("allowed", "error_allowed")}
         assert outcomes == {"allowed": n, "error_allowed": 0}, outcomes
@@ -581,15 +579,15 @@ RETRY_CASES = {
 }
 
 
-def timed_decision(client, function, keys, argv, limit):
+def timed_decision(client, command, request):
     """One decision between two TIMEs in one MULTI (run back to back): the function's clock is
     within [before, after] (us). Returns (before, after, allowed, retry_ms)."""
     pipe = client.pipeline(transaction=True)
     pipe.time()
-    pipe.fcall(function, len(keys), *keys, *argv)
+    pipe.execute_command(*command)
     pipe.time()
     before, reply, after = pipe.execute()
-    allowed, ((_, _, _, retry_ms),) = parse_decide_reply(reply, [limit])
+    allowed, ((_, _, _, retry_ms),) = decided(reply, request)
     return before[0] * 1_000_000 + before[1], after[0] * 1_000_000 + after[1], allowed, retry_ms
 
 
@@ -602,16 +600,16 @@ def test_retry_ms_is_exact_to_the_millisecond(valkey, algorithm):
     microsecond. (Refused attempts are not counted: count_denied is off.)"""
     c = valkey.client
     limit, fill = RETRY_CASES[algorithm]
-    _, function = decide_library()
     for scenario in range(5):  # again if the machine stalled over the last milliseconds
         key = f"retry:{algorithm}:{scenario}"
-        keys, argv = decide_batch([[(key, limit)]])
-        decide_call(c, keys, argv)  # (loads the library when the server lacks it)
+        request = [(key, limit)]
+        command = decide_command([request])
+        decide_call(c, command)  # (loads the library when the server lacks it)
         c.delete(key)
         avoid_window_boundary(c, limit["window_ms"] / 1000, 0.1)
         for _ in range(fill):
-            assert timed_decision(c, function, keys, argv, limit)[2] == 1
-        lo, hi, allowed, retry = timed_decision(c, function, keys, argv, limit)
+            assert timed_decision(c, command, request)[2] == 1
+        lo, hi, allowed, retry = timed_decision(c, command, request)
         assert allowed == 0 and retry >= 1
         early = lo + (retry - 1) * 1000  # attempts decided before it: refused
         due = hi + retry * 1000          # attempts decided from it on: allowed
@@ -619,7 +617,7 @@ def test_retry_ms_is_exact_to_the_millisecond(valkey, algorithm):
         time.sleep(max(0.0, (early - 5000 - offset) / 1e6 - time.monotonic()))
         attempts = []
         while not attempts or not attempts[-1][2]:
-            attempts.append(timed_decision(c, function, keys, argv, limit))
+            attempts.append(timed_decision(c, command, request))
             assert attempts[-1][0] < due + 1_000_000, f"still refused 1 s after it was due: {attempts[-3:]}"
         for a, b, ok, r in attempts:
             if b < early:
@@ -645,12 +643,13 @@ def test_undo_takes_back_exactly_what_a_call_charged(valkey, algorithm):
     limit = {"algorithm": algorithm, "limit": 20, "window_ms": 60_000, "cost": 3}
     key = f"undo:{algorithm}"
     avoid_window_boundary(c, 60.0, 5.0)
-    keys, argv = decide_batch([[(key, limit)]])
-    decide_call(c, keys, argv)
+    request = [(key, limit)]
+    command = decide_command([request])
+    decide_call(c, command)
     after_first = stored(valkey, key, algorithm)
-    second = decide_call(c, keys, argv)
-    at = second[0]
-    assert parse_decide_reply(second, [limit])[0] == 1
+    second = decide_call(c, command)
+    at = decide_reply(second, [request]).time_us
+    assert decided(second, request)[0] == 1
     assert undo_call(c, [(key, limit)], at) == 1
     elapsed = server_time_us(c) - at
     got = stored(valkey, key, algorithm)
@@ -672,8 +671,8 @@ def test_undo_of_a_window_that_is_over_takes_nothing(valkey):
         limit = {"algorithm": algorithm, "limit": 10, "window_ms": 60_000, "cost": 2}
         key = f"undo-over:{algorithm}"
         avoid_window_boundary(c, 60.0, 5.0)
-        keys, argv = decide_batch([[(key, limit)]])
-        at = decide_call(c, keys, argv)[0]
+        request = [(key, limit)]
+        at = decide_reply(decide_call(c, decide_command([request])), [request]).time_us
         n, count = stored(valkey, key, algorithm)[:2]
         earlier = at - 60_000_000  # a call of the window before
         if algorithm == "fixed_window":
@@ -691,10 +690,10 @@ def test_undo_of_a_log_takes_only_that_calls_entries(valkey):
     c = valkey.client
     limit = {"algorithm": "sliding_log", "limit": 10, "window_ms": 60_000, "cost": 2}
     key = "undo-log"
-    keys, argv = decide_batch([[(key, limit)], [(key, limit)]])  # one call, two requests
-    at = decide_call(c, keys, argv)[0]
-    keys, argv = decide_batch([[(key, limit)]])
-    other = decide_call(c, keys, argv)[0]
+    two = [[(key, limit)], [(key, limit)]]  # one call, two requests
+    at = decide_reply(decide_call(c, decide_command(two)), two).time_us
+    one = [[(key, limit)]]
+    other = decide_reply(decide_call(c, decide_command(one)), one).time_us
     assert stored(valkey, key, "sliding_log") == [at] * 4 + [other] * 2
     assert undo_call(c, [(key, limit)], at) == 1
     assert stored(valkey, key, "sliding_log") == [at] * 2 + [other] * 2, "cost 2: two entries"

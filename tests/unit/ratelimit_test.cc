@@ -1,11 +1,11 @@
 // Rate limiting without Valkey: keys (src/ratelimit/keys.h), the limits that apply to a request
-// (applied_limits.h), the script's arguments and reply (decision.h), what clients see
-// (headers.h) and the per-worker deny cache (deny_cache.h).
+// (applied_limits.h), decisions from the script's values (decision.h), what clients see
+// (headers.h) and the per-worker deny cache (deny_cache.h). The script's calls and replies
+// themselves: ratelimit_codec_test.cc.
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -22,9 +22,7 @@
 #include "ratelimit/headers.h"
 #include "ratelimit/keys.h"
 #include "ratelimit/script_codec.h"
-#include "ratelimit/scripts.h"
 #include "valkey/reply.h"
-#include "valkey/resp.h"
 #include "replies.h"
 
 using namespace sluice::ratelimit;
@@ -92,14 +90,6 @@ std::string outcome(Outcome o) { return toString(o); }
 
 int countLines(const std::string& lines) {
   return static_cast<int>(std::count(lines.begin(), lines.end(), '\n'));
-}
-
-std::string readFile(const std::string& path) {
-  std::ifstream in(path);
-  REQUIRE_MESSAGE(in.good(), path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 }  // namespace
@@ -320,33 +310,6 @@ TEST_SUITE("ratelimit: quotas that share a key") {
     CHECK(sluice::config::overriddenBurst(config.limits[1], lite.limits["implicit"]) == 7);
     CHECK(sluice::config::overriddenBurst(config.limits[2], pro.limits["explicit"]) == 4);
   }
-
-  TEST_CASE("a definition carries the largest limit of every quota on its keys (keep)") {
-    LimitConfig log = limitConfig("log", Algorithm::SlidingLog, {}, 5, 60000);
-    log.most_limit = 60;
-    log.count_denied = true;
-    LimitConfig bucket = limitConfig("b", Algorithm::TokenBucket, {}, 5, 3600000);
-    bucket.most_limit = 50;
-    std::vector<AppliedLimit> free_request = {applied(log, "rl:log:{1}"),
-                                              applied(bucket, "rl:b:{1}")};
-    std::vector<AppliedLimit> pro_request = free_request;
-    pro_request[0].limit = 60;
-    pro_request[1].limit = pro_request[1].burst = 50;
-    ScriptBatch batch;
-    batch.add(free_request);
-    batch.add(pro_request);
-    const std::string function = "sluice_decide_0123456789abcdef";
-    const std::vector<std::string> expected = {
-        "FCALL", function, "2", "rl:log:{1}", "rl:b:{1}",
-        "4",
-        "sliding_log", "5", "60000", "5", "1", "0", "60",
-        "token_bucket", "5", "3600000", "5", "0", "0", "50",
-        "sliding_log", "60", "60000", "5", "1", "0", "60",
-        "token_bucket", "50", "3600000", "50", "0", "0", "50",
-        "1:1,2:1",
-        "3:1@1,4:1@2"};
-    CHECK(batch.command(function) == sluice::valkey::formatCommand(expected));
-  }
 }
 
 TEST_SUITE("ratelimit: decision") {
@@ -367,156 +330,6 @@ TEST_SUITE("ratelimit: decision") {
     CHECK(retryAfterSeconds(1001) == 2);
     CHECK(retryAfterSeconds(59999) == 60);
     CHECK(retryAfterSeconds(3600000) == 3600);
-  }
-
-  TEST_CASE("ScriptBatch follows lua/decide.lua's layout") {
-    LimitConfig a = limitConfig("a", Algorithm::TokenBucket, {}, 10, 60000);
-    a.count_denied = true;
-    LimitConfig b = limitConfig("b", Algorithm::SlidingLog, {}, 5, 1000);
-    b.shadow = true;
-    LimitConfig c = limitConfig("c", Algorithm::FixedWindow, {}, 1, 86400000);
-    LimitConfig d = limitConfig("d", Algorithm::SlidingWindow, {}, 2, 500);
-    std::vector<AppliedLimit> first = {applied(a, "rl:a:{1}"), applied(b, "rl:b:{2}"),
-                                       applied(c, "rl:c:{3}"), applied(d, "rl:d:{4}")};
-    first[0].limit = 20;  // plan override: the applied values are sent, not the config's
-    first[0].burst = 15;
-    first[0].cost = 2;
-    // A second request: the same definitions are not written again; another plan's values of
-    // `a` are another definition.
-    std::vector<AppliedLimit> second = {applied(c, "rl:c:{9}"), applied(a, "rl:a:{9}")};
-    second[1].cost = 3;
-    // A third and a fourth on keys used before: each key is written once, then named.
-    const std::vector<AppliedLimit> third = {applied(b, "rl:b:{7}"), applied(c, "rl:c:{3}")};
-    const std::vector<AppliedLimit> fourth = {applied(c, "rl:c:{9}")};
-
-    ScriptBatch batch;
-    batch.add(first);
-    batch.add(second);
-    batch.add(third);
-    batch.add(fourth);
-    CHECK(batch.requests() == 4);
-    CHECK(batch.firstKey() == "rl:a:{1}");
-    // KEYS: every key once, in order of first use. ARGV[1] D; then D definitions of 7:
-    // algorithm, limit, window_ms, burst, count_denied, shadow, keep; then per request
-    // "<definition>:<cost>[@<key index>],...".
-    const std::string function = "sluice_decide_0123456789abcdef";
-    const std::vector<std::string> expected = {
-        "FCALL", function, "7",
-        "rl:a:{1}", "rl:b:{2}", "rl:c:{3}", "rl:d:{4}", "rl:c:{9}", "rl:a:{9}", "rl:b:{7}",
-        "5",
-        "token_bucket", "20", "60000", "15", "1", "0", "20",
-        "sliding_log", "5", "1000", "5", "0", "1", "5",
-        "fixed_window", "1", "86400000", "1", "0", "0", "1",
-        "sliding_window", "2", "500", "2", "0", "0", "2",
-        "token_bucket", "10", "60000", "10", "1", "0", "10",
-        "1:2,2:1,3:1,4:1",
-        "3:1,5:3",
-        "2:1,3:1@3",
-        "3:1@5"};
-    // formatCommand is checked byte for byte against hiredis's formatter (valkey_resp_test).
-    CHECK(batch.command(function) == sluice::valkey::formatCommand(expected));
-
-    // The layout is the one the script documents (both codecs open with the same
-    // description), and each algorithm name is a module of the script.
-    const std::string lua = readFile(std::string(SLUICE_SOURCE_DIR) + "/lua/decide.lua");
-    const std::string codec =
-        readFile(std::string(SLUICE_SOURCE_DIR) + "/src/ratelimit/script_codec.h");
-    for (const char* line : {"ARGV[1]             D, the number of limit definitions",
-                             "definition j: algorithm, limit, window_ms, burst, count_denied",
-                             "its limits as \"<definition>:<cost>\" joined by \",\"",
-                             "\"<definition>:<cost>@<i>\", KEYS[i], a key an earlier request used",
-                             "reply               the call's time T (server microseconds: every charge",
-                             "undo                (function <decide function>_undo) takes back charges"}) {
-      INFO(line);
-      CHECK(lua.find(line) != std::string::npos);
-      CHECK(codec.find(line) != std::string::npos);
-    }
-    CHECK(lua.find("local a = 7 * (j - 1)") != std::string::npos);  // 7 fields per definition
-    CHECK(ScriptBatch::kDefinitionFields == 7);
-    for (const char* name : {"token_bucket", "sliding_log", "fixed_window", "sliding_window"}) {
-      INFO(std::string(name));
-      const auto& scripts = embeddedScripts();
-      CHECK(std::any_of(scripts.begin(), scripts.end(),
-                        [&](const EmbeddedScript& s) { return s.name == name; }));
-      CHECK(decideLibrary().find(std::string("ALGORITHMS['") + name + "']") != std::string::npos);
-    }
-    // A function library named after its content, registering the function FCALL names.
-    const std::string tag = decideFunction().substr(std::string("sluice_decide_").size());
-    CHECK(decideFunction().rfind("sluice_decide_", 0) == 0);
-    CHECK(tag.size() == 16);
-    CHECK(decideLibrary().rfind("#!lua name=sluice_" + tag + "\nlocal FUNCTION_NAME = '" +
-                                    decideFunction() + "'\n",
-                                0) == 0);
-    CHECK(decideLibrary().find("redis.register_function(FUNCTION_NAME, decide_batch)") !=
-          std::string::npos);
-
-    ScriptBatch empty;
-    CHECK(empty.requests() == 0);
-    CHECK(empty.command(function) == sluice::valkey::formatCommand({"FCALL", function, "0", "0"}));
-  }
-
-  TEST_CASE("undoCommand follows lua/decide.lua's undo layout") {
-    LimitConfig w = limitConfig("w", Algorithm::SlidingWindow, {}, 100, 60000);
-    LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 10, 1000);
-    AppliedLimit lw = applied(w, "rl:w:{1}");
-    AppliedLimit lb = applied(b, "rl:b:{1}");
-    lb.cost = 3;
-    lb.limit = 20;  // a plan's: the undo takes back cost * window / this limit
-    // KEYS, then 5 per key: algorithm, limit, window_ms, cost, the call's time.
-    CHECK(undoCommand("sluice_decide_x", {&lw, &lb}, kCallTime) ==
-          sluice::valkey::formatCommand({"FCALL", "sluice_decide_x_undo", "2", "rl:w:{1}",
-                                         "rl:b:{1}", "sliding_window", "100", "60000", "1",
-                                         "1764600000123456", "token_bucket", "20", "1000", "3",
-                                         "1764600000123456"}));
-  }
-
-  TEST_CASE("DecisionReader: the parts of a batch reply, one after the other") {
-    LimitConfig a = limitConfig("a", Algorithm::FixedWindow, {}, 10, 1000);
-    LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 5, 1000);
-    const std::vector<AppliedLimit> one = {applied(a, "ka")};
-    const std::vector<AppliedLimit> two = {applied(a, "ka"), applied(b, "kb")};
-    // the call's time, then remaining, reset_ms, retry_ms per limit (retry 0: allows)
-    Reply reply = integers({kCallTime,
-                            9, 800, 0,             // one: allowed
-                            9, 800, 0, 0, 300, 300,  // two: refused by b
-                            0,                     // (a string: this one failed)
-                            8, 800, 0});           // one: allowed
-    reply.elements[10].type = Reply::Type::String;
-    reply.elements[10].text = "unknown algorithm leaky_bucket";
-    DecisionReader reader(reply.elements);
-    CHECK(reader.timeUs() == kCallTime);
-    Decision d;
-    std::string error;
-    REQUIRE(readDecision(reader, one, &d, &error) == ReplyPart::Decided);
-    CHECK(d.verdict == Decision::Verdict::Allow);
-    CHECK(d.limits[0].remaining == 9);
-    REQUIRE(readDecision(reader, two, &d, &error) == ReplyPart::Decided);
-    CHECK(d.verdict == Decision::Verdict::Deny);
-    CHECK(outcome(d.limits[0].outcome) == "allowed");
-    CHECK(outcome(d.limits[1].outcome) == "denied");
-    CHECK(d.retry_after_s == 1);
-    REQUIRE(readDecision(reader, two, &d, &error) == ReplyPart::Failed);
-    CHECK(error == "unknown algorithm leaky_bucket");
-    CHECK_FALSE(reader.done());
-    REQUIRE(readDecision(reader, one, &d, &error) == ReplyPart::Decided);
-    CHECK(d.limits[0].remaining == 8);
-    CHECK(reader.done());
-    // Nothing is left: another request's part is missing.
-    CHECK(readDecision(reader, one, &d, &error) == ReplyPart::Malformed);
-
-    // Too short for its limits, or not integers, or without the call's time: malformed.
-    Reply cut = integers({kCallTime, 9, 800});
-    DecisionReader short_reader(cut.elements);
-    CHECK(short_reader.next(1, &error) == ReplyPart::Malformed);
-    Reply untimed = integers({9, 800, 0});
-    untimed.elements[0].type = Reply::Type::String;
-    DecisionReader untimed_reader(untimed.elements);
-    CHECK(untimed_reader.timeUs() == -1);
-    CHECK(untimed_reader.next(1, &error) == ReplyPart::Malformed);
-    Reply nested = integers({kCallTime, 9, 800, 0});
-    nested.elements[2].type = Reply::Type::Array;
-    DecisionReader nested_reader(nested.elements);
-    CHECK(nested_reader.next(1, &error) == ReplyPart::Malformed);
   }
 
   TEST_CASE("decisionFromReply: allowed") {
