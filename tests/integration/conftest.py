@@ -52,7 +52,7 @@ Robustness (test_robustness_*.py; see README.md):
 - TIMER_SLACK_S / EXIT_SLACK_S: how much later than configured a test may see a timer fire or
   the process exit after a drain.
 
-Where they live: the fixtures (and the decide-script helpers) are here; the rest is in the
+Where they live: the fixtures (and lua_source) are here; the rest is in the
 harness package beside this file and re-exported here, so that tests import every name from
 conftest:
 
