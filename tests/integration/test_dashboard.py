@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import REPO, limit_cfg, route_cfg, sluice_with_limits
+from conftest import REPO, free_port, limit_cfg, route_cfg, sluice_with_limits
 from test_operations_metrics import Metrics, scrape
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -273,21 +273,28 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():
 
 def test_every_metric_the_dashboard_queries_is_exposed_by_sluice(sluice_factory, upstream, valkey):
     """A gateway with a limit of 2 on route "api" and one on route "other": 2 allowed, 1 refused
-    (429), 1 allowed on "other", and a 404 (no route). Then every metric (and label) of every
-    dashboard query must be in its GET /metrics; and a bogus metric must be caught."""
+    (429), 1 allowed on "other", a 404 (no route) and a 502 (an upstream nobody listens on). Then
+    every metric of every dashboard query must be in its GET /metrics, with the labels it selects
+    and groups by (checked on the families that have samples); and a bogus metric must be
+    caught."""
     limits = [limit_cfg("per_client", "fixed_window", 2, "1h", by=["header:X-Client"]),
               limit_cfg("per_ip", "sliding_window", 100, "1m")]
     routes = [route_cfg("api", ["per_client"], match={"path_prefix": "/echo"}),
-              route_cfg("other", ["per_ip"], match={"path_prefix": "/status/"})]
-    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits, routes)
+              route_cfg("other", ["per_ip"], match={"path_prefix": "/status/"}),
+              route_cfg("broken", ["per_ip"], match={"path_prefix": "/broken"}, upstream="dead")]
+    upstreams = [{"name": "app", "endpoints": [upstream]},
+                 {"name": "dead", "endpoints": [free_port()], "fail_timeout": "0s"}]
+    gw = sluice_with_limits(sluice_factory, None, valkey, limits, routes, upstreams=upstreams)
     statuses = [gw.get("/echo", [("X-Client", "d1")]).status for _ in range(3)]
     assert statuses == [200, 200, 429]
     assert gw.get("/status/200").status == 200
     assert gw.get("/nope").status == 404
+    assert gw.get("/broken").status == 502
 
-    m = scrape(gw, requests=5)
+    m = scrape(gw, requests=6)
     assert m.get("sluice_ratelimit_decisions_total", limit="per_client", outcome="denied") == 1
     assert m.get("sluice_requests_total", route="api", status="429") == 1
+    assert m.get("sluice_upstream_errors_total", upstream="dead", kind="connect_failed") == 1
 
     queries = dashboard_queries(dashboard())
     assert len(queries) >= 10, queries
