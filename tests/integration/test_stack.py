@@ -20,10 +20,10 @@ def compose_config():
     return yaml.safe_load(out.stdout)
 
 
-def test_compose_file_is_valid_and_has_the_three_services():
+def test_compose_file_is_valid_and_has_its_services():
     config = compose_config()
     services = config["services"]
-    assert set(services) == {"valkey", "demo", "sluice"}
+    assert set(services) == {"valkey", "demo", "sluice", "prometheus", "grafana"}
     assert services["valkey"]["image"].startswith("valkey/valkey:8")
     assert services["sluice"]["build"]["target"] == "sluice"
     assert services["demo"]["build"]["target"] == "demo"
@@ -31,6 +31,11 @@ def test_compose_file_is_valid_and_has_the_three_services():
     ports = {str(p).split("/")[0] for p in services["sluice"]["ports"]}
     assert ports == {"127.0.0.1:8080:8080", "127.0.0.1:9901:9901"}
     assert services["sluice"]["depends_on"]["valkey"]["condition"] == "service_healthy"
+    # Prometheus and Grafana (the dashboard: test_dashboard.py) on the loopback too.
+    assert services["prometheus"]["image"].startswith("prom/prometheus:")
+    assert services["grafana"]["image"].startswith("grafana/grafana:")
+    assert {str(p).split("/")[0] for p in services["prometheus"]["ports"]} == {"127.0.0.1:9090:9090"}
+    assert {str(p).split("/")[0] for p in services["grafana"]["ports"]} == {"127.0.0.1:3000:3000"}
 
 
 def test_compose_appendonly_is_an_option():
