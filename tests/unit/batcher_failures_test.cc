@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "fake_store.h"
 #include "loop_support.h"
 #include "ratelimit/batcher.h"
 #include "ratelimit/script_codec.h"
@@ -24,61 +25,13 @@ using namespace sluice::ratelimit;
 using sluice::config::Algorithm;
 using sluice::config::LimitConfig;
 using sluice::config::OnError;
+using sluice::testing::FakeStore;
 using sluice::valkey::Failure;
 using sluice::valkey::Reply;
 
 namespace {
 
 constexpr int64_t kTime = 1764600000123456;
-
-// A store whose slots are the keys' first characters ("1:..." is in slot 1); it keeps every
-// call it is asked for, for the test to answer, and what was cancelled.
-class FakeStore final : public sluice::valkey::Store {
- public:
-  struct Call final : sluice::valkey::PendingCall {
-    std::string command;
-    std::string first_key;
-    sluice::valkey::CallTarget* target = nullptr;
-  };
-
-  void start() override {}
-  void stop() override {}
-  sluice::valkey::PendingCall* callDecide(std::string command, std::string_view first_key,
-                                          sluice::valkey::CallTarget* target) override {
-    ++asked;
-    if (refuse_calls > 0) {
-      --refuse_calls;
-      return nullptr;
-    }
-    auto call = std::make_unique<Call>();
-    call->command = std::move(command);
-    call->first_key = std::string(first_key);
-    call->target = target;
-    calls.push_back(std::move(call));
-    return calls.back().get();
-  }
-  const std::string& decideFunction() const override { return function_; }
-  unsigned slotOf(std::string_view key) const override {
-    return static_cast<unsigned>(key.front() - '0');
-  }
-  bool accepting() override { return accepts; }
-  void flush() override { ++flushes; }
-  sluice::valkey::PendingCall* command(std::vector<std::string>,
-                                       sluice::valkey::CallTarget*) override {
-    return nullptr;
-  }
-  void cancel(sluice::valkey::PendingCall*) override { ++cancels; }
-
-  std::vector<std::unique_ptr<Call>> calls;
-  int refuse_calls = 0;  // the next calls refused (not connected)
-  bool accepts = true;
-  int asked = 0;
-  int flushes = 0;
-  int cancels = 0;
-
- private:
-  std::string function_ = "decide_f";
-};
 
 struct Recorder : DecisionTarget {
   void onDecision(const Decision& d) override {
