@@ -43,7 +43,7 @@ inline void runFor(uv_loop_t* loop, uint64_t ms) {
   runUntil(loop, [] { return false; }, ms);
 }
 
-// Handles of `loop` (open or closing), and requests in flight.
+// Handles of `loop`, open or closing.
 inline size_t liveHandles(uv_loop_t* loop) {
   size_t n = 0;
   uv_walk(loop, [](uv_handle_t*, void* arg) { ++*static_cast<size_t*>(arg); }, &n);
@@ -104,7 +104,7 @@ class FakePeer {
  public:
   struct Conn {
     uv_tcp_t handle;
-    FakePeer* peer;  // null once the peer closed
+    FakePeer* peer;  // not used once closing (the peer closes its connections first)
     std::string in;
     bool closing = false;
     bool eof = false;
@@ -132,16 +132,6 @@ class FakePeer {
       }
       uv_close(reinterpret_cast<uv_handle_t*>(&handle),
                [](uv_handle_t* h) { delete static_cast<Conn*>(h->data); });
-    }
-    // A reset instead of a FIN.
-    void reset() {
-      if (closing) return;
-      closing = true;
-      if (peer) {
-        auto& list = peer->conns_;
-        list.erase(std::remove(list.begin(), list.end(), this), list.end());
-      }
-      uv_tcp_close_reset(&handle, [](uv_handle_t* h) { delete static_cast<Conn*>(h->data); });
     }
   };
 
