@@ -14,6 +14,7 @@
 
 #include "config/config.h"
 #include "loop_support.h"
+#include "tls_support.h"
 #include "net/tcp_transport.h"
 #include "net/tls_context.h"
 #include "net/tls_transport.h"
@@ -26,129 +27,12 @@ using sluice::net::Transport;
 using sluice::testing::runFor;
 using sluice::testing::runUntil;
 using sluice::testing::TestLoop;
+using sluice::testing::tls::clientContext;
+using sluice::testing::tls::Endpoint;
+using sluice::testing::tls::Server;
+using sluice::testing::tls::serverContext;
 
 namespace {
-
-const std::string kDataDir = std::string(SLUICE_SOURCE_DIR) + "/tests/unit/data/";
-
-// One side of a connection: owns its transport (destroyed only after onClosed) and records
-// what it is told.
-struct Endpoint final : sluice::net::TransportCallbacks {
-  void onRead(const char* data, size_t len) override {
-    in.append(data, len);
-    if (echo) transport->write(std::string_view(data, len));
-  }
-  void onReadEnd(int status) override {
-    read_ends.push_back(status);
-    if (!answer_on_end.empty() && read_ends.size() == 1) {
-      transport->write(answer_on_end);
-      transport->shutdownWrite();
-    }
-  }
-  void onWriteDrained() override { ++drained; }
-  void onWriteError(int status) override { write_errors.push_back(status); }
-  void onClosed() override { ++closed; }
-
-  // The TCP transport underneath becomes the inside of a TLS one.
-  TlsTransport* wrap(SSL* ssl, std::shared_ptr<const void> context, uv_loop_t* loop,
-                     uint64_t handshake_timeout_ms) {
-    auto* tcp = static_cast<TcpTransport*>(transport.release());
-    auto* tls = new TlsTransport(std::unique_ptr<TcpTransport>(tcp), ssl, std::move(context),
-                                 loop, handshake_timeout_ms);
-    transport.reset(tls);
-    tls->setCallbacks(this);
-    return tls;
-  }
-  TlsTransport* tls() { return static_cast<TlsTransport*>(transport.get()); }
-
-  std::unique_ptr<Transport> transport;
-  std::string in;
-  std::vector<int> read_ends;
-  std::vector<int> write_errors;
-  int drained = 0;
-  int closed = 0;
-  bool echo = false;
-  std::string answer_on_end;  // written, then FIN (close_notify over TLS), at the end of reads
-};
-
-// A TLS listener: each accepted connection becomes a server-side TlsTransport (or stays plain
-// TCP when `tls` is false) that reads at once, as the worker does.
-struct Server {
-  Server(uv_loop_t* loop, std::shared_ptr<TlsServerContext> context, uint64_t handshake_ms)
-      : loop_(loop), context_(std::move(context)), handshake_ms_(handshake_ms) {
-    listener_ = new Listener{{}, this};
-    uv_tcp_init(loop, &listener_->handle);
-    listener_->handle.data = listener_;
-    sockaddr_in addr;
-    uv_ip4_addr("127.0.0.1", 0, &addr);
-    REQUIRE(uv_tcp_bind(&listener_->handle, reinterpret_cast<const sockaddr*>(&addr), 0) == 0);
-    REQUIRE(uv_listen(reinterpret_cast<uv_stream_t*>(&listener_->handle), 8, onConnection) == 0);
-    int len = sizeof address_;
-    uv_tcp_getsockname(&listener_->handle, reinterpret_cast<sockaddr*>(&address_), &len);
-  }
-  void close() {
-    listener_->server = nullptr;
-    uv_close(reinterpret_cast<uv_handle_t*>(&listener_->handle),
-             [](uv_handle_t* h) { delete static_cast<Listener*>(h->data); });
-  }
-  const sockaddr* address() const { return reinterpret_cast<const sockaddr*>(&address_); }
-
-  std::vector<std::unique_ptr<Endpoint>> accepted;
-  bool echo = true;
-  std::string answer_on_end;
-
- private:
-  struct Listener {
-    uv_tcp_t handle;
-    Server* server;
-  };
-  static void onConnection(uv_stream_t* stream, int status) {
-    auto* listener = static_cast<Listener*>(stream->data);
-    Server* self = listener->server;
-    if (status < 0 || !self) return;
-    auto tcp = std::make_unique<TcpTransport>(self->loop_);
-    REQUIRE(uv_accept(stream, tcp->stream()) == 0);
-    tcp->onAccepted();
-    auto e = std::make_unique<Endpoint>();
-    e->echo = self->echo;
-    e->answer_on_end = self->answer_on_end;
-    e->transport = std::move(tcp);
-    e->transport->setCallbacks(e.get());
-    e->wrap(self->context_->newSession(), self->context_, self->loop_, self->handshake_ms_);
-    e->transport->readStart();
-    self->accepted.push_back(std::move(e));
-  }
-
-  uv_loop_t* loop_;
-  std::shared_ptr<TlsServerContext> context_;
-  uint64_t handshake_ms_;
-  Listener* listener_;
-  sockaddr_storage address_{};
-};
-
-std::shared_ptr<TlsServerContext> serverContext(uint64_t handshake_ms) {
-  sluice::config::ServerTlsConfig config;
-  config.default_certificate.cert_path = kDataDir + "server.crt";
-  config.default_certificate.key_path = kDataDir + "server.key";
-  config.handshake_timeout = std::chrono::milliseconds(handshake_ms);
-  std::string error;
-  auto context = TlsServerContext::create(config, &error);
-  INFO(error);
-  REQUIRE(context);
-  return context;
-}
-
-std::shared_ptr<TlsClientContext> clientContext() {
-  sluice::config::UpstreamConfig upstream;
-  upstream.name = "tls";
-  upstream.tls.emplace();
-  upstream.tls->ca_file = kDataDir + "server.crt";  // self-signed: its own CA
-  std::string error;
-  auto context = TlsClientContext::create(upstream, &error);
-  INFO(error);
-  REQUIRE(context);
-  return context;
-}
 
 struct Fixture {
   explicit Fixture(uint64_t handshake_ms = 1000)
