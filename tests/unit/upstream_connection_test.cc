@@ -2,7 +2,8 @@
 // real uv loop against a fake upstream (a libuv listener on a loopback ephemeral port that
 // answers what each test scripted): a response forwarded and the connection pooled, an
 // upstream that closes early (the failure reported once), a response timeout, a malformed
-// response, and a refused connection.
+// response, a refused connection; and over TLS (tls_support.h): ready only once the
+// certificate is verified, and ConnectFailed when it does not name the upstream.
 
 #include <doctest/doctest.h>
 #include <uv.h>
@@ -15,6 +16,7 @@
 #include "config/config.h"
 #include "http/message.h"
 #include "loop_support.h"
+#include "tls_support.h"
 #include "upstream/cluster.h"
 #include "upstream/upstream_connection.h"
 
@@ -54,12 +56,13 @@ struct Owner final : sluice::upstream::UpstreamCallbacks {
   std::vector<std::pair<UpstreamError, bool>> errors;
 };
 
-sluice::config::UpstreamConfig upstreamConfig(uint16_t port, uint64_t response_timeout_ms) {
+sluice::config::UpstreamConfig upstreamConfig(uint16_t port, uint64_t response_timeout_ms,
+                                              const std::string& host = "127.0.0.1") {
   sluice::config::UpstreamConfig c;
   c.name = "up";
   std::string error;
-  auto address = sluice::config::parseSocketAddress("127.0.0.1:" + std::to_string(port), false,
-                                                    &error);
+  auto address =
+      sluice::config::parseSocketAddress(host + ":" + std::to_string(port), false, &error);
   REQUIRE(address);
   c.endpoints = {*address};
   sockaddr_storage resolved{};
@@ -292,6 +295,74 @@ TEST_SUITE("upstream: a connection against a fake upstream") {
       CHECK(owner.errors[0].second == false);
       CHECK(owner.ready == 0);
       cluster->retire();
+    }
+    l.close();
+  }
+
+  TEST_CASE("over TLS: ready once the upstream's certificate is verified; a response") {
+    TestLoop l;
+    {
+      sluice::testing::tls::Server server(l.get(), sluice::testing::tls::serverContext(1000), 1000);
+      server.echo = false;
+      server.on_read = [](sluice::testing::tls::Endpoint& e) {
+        if (e.in.find("\r\n\r\n") == std::string::npos) return;
+        e.in.clear();
+        e.transport->write("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret");
+      };
+      const auto* sin = reinterpret_cast<const sockaddr_in*>(server.address());
+      // The endpoint is named "localhost": the name TLS verifies and sends as SNI.
+      auto config = upstreamConfig(ntohs(sin->sin_port), 1000, "localhost");
+      config.tls.emplace();
+      auto cluster = std::make_shared<Cluster>(l.get(), config,
+                                               sluice::testing::tls::clientContext());
+      Owner owner;
+      Cluster::Acquired a = cluster->acquire(&owner, false);
+      REQUIRE(a.connection);
+      REQUIRE(runUntil(l.get(), [&] { return owner.ready + owner.errors.size() > 0; }));
+      REQUIRE(owner.ready == 1);
+      REQUIRE(server.accepted.size() == 1);
+      a.connection->expectResponse(false, 1000);
+      a.connection->write(kRequest);
+      a.connection->requestComplete();
+      REQUIRE(runUntil(l.get(), [&] { return owner.complete == 1; }));
+      CHECK(owner.status == 200);
+      CHECK(owner.body == "secret");
+      a.connection->release();  // pooled
+      cluster->retire();        // closes it
+      auto& e = *server.accepted[0];
+      REQUIRE(runUntil(l.get(), [&] { return !e.read_ends.empty(); }));
+      e.transport->close();
+      REQUIRE(runUntil(l.get(), [&] { return e.closed == 1; }));
+      server.accepted.clear();
+      server.close();
+    }
+    l.close();
+  }
+
+  TEST_CASE("over TLS: a certificate that does not name the upstream: ConnectFailed, once") {
+    TestLoop l;
+    {
+      sluice::testing::tls::Server server(l.get(), sluice::testing::tls::serverContext(1000), 1000);
+      const auto* sin = reinterpret_cast<const sockaddr_in*>(server.address());
+      auto config = upstreamConfig(ntohs(sin->sin_port), 1000);
+      config.tls.emplace();
+      auto cluster = std::make_shared<Cluster>(
+          l.get(), config, sluice::testing::tls::clientContext("api.internal"));
+      Owner owner;
+      Cluster::Acquired a = cluster->acquire(&owner, false);
+      REQUIRE(a.connection);
+      REQUIRE(runUntil(l.get(), [&] { return !owner.errors.empty(); }));
+      runFor(l.get(), 20);
+      REQUIRE(owner.errors.size() == 1);
+      CHECK((owner.errors[0].first == UpstreamError::ConnectFailed));
+      CHECK(owner.ready == 0);
+      REQUIRE(server.accepted.size() == 1);
+      auto& e = *server.accepted[0];
+      REQUIRE(runUntil(l.get(), [&] { return e.closed == 1; }));  // the server saw it end
+      CHECK(e.in.empty());
+      cluster->retire();
+      server.accepted.clear();
+      server.close();
     }
     l.close();
   }
