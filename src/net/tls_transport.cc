@@ -138,12 +138,14 @@ void TlsTransport::readPlaintext() {
     if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) break;
     if (error == SSL_ERROR_ZERO_RETURN) {  // close_notify
       flushCiphertext();
+      read_ended_ = true;  // the TCP FIN that follows is not a second end
       if (callbacks_) callbacks_->onReadEnd(UV_EOF);
       return;
     }
     failed_ = true;
     failure_ = "TLS error: " + opensslErrors();
     SLUICE_LOG_DEBUG("{}", logging::sanitize(failure_));
+    read_ended_ = true;
     if (callbacks_) callbacks_->onReadEnd(UV_EPROTO);
     return;
   }
@@ -209,11 +211,18 @@ void TlsTransport::close() {
 }
 
 void TlsTransport::onReadEnd(int status) {
+  if (closing_after_flush_) {  // the plain-HTTP answer went out; the client is gone too
+    inner_->close();
+    return;
+  }
   if (!established_) {
     fail("connection closed during the TLS handshake", status == UV_EOF ? UV_ECONNRESET : status);
     return;
   }
-  if (callbacks_ && !failed_) callbacks_->onReadEnd(status);
+  if (callbacks_ && !failed_ && !read_ended_) {
+    read_ended_ = true;
+    callbacks_->onReadEnd(status);
+  }
 }
 
 void TlsTransport::onWriteDrained() {

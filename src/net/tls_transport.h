@@ -69,6 +69,7 @@ class TlsTransport final : public Transport, private TransportCallbacks {
   bool established_ = false;
   bool failed_ = false;
   bool closing_after_flush_ = false;
+  bool read_ended_ = false;  // the owner heard onReadEnd (once)
   bool seen_bytes_ = false;
 };
 

@@ -140,13 +140,8 @@ TEST_SUITE("net: the TLS transport on loopback") {
     CHECK(server.write_errors.empty());
   }
 
-  // KNOWN BUG (left for its owner; src/ is not this change's to fix): after close_notify,
-  // readPlaintext() reports the end of reads, and the TCP FIN that follows it is reported again
-  // by onReadEnd(): the owner hears "no more bytes" twice (a second write of its answer then
-  // fails and closes the connection). Expected to fail until TlsTransport remembers that it
-  // already reported the end; then drop should_fail.
-  TEST_CASE("close_notify then FIN: the end of reads is reported once" *
-            doctest::should_fail()) {
+  // After close_notify the TCP FIN follows: the owner hears the end of reads once.
+  TEST_CASE("close_notify then FIN: the end of reads is reported once") {
     Fixture f;
     f.server.echo = false;
     f.server.answer_on_end = "bye";
@@ -198,13 +193,9 @@ TEST_SUITE("net: the TLS transport on loopback") {
     CHECK(server.tls()->failure() == "plain HTTP sent to the TLS port");
   }
 
-  // KNOWN BUG (left for its owner): the plain 400 is written at once (uv_try_write), so the
-  // TCP transport never reports the write drained, and the TLS transport, which closes on
-  // onWriteDrained(), holds the connection until its 1 s fallback timer, even after the client
-  // closed (reads are ignored from then on). Expected to fail until the close follows the
-  // write (or the shutdown's completion); then drop should_fail.
-  TEST_CASE("plain HTTP to the TLS server: the server closes soon after its answer" *
-            doctest::should_fail()) {
+  // The plain 400 is written at once (no drained callback follows): the client's close ends
+  // the connection, not the 1 s fallback timer.
+  TEST_CASE("plain HTTP to the TLS server: the server closes soon after its answer") {
     Fixture f;
     Endpoint& client = f.tcpClient();
     client.transport->readStart();
