@@ -105,8 +105,7 @@ void eachSeries(const Leaf& leaf, const std::string& labels, Show show, Fn& fn) 
 }
 
 template <typename T, typename L, typename Fn>
-void eachSeries(const stats::Indexed<T, L>& indexed, const std::string& labels, Show show,
-                Fn& fn) {
+void eachSeries(const stats::Indexed<T, L>& indexed, const std::string& labels, Show show, Fn& fn) {
   constexpr bool kLeaf = std::is_same_v<T, typename LeafOf<T>::type>;
   for (size_t i = 0; i < L::kSize; ++i) {
     if constexpr (kLeaf) {
@@ -117,8 +116,7 @@ void eachSeries(const stats::Indexed<T, L>& indexed, const std::string& labels, 
 }
 
 template <typename T, typename L, typename Fn>
-void eachSeries(const stats::Family<T, L>& family, const std::string& labels, Show show,
-                Fn& fn) {
+void eachSeries(const stats::Family<T, L>& family, const std::string& labels, Show show, Fn& fn) {
   family.forEach([&](const std::string& name, const T& item) {
     eachSeries(item, withLabel(labels, L::kName, name), show, fn);
   });
@@ -141,7 +139,8 @@ void samples(std::string& out, const std::string& name, const std::string& label
     cumulative += h.buckets[i];
     char le[32];
     std::snprintf(le, sizeof le, "%g", stats::Histogram::kBounds[i]);
-    sample(out, name + "_bucket", labels + sep + "le=\"" + le + "\"", static_cast<double>(cumulative));
+    sample(out, name + "_bucket", labels + sep + "le=\"" + le + "\"",
+           static_cast<double>(cumulative));
   }
   sample(out, name + "_bucket", labels + sep + "le=\"+Inf\"", static_cast<double>(h.count));
   sample(out, name + "_sum", labels, static_cast<double>(h.sum_micros) / 1e6);
@@ -150,8 +149,8 @@ void samples(std::string& out, const std::string& name, const std::string& label
 
 // A worker family: each series summed over the workers, sorted by its labels.
 template <typename T>
-void workerFamily(std::string& out, const char* name, const char* type, const char* help,
-                  Show show, const std::vector<const stats::WorkerStats*>& workers,
+void workerFamily(std::string& out, const char* name, const char* type, const char* help, Show show,
+                  const std::vector<const stats::WorkerStats*>& workers,
                   T stats::WorkerStats::*member) {
   using Leaf = typename LeafOf<T>::type;
   std::map<std::string, typename SumOf<Leaf>::type> sums;

@@ -68,10 +68,10 @@ struct Snapshot {
   stats::Counter& upstreamErrors(size_t upstream, upstream::UpstreamError error);
 
  private:
-  std::vector<stats::Indexed<stats::Counter, stats::Status>*> requests_;  // [0]: no route
+  std::vector<stats::Indexed<stats::Counter, stats::Status>*> requests_;    // [0]: no route
   std::vector<stats::Indexed<stats::Counter, stats::Outcome>*> decisions_;  // by limit
   std::vector<stats::Histogram*> upstream_latency_;                         // by upstream
-  std::vector<stats::Indexed<stats::Counter, stats::UpstreamError>*> upstream_errors_;
+  std::vector<stats::Indexed<stats::Counter, stats::UpstreamError>*> upstream_errors_;  // same
 };
 
 class WorkerContext {
