@@ -1,6 +1,7 @@
 #pragma once
 
-// Prometheus text exposition (version 0.0.4) of the workers' counters, summed.
+// Prometheus text exposition (version 0.0.4) of the metrics declared in stats/stats.h: the
+// workers' values summed, then the process's.
 
 #include <string>
 #include <vector>
@@ -9,15 +10,7 @@
 
 namespace sluice::admin {
 
-struct ProcessStats {
-  uint64_t config_reloads = 0;
-  uint64_t config_reload_failures = 0;
-  uint64_t access_log_dropped = 0;
-  bool ready = false;
-  double start_time_seconds = 0;
-};
-
 std::string renderMetrics(const std::vector<const stats::WorkerStats*>& workers,
-                          const ProcessStats& process);
+                          const stats::ProcessStats& process);
 
 }  // namespace sluice::admin

@@ -210,7 +210,7 @@ void Server::reload() {
     config = nullptr;
   }
   if (!config) {
-    ++process_stats_.config_reload_failures;
+    ++process_stats_.config_reloads[stats::ReloadResult::Failure];
     SLUICE_LOG_ERROR("reload refused, the previous configuration keeps serving: {}", error);
     return;
   }
@@ -233,7 +233,7 @@ void Server::reload() {
   configureLog(config->log);
   config_ = config;
   for (auto& w : workers_) w->postConfig(generation);
-  ++process_stats_.config_reloads;
+  ++process_stats_.config_reloads[stats::ReloadResult::Success];
   SLUICE_LOG_INFO("configuration reloaded from {}", config_path_);
 }
 
@@ -302,7 +302,7 @@ admin::AdminResponse Server::handleAdmin(std::string_view path) {
     std::vector<const stats::WorkerStats*> stats;
     for (const auto& w : workers_) stats.push_back(&w->stats());
     std::string why;
-    process_stats_.ready = ready(&why);
+    process_stats_.ready = ready(&why) ? 1 : 0;
     response.content_type = "text/plain; version=0.0.4; charset=utf-8";
     process_stats_.access_log_dropped = stats::AccessLog::dropped();
     response.body = admin::renderMetrics(stats, process_stats_);

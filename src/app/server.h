@@ -54,7 +54,7 @@ class Server {
   std::vector<uv_signal_t*> signals_;
   std::unique_ptr<Timer> workers_poll_;
   std::unique_ptr<Timer> trim_timer_;
-  admin::ProcessStats process_stats_;
+  stats::ProcessStats process_stats_;
   bool draining_ = false;
 };
 

@@ -183,6 +183,7 @@ void Worker::applyConfig(Generation generation) {
   const bool listen_changed = old && listener_ &&
                               old->config->server.listen.text != config->server.listen.text;
   snapshot->config = std::move(config);
+  snapshot->resolveStats(stats_);
   context_->setSnapshot(std::move(snapshot));
   if (listen_changed) rebind(context_->snapshot()->config->server.listen);
 }

@@ -222,9 +222,7 @@ void Admission::apply(const ratelimit::Decision& decision) {
   results_ = decision.limits;
   for (const auto& r : decision.limits) {
     if (!r.decided) continue;
-    snapshot_->decisionCounter(worker_.stats(), r.config, static_cast<int>(r.outcome),
-                               ratelimit::toString(r.outcome))
-        .inc();
+    snapshot_->decisionCounter(r.config, r.outcome).inc();
   }
   const config::RateLimitHeaders mode = snapshot_->config->server.rate_limit_headers;
   switch (decision.verdict) {

@@ -113,7 +113,7 @@ void Exchange::complete(int status) {
   if (status <= 0) return;
   const std::shared_ptr<Snapshot>& snapshot = snapshot_ ? snapshot_ : conn_.worker().snapshot();
   if (!snapshot) return;
-  snapshot->requestCounter(conn_.worker().stats(), route_, status).inc();
+  snapshot->requestCounter(route_, status).inc();
   if (!snapshot->access_log) return;
   AccessRecord r;
   r.request_id = requestId();
@@ -360,7 +360,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
   const uint64_t now = uv_hrtime();
   upstream_head_ns_ = now;
   if (upstream_sent_ns_ != 0) {
-    snapshot_->upstreamLatency(conn_.worker().stats(), route_->upstream_index)
+    snapshot_->upstreamLatency(route_->upstream_index)
         .observeMicros((now - upstream_sent_ns_) / 1000);
   }
   http::ClientResponseContext context;
@@ -408,12 +408,7 @@ void Exchange::onUpstreamComplete() {
 void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_started) {
   upstream_ = nullptr;
   error_ = upstream::toString(error);
-  conn_.worker()
-      .stats()
-      .upstream_errors
-      .get("upstream=\"" + stats::labelValue(cluster_->name()) + "\",kind=\"" +
-           upstream::toString(error) + "\"")
-      .inc();
+  snapshot_->upstreamErrors(route_->upstream_index, error).inc();
   if (responseStarted()) {
     // The head went out: the only honest signal left is to cut the connection.
     flushGathered();

@@ -4,7 +4,6 @@
 #include <random>
 
 #include "proxy/downstream_connection.h"
-#include "stats/stats.h"
 
 namespace sluice::proxy {
 
@@ -16,40 +15,36 @@ WorkerContext::WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats)
   request_id_prefix_ = buf;
 }
 
-stats::Counter& Snapshot::requestCounter(stats::WorkerStats& stats,
-                                         const config::RouteConfig* route, int status) {
-  const uint64_t index = route ? static_cast<uint64_t>(route - config->routes.data()) + 1 : 0;
-  const uint64_t key = index << 16 | static_cast<uint64_t>(status & 0xffff);
-  auto it = request_counters_.find(key);
-  if (it != request_counters_.end()) return *it->second;
-  std::string labels = "route=\"";
-  if (route) labels += stats::labelValue(route->name);
-  labels += "\",status=\"" + std::to_string(status) + "\"";
-  stats::Counter& counter = stats.requests.get(labels);
-  request_counters_.emplace(key, &counter);
-  return counter;
+void Snapshot::resolveStats(stats::WorkerStats& stats) {
+  requests_.clear();
+  requests_.push_back(&stats.requests.resolve(""));
+  for (const auto& route : config->routes) {
+    requests_.push_back(&stats.requests.resolve(route.name));
+  }
+  decisions_.clear();
+  for (const auto& limit : config->limits) {
+    decisions_.push_back(&stats.decisions.resolve(limit.name));
+  }
+  upstream_latency_.clear();
+  upstream_errors_.clear();
+  for (const auto& upstream : config->upstreams) {
+    upstream_latency_.push_back(&stats.upstream_latency.resolve(upstream.name));
+    upstream_errors_.push_back(&stats.upstream_errors.resolve(upstream.name));
+  }
 }
 
-stats::Counter& Snapshot::decisionCounter(stats::WorkerStats& stats,
-                                          const config::LimitConfig* limit, int outcome,
-                                          const char* outcome_name) {
-  const uint64_t key = static_cast<uint64_t>(limit - config->limits.data()) << 8 |
-                       static_cast<uint64_t>(outcome);
-  auto it = decision_counters_.find(key);
-  if (it != decision_counters_.end()) return *it->second;
-  stats::Counter& counter = stats.decisions.get("limit=\"" + stats::labelValue(limit->name) +
-                                                "\",outcome=\"" + outcome_name + "\"");
-  decision_counters_.emplace(key, &counter);
-  return counter;
+stats::Counter& Snapshot::requestCounter(const config::RouteConfig* route, int status) {
+  const size_t index = route ? static_cast<size_t>(route - config->routes.data()) + 1 : 0;
+  return (*requests_[index])[stats::Status::index(status)];
 }
 
-stats::Histogram& Snapshot::upstreamLatency(stats::WorkerStats& stats, size_t upstream) {
-  auto it = upstream_latency_.find(upstream);
-  if (it != upstream_latency_.end()) return *it->second;
-  stats::Histogram& histogram = stats.upstream_latency.get(
-      "upstream=\"" + stats::labelValue(config->upstreams[upstream].name) + "\"");
-  upstream_latency_.emplace(upstream, &histogram);
-  return histogram;
+stats::Counter& Snapshot::decisionCounter(const config::LimitConfig* limit,
+                                          ratelimit::Outcome outcome) {
+  return (*decisions_[static_cast<size_t>(limit - config->limits.data())])[outcome];
+}
+
+stats::Counter& Snapshot::upstreamErrors(size_t upstream, upstream::UpstreamError error) {
+  return (*upstream_errors_[upstream])[error];
 }
 
 std::string WorkerContext::nextRequestId() {

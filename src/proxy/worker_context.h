@@ -9,21 +9,19 @@
 
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "config/config.h"
 #include "ratelimit/headers.h"
+#include "stats/stats.h"
 
 namespace sluice::stats {
-struct WorkerStats;
 class AccessLog;
-class Counter;
-class Histogram;
 }
 
 namespace sluice::upstream {
 class Cluster;
+enum class UpstreamError;
 }
 
 namespace sluice::valkey {
@@ -60,18 +58,20 @@ struct Snapshot {
   std::shared_ptr<stats::AccessLog> access_log;              // null: access_log = "off"
   std::shared_ptr<net::TlsServerContext> tls;                // null: plain HTTP listener
 
-  // Counters of this generation's routes, limits and upstreams, found once and then reached
-  // without building label strings on every request.
-  stats::Counter& requestCounter(stats::WorkerStats& stats, const config::RouteConfig* route,
-                                 int status);
-  stats::Counter& decisionCounter(stats::WorkerStats& stats, const config::LimitConfig* limit,
-                                  int outcome, const char* outcome_name);
-  stats::Histogram& upstreamLatency(stats::WorkerStats& stats, size_t upstream);
+  // The series of this generation's routes, limits and upstreams, resolved once by
+  // resolveStats() when the snapshot is built (a reload resolves its new names then; a name
+  // kept goes on counting in the same series). Counting a request only indexes them.
+  void resolveStats(stats::WorkerStats& stats);
+  stats::Counter& requestCounter(const config::RouteConfig* route, int status);
+  stats::Counter& decisionCounter(const config::LimitConfig* limit, ratelimit::Outcome outcome);
+  stats::Histogram& upstreamLatency(size_t upstream) { return *upstream_latency_[upstream]; }
+  stats::Counter& upstreamErrors(size_t upstream, upstream::UpstreamError error);
 
  private:
-  std::unordered_map<uint64_t, stats::Counter*> request_counters_;
-  std::unordered_map<uint64_t, stats::Counter*> decision_counters_;
-  std::unordered_map<size_t, stats::Histogram*> upstream_latency_;
+  std::vector<stats::Indexed<stats::Counter, stats::Status>*> requests_;    // [0]: no route
+  std::vector<stats::Indexed<stats::Counter, stats::Outcome>*> decisions_;  // by limit
+  std::vector<stats::Histogram*> upstream_latency_;                         // by upstream
+  std::vector<stats::Indexed<stats::Counter, stats::UpstreamError>*> upstream_errors_;  // same
 };
 
 class WorkerContext {

@@ -127,7 +127,7 @@ class DecisionBatcher::Compensation final : public valkey::CallTarget {
       failed(reply.text);
       return;
     }
-    stats_.valkey_compensations.get("result=\"done\"").inc();
+    stats_.valkey_compensations[stats::CompensationResult::Done].inc();
     delete this;
   }
   void onValkeyFailure(valkey::Failure failure) override { failed(valkey::toString(failure)); }
@@ -135,7 +135,7 @@ class DecisionBatcher::Compensation final : public valkey::CallTarget {
  private:
   explicit Compensation(stats::WorkerStats& stats) : stats_(stats) {}
   void failed(std::string_view why) {
-    stats_.valkey_compensations.get("result=\"failed\"").inc();
+    stats_.valkey_compensations[stats::CompensationResult::Failed].inc();
     SLUICE_LOG_WARN("valkey: could not take back the charges of a refused request ({}); they "
                     "stay until their keys expire",
                     logging::sanitize(why));

@@ -26,4 +26,27 @@ std::string labelValue(std::string_view value) {
   return out;
 }
 
+namespace {
+template <typename... Labels>
+std::vector<std::string_view> labelNames() {
+  return {Labels::kName...};
+}
+}  // namespace
+
+const std::vector<MetricInfo>& metricTable() {
+  static const std::vector<MetricInfo> table = [] {
+    std::vector<MetricInfo> out;
+#define SLUICE_WORKER_INFO(member, Type, name, shown, help, ...) \
+  out.push_back({name, Type::kType, help, labelNames<__VA_ARGS__>(), false});
+#define SLUICE_PROCESS_INFO(member, Type, name, shown, help, ...) \
+  out.push_back({name, Type::kType, help, labelNames<__VA_ARGS__>(), true});
+    SLUICE_WORKER_METRICS(SLUICE_WORKER_INFO)
+    SLUICE_PROCESS_METRICS(SLUICE_PROCESS_INFO)
+#undef SLUICE_WORKER_INFO
+#undef SLUICE_PROCESS_INFO
+    return out;
+  }();
+  return table;
+}
+
 }  // namespace sluice::stats

@@ -46,6 +46,17 @@ const char* toString(Failure failure) {
   return "unknown";
 }
 
+namespace {
+stats::ValkeyError::Value errorKind(Failure failure) {
+  switch (failure) {
+    case Failure::NotConnected: return stats::ValkeyError::NotConnected;
+    case Failure::Timeout: return stats::ValkeyError::Timeout;
+    case Failure::Disconnected: return stats::ValkeyError::Disconnected;
+  }
+  return stats::ValkeyError::Error;
+}
+}  // namespace
+
 Client::Client(uv_loop_t* loop, ClientOptions options, stats::WorkerStats& stats)
     : loop_(loop),
       options_(std::move(options)),
@@ -239,8 +250,8 @@ PendingCall* Client::command(std::vector<std::string> argv, CallTarget* target) 
 
 bool Client::refuseCall() {
   if (state_ == State::Ready && !suspect_) return false;
-  stats_.valkey_errors.get(suspect_ && state_ == State::Ready ? "kind=\"unresponsive\""
-                                                              : "kind=\"not_connected\"")
+  stats_.valkey_errors[suspect_ && state_ == State::Ready ? stats::ValkeyError::Unresponsive
+                                                          : stats::ValkeyError::NotConnected]
       .inc();
   return true;
 }
@@ -261,7 +272,7 @@ PendingCall* Client::submit(std::string command, CallTarget* target, bool script
   call->sent_ns = uv_hrtime();
   if (!send(call)) {
     delete call;
-    stats_.valkey_errors.get("kind=\"not_connected\"").inc();
+    stats_.valkey_errors[stats::ValkeyError::NotConnected].inc();
     return nullptr;
   }
   stats_.valkey_calls.inc();
@@ -311,10 +322,11 @@ void Client::finish(Call* call, Reply* reply, Failure failure) {
       const bool redirect = reply->text.rfind("MOVED ", 0) == 0 ||
                             reply->text.rfind("ASK ", 0) == 0 ||
                             reply->text.rfind("TRYAGAIN", 0) == 0;
-      stats_.valkey_errors.get(redirect ? "kind=\"redirect\"" : "kind=\"error\"").inc();
+      stats_.valkey_errors[redirect ? stats::ValkeyError::Redirect : stats::ValkeyError::Error]
+          .inc();
     }
   } else {
-    stats_.valkey_errors.get(std::string("kind=\"") + toString(failure) + "\"").inc();
+    stats_.valkey_errors[errorKind(failure)].inc();
   }
   if (!target) return;
   if (reply) {

@@ -191,17 +191,18 @@ ClusterClient::Node* ClusterClient::node(const std::string& name, bool create) {
   ClientOptions options = node_options_;
   options.address = *address;
   n->client = std::make_unique<Client>(loop_, options, stats_);
-  // The label sets are built here, once: the request path only increments.
-  const std::string label = "node=\"" + stats::labelValue(name) + "\"";
-  n->stats.calls = &stats_.valkey_node_calls.get(label);
-  n->stats.not_connected = &stats_.valkey_node_errors.get(label + ",kind=\"not_connected\"");
-  n->stats.timeout = &stats_.valkey_node_errors.get(label + ",kind=\"timeout\"");
-  n->stats.disconnected = &stats_.valkey_node_errors.get(label + ",kind=\"disconnected\"");
-  n->stats.error = &stats_.valkey_node_errors.get(label + ",kind=\"error\"");
-  n->stats.moved = &stats_.valkey_node_redirects.get(label + ",kind=\"moved\"");
-  n->stats.ask = &stats_.valkey_node_redirects.get(label + ",kind=\"ask\"");
-  n->stats.tryagain = &stats_.valkey_node_redirects.get(label + ",kind=\"tryagain\"");
-  n->stats.compensations = &stats_.valkey_node_compensations.get(label);
+  // The node's series are resolved here, once: the request path only increments them.
+  auto& errors = stats_.valkey_node_errors.resolve(name);
+  auto& redirects = stats_.valkey_node_redirects.resolve(name);
+  n->stats.calls = &stats_.valkey_node_calls.resolve(name);
+  n->stats.not_connected = &errors[stats::NodeError::NotConnected];
+  n->stats.timeout = &errors[stats::NodeError::Timeout];
+  n->stats.disconnected = &errors[stats::NodeError::Disconnected];
+  n->stats.error = &errors[stats::NodeError::Error];
+  n->stats.moved = &redirects[stats::Redirect::Moved];
+  n->stats.ask = &redirects[stats::Redirect::Ask];
+  n->stats.tryagain = &redirects[stats::Redirect::TryAgain];
+  n->stats.compensations = &stats_.valkey_node_compensations.resolve(name);
   nodes_.push_back(std::move(n));
   Node* added = nodes_.back().get();
   wake(*added, false);  // nodes found later start at once

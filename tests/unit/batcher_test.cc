@@ -110,8 +110,10 @@ Reply decideReply(std::vector<int64_t> values) {
   return sluice::testing::integers(values);
 }
 
-uint64_t compensations(sluice::stats::WorkerStats& stats, const char* result) {
-  return stats.valkey_compensations.get(std::string("result=\"") + result + "\"").value();
+using Result = sluice::stats::CompensationResult;
+
+uint64_t compensations(sluice::stats::WorkerStats& stats, Result::Value result) {
+  return stats.valkey_compensations[result].value();
 }
 
 // A loop, a fake store and a batcher on them; the loop is closed cleanly at the end.
@@ -195,8 +197,8 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     CHECK(f.store->calls[2]->command == undoCommand("decide_f", {&limits[0]}, kTime));
     Reply changed = integer(1);
     f.store->calls[2]->target->onValkeyReply(changed);
-    CHECK(compensations(f.stats, "done") == 1);
-    CHECK(compensations(f.stats, "failed") == 0);
+    CHECK(compensations(f.stats, Result::Done) == 1);
+    CHECK(compensations(f.stats, Result::Failed) == 0);
   }
 
   TEST_CASE("a part that fails decides by on_error; all or nothing over the outcomes") {
@@ -225,7 +227,7 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     CHECK(f.store->calls[3]->command == undoCommand("decide_f", {&strict[0]}, kTime));
     Reply changed = integer(1);  // (the take-back ends: it belongs to itself until then)
     f.store->calls[3]->target->onValkeyReply(changed);
-    CHECK(compensations(f.stats, "done") == 1);
+    CHECK(compensations(f.stats, Result::Done) == 1);
   }
 
   TEST_CASE("a requester that leaves is not told, and the charges are still taken back") {
@@ -246,7 +248,7 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     CHECK(r.told == 0);
     REQUIRE(f.store->calls.size() == 3);  // the take-back
     f.store->calls[2]->target->onValkeyFailure(sluice::valkey::Failure::Disconnected);
-    CHECK(compensations(f.stats, "failed") == 1);
+    CHECK(compensations(f.stats, Result::Failed) == 1);
   }
 
   TEST_CASE("a take-back that cannot be sent is counted as failed") {
@@ -262,7 +264,7 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     Reply refused = decideReply({0, 100, 100});
     f.store->calls[1]->target->onValkeyReply(refused);
     CHECK(r.decision->verdict == Decision::Verdict::Deny);
-    CHECK(compensations(f.stats, "failed") == 1);
-    CHECK(compensations(f.stats, "done") == 0);
+    CHECK(compensations(f.stats, Result::Failed) == 1);
+    CHECK(compensations(f.stats, Result::Done) == 0);
   }
 }

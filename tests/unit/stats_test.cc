@@ -1,11 +1,14 @@
-// Per-worker counters and histograms (src/stats/stats.h) and their Prometheus text exposition,
-// summed over workers (src/admin/metrics.h).
+// The metrics table, per-worker counters and histograms (src/stats/stats.h), their resolution
+// when a configuration is loaded (proxy::Snapshot) and their Prometheus text exposition, summed
+// over workers (src/admin/metrics.h).
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -13,10 +16,14 @@
 #include <vector>
 
 #include "admin/metrics.h"
+#include "config/loader.h"
+#include "proxy/worker_context.h"
+#include "ratelimit/decision.h"
 #include "stats/stats.h"
+#include "upstream/upstream_connection.h"
+#include "valkey/store.h"
 
 using namespace sluice::stats;
-using sluice::admin::ProcessStats;
 using sluice::admin::renderMetrics;
 
 namespace {
@@ -276,25 +283,62 @@ TEST_SUITE("stats") {
     }
   }
 
-  TEST_CASE("Family: one value per label set, walked in the order they were added") {
-    Family<Counter> f;
-    f.get("route=\"b\"").inc(2);
-    f.get("route=\"a\"").inc();
-    f.get("route=\"b\"").inc(3);
-    Counter& again = f.get("route=\"a\"");
-    CHECK(&again == &f.get("route=\"a\""));
+  TEST_CASE("Family: one value per name, the same reference every time, walked in order") {
+    Family<Counter, Route> f;
+    Counter& b = f.resolve("b");
+    b.inc(2);
+    f.resolve("a").inc();
+    f.resolve("b").inc(3);
+    CHECK(&f.resolve("b") == &b);
+    CHECK(&f.resolve("a") != &b);
     std::vector<std::pair<std::string, uint64_t>> seen;
-    f.forEach([&](const std::string& labels, const Counter& c) { seen.emplace_back(labels, c.value()); });
+    f.forEach([&](const std::string& name, const Counter& c) { seen.emplace_back(name, c.value()); });
     REQUIRE(seen.size() == 2);
-    CHECK(seen[0].first == "route=\"b\"");
+    CHECK(seen[0].first == "b");  // names are kept raw: escaped only when exposed
     CHECK(seen[0].second == 5);
-    CHECK(seen[1].first == "route=\"a\"");
+    CHECK(seen[1].first == "a");
     CHECK(seen[1].second == 1);
 
-    Family<Counter> empty;
+    Family<Counter, Route> empty;
     int calls = 0;
     empty.forEach([&](const std::string&, const Counter&) { ++calls; });
     CHECK(calls == 0);
+  }
+
+  TEST_CASE("Indexed: one value per fixed label value, by number or by enum") {
+    Indexed<Counter, ValkeyError> errors;
+    CHECK(errors.size() == 6);
+    errors[ValkeyError::Timeout].inc(2);
+    errors[static_cast<size_t>(ValkeyError::Timeout)].inc();
+    CHECK(errors[ValkeyError::Timeout].value() == 3);
+    CHECK(errors[ValkeyError::Error].value() == 0);
+    Indexed<Counter, Outcome> outcomes;
+    outcomes[sluice::ratelimit::Outcome::ShadowDenied].inc();
+    CHECK(outcomes[4].value() == 1);
+    CHECK(Status::index(429) == 429);
+    CHECK(Status::index(999) == 999);
+    CHECK(Status::index(1000) == 0);
+    CHECK(Status::index(-1) == 0);
+    CHECK(Status::value(204) == "204");
+  }
+
+  TEST_CASE("fixed label values follow the enums that index them") {
+    for (size_t i = 0; i < Outcome::kSize; ++i) {
+      CHECK(Outcome::value(i) == sluice::ratelimit::toString(sluice::ratelimit::Outcome(i)));
+    }
+    CHECK(std::string(sluice::ratelimit::toString(sluice::ratelimit::Outcome(Outcome::kSize))) ==
+          "unknown");
+    for (size_t i = 0; i < UpstreamError::kSize; ++i) {
+      using sluice::upstream::toString;
+      CHECK(UpstreamError::value(i) == toString(sluice::upstream::UpstreamError(i)));
+    }
+    CHECK(std::string(sluice::upstream::toString(
+              sluice::upstream::UpstreamError(UpstreamError::kSize))) == "unknown");
+    using sluice::valkey::Failure;
+    CHECK(ValkeyError::value(ValkeyError::NotConnected) == toString(Failure::NotConnected));
+    CHECK(ValkeyError::value(ValkeyError::Timeout) == toString(Failure::Timeout));
+    CHECK(ValkeyError::value(ValkeyError::Disconnected) == toString(Failure::Disconnected));
+    CHECK(NodeError::value(NodeError::Timeout) == toString(Failure::Timeout));
   }
 
   TEST_CASE("labelValue escapes backslash, quote and newline") {
@@ -302,6 +346,35 @@ TEST_SUITE("stats") {
     CHECK(labelValue("a\\b") == "a\\\\b");
     CHECK(labelValue("say \"hi\"") == "say \\\"hi\\\"");
     CHECK(labelValue("two\nlines") == "two\\nlines");
+  }
+
+  TEST_CASE("the table: every name once, a known type, help, and valid label names") {
+    const auto& table = metricTable();
+    CHECK(table.size() == 19);
+    std::set<std::string_view> names;
+    for (const MetricInfo& m : table) {
+      INFO(std::string(m.name));
+      CHECK(names.insert(m.name).second);
+      CHECK(isMetricName(m.name));
+      CHECK(m.name.rfind("sluice_", 0) == 0);
+      CHECK((m.type == "counter" || m.type == "gauge" || m.type == "histogram"));
+      if (m.type == "counter") CHECK(m.name.size() > 6);
+      if (m.type == "counter") CHECK(m.name.substr(m.name.size() - 6) == "_total");
+      CHECK_FALSE(m.help.empty());
+      std::set<std::string_view> labels;
+      for (std::string_view l : m.labels) {
+        CHECK(isMetricName(l));
+        CHECK(l != "le");
+        CHECK(labels.insert(l).second);
+      }
+    }
+    const auto requests = std::find_if(table.begin(), table.end(), [](const MetricInfo& m) {
+      return m.name == "sluice_requests_total";
+    });
+    REQUIRE(requests != table.end());
+    CHECK(requests->labels == std::vector<std::string_view>{"route", "status"});
+    CHECK(table.back().name == "sluice_start_time_seconds");
+    CHECK(table.back().process);
   }
 }
 
@@ -318,7 +391,6 @@ TEST_SUITE("admin metrics") {
     CHECK_FALSE(parseExposition("# HELP a A.\n# TYPE a counter\n# TYPE a counter\na 1\n")
                     .problems.empty());
   }
-
 
   TEST_CASE("no worker: still valid text with every family declared") {
     const std::string text = renderMetrics({}, ProcessStats{});
@@ -342,7 +414,116 @@ TEST_SUITE("admin metrics") {
     CHECK(e.types.at("sluice_valkey_latency_seconds") == "histogram");
     CHECK(valueOf(e, "sluice_connections_open") == 0);
     CHECK(valueOf(e, "sluice_ready") == 0);
+    CHECK(valueOf(e, "sluice_config_reloads_total", {{"result", "success"}}) == 0);
+    CHECK(valueOf(e, "sluice_config_reloads_total", {{"result", "failure"}}) == 0);
     checkHistogram(e, "sluice_valkey_latency_seconds", {});
+  }
+
+  TEST_CASE("the exposition follows the table: order, HELP, TYPE and label names") {
+    WorkerStats w;
+    w.requests.resolve("api")[200].inc();
+    w.decisions.resolve("per_ip")[sluice::ratelimit::Outcome::Denied].inc();
+    w.upstream_errors.resolve("app")[sluice::upstream::UpstreamError::Reset].inc();
+    w.upstream_latency.resolve("app").observeMicros(100);
+    w.valkey_errors[ValkeyError::Timeout].inc();
+    w.valkey_compensations[CompensationResult::Failed].inc();
+    w.valkey_node_calls.resolve("n:1").inc();
+    w.valkey_node_errors.resolve("n:1");
+    w.valkey_node_redirects.resolve("n:1");
+    w.valkey_node_compensations.resolve("n:1");
+    const std::string text = renderMetrics({&w}, ProcessStats{});
+    const Exposition e = parseExposition(text);
+    INFO(text);
+    CHECK(describe(e.problems) == "");
+
+    std::vector<std::string> order;  // the families, in the order of their HELP lines
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("# HELP ", 0) == 0) order.push_back(line.substr(7, line.find(' ', 7) - 7));
+    }
+    const auto& table = metricTable();
+    REQUIRE(order.size() == table.size());
+    for (size_t i = 0; i < table.size(); ++i) {
+      const MetricInfo& m = table[i];
+      INFO(std::string(m.name));
+      CHECK(order[i] == m.name);
+      CHECK(e.types.at(order[i]) == m.type);
+      CHECK(text.find("# HELP " + std::string(m.name) + " " + std::string(m.help) + "\n") !=
+            std::string::npos);
+      const std::string base(m.name);
+      for (const Sample& s : e.samples) {
+        if (s.name != base && s.name != base + "_bucket" && s.name != base + "_sum" &&
+            s.name != base + "_count") {
+          continue;
+        }
+        std::set<std::string> declared(m.labels.begin(), m.labels.end());
+        if (s.name == base + "_bucket") declared.insert("le");
+        std::set<std::string> got;
+        for (const auto& [k, v] : s.labels) got.insert(k);
+        INFO(s.name);
+        CHECK(got == declared);
+      }
+      CHECK_FALSE(find(e, m.type == "histogram" ? base + "_count" : base).empty());
+    }
+  }
+
+  TEST_CASE("a series appears once it has counted, except those shown from the start") {
+    WorkerStats w;
+    w.requests.resolve("api");           // resolved by a configuration, nothing answered yet
+    w.decisions.resolve("per_ip");
+    w.upstream_latency.resolve("app");
+    w.upstream_errors.resolve("app");
+    w.valkey_node_calls.resolve("n:1");  // a cluster node: its series exist from the start
+    w.valkey_node_errors.resolve("n:1");
+    {
+      const Exposition e = parseExposition(renderMetrics({&w}, ProcessStats{}));
+      CHECK(find(e, "sluice_requests_total").empty());
+      CHECK(find(e, "sluice_ratelimit_decisions_total").empty());
+      CHECK(find(e, "sluice_upstream_latency_seconds_count").empty());
+      CHECK(find(e, "sluice_upstream_errors_total").empty());
+      CHECK(find(e, "sluice_valkey_errors_total").empty());
+      CHECK(find(e, "sluice_valkey_compensations_total").empty());
+      CHECK(valueOf(e, "sluice_valkey_node_calls_total", {{"node", "n:1"}}) == 0);
+      CHECK(find(e, "sluice_valkey_node_errors_total", {{"node", "n:1"}}).size() == 4);
+      CHECK(valueOf(e, "sluice_valkey_calls_total") == 0);
+      CHECK(valueOf(e, "sluice_valkey_latency_seconds_count") == 0);
+    }
+    w.requests.resolve("api")[429].inc();
+    w.upstream_latency.resolve("app").observeMicros(3000);
+    {
+      const Exposition e = parseExposition(renderMetrics({&w}, ProcessStats{}));
+      CHECK(find(e, "sluice_requests_total").size() == 1);
+      CHECK(valueOf(e, "sluice_requests_total", {{"route", "api"}, {"status", "429"}}) == 1);
+      CHECK(valueOf(e, "sluice_upstream_latency_seconds_count", {{"upstream", "app"}}) == 1);
+    }
+  }
+
+  TEST_CASE("labeled series are written sorted by their labels, as one text") {
+    WorkerStats w1, w2;
+    w1.requests.resolve("b")[200].inc();
+    w1.requests.resolve("a")[404].inc();
+    w2.requests.resolve("a")[200].inc(2);
+    w2.requests.resolve("")[404].inc();
+    w1.valkey_errors[ValkeyError::Timeout].inc();
+    w2.valkey_errors[ValkeyError::Disconnected].inc();
+    const std::string text = renderMetrics({&w1, &w2}, ProcessStats{});
+    CHECK(text.find("# HELP sluice_requests_total Requests answered, by route and status.\n"
+                    "# TYPE sluice_requests_total counter\n"
+                    "sluice_requests_total{route=\"\",status=\"404\"} 1\n"
+                    "sluice_requests_total{route=\"a\",status=\"200\"} 2\n"
+                    "sluice_requests_total{route=\"a\",status=\"404\"} 1\n"
+                    "sluice_requests_total{route=\"b\",status=\"200\"} 1\n"
+                    "# HELP sluice_ratelimit_decisions_total ") != std::string::npos);
+    CHECK(text.find("# TYPE sluice_valkey_errors_total counter\n"
+                    "sluice_valkey_errors_total{kind=\"disconnected\"} 1\n"
+                    "sluice_valkey_errors_total{kind=\"timeout\"} 1\n"
+                    "# HELP sluice_valkey_calls_total ") != std::string::npos);
+    ProcessStats process;
+    process.config_reloads[ReloadResult::Failure] = 2;
+    CHECK(renderMetrics({}, process).find("# TYPE sluice_config_reloads_total counter\n"
+                                          "sluice_config_reloads_total{result=\"success\"} 0\n"
+                                          "sluice_config_reloads_total{result=\"failure\"} 2\n") !=
+          std::string::npos);
   }
 
   TEST_CASE("workers are summed; label sets of different workers are merged") {
@@ -351,30 +532,31 @@ TEST_SUITE("admin metrics") {
     w2.connections_open.add(2);
     w1.connections_total.inc(10);
     w2.connections_total.inc(5);
-    w1.requests.get("route=\"api\",status=\"200\"").inc(3);
-    w2.requests.get("route=\"api\",status=\"200\"").inc(4);
-    w2.requests.get("route=\"api\",status=\"429\"").inc(2);
-    w1.requests.get("route=\"" + labelValue("we\"ird\\") + "\",status=\"404\"").inc();
-    w1.decisions.get("limit=\"per_ip\",outcome=\"allowed\"").inc(9);
-    w2.decisions.get("limit=\"per_ip\",outcome=\"denied\"").inc(2);
-    w1.upstream_errors.get("upstream=\"app\",kind=\"timeout\"").inc();
-    w1.valkey_errors.get("kind=\"timeout\"").inc(4);
-    w2.valkey_errors.get("kind=\"timeout\"").inc(1);
+    w1.requests.resolve("api")[200].inc(3);
+    w2.requests.resolve("api")[200].inc(4);
+    w2.requests.resolve("api")[429].inc(2);
+    w1.requests.resolve("we\"ird\\")[404].inc();
+    w1.decisions.resolve("per_ip")[sluice::ratelimit::Outcome::Allowed].inc(9);
+    w2.decisions.resolve("per_ip")[sluice::ratelimit::Outcome::Denied].inc(2);
+    w1.upstream_errors.resolve("app")[sluice::upstream::UpstreamError::ResponseTimeout].inc();
+    w1.valkey_errors[ValkeyError::Timeout].inc(4);
+    w2.valkey_errors[ValkeyError::Timeout].inc(1);
     w1.valkey_calls.inc(100);
     w2.valkey_calls.inc(50);
     w1.valkey_reconnects.inc(1);
     w2.valkey_reconnects.inc(2);
-    w1.valkey_node_calls.get("node=\"127.0.0.1:7000\"").inc(7);
-    w2.valkey_node_calls.get("node=\"127.0.0.1:7000\"").inc(3);
-    w2.valkey_node_calls.get("node=\"[::1]:7001\"").inc(1);
-    w1.valkey_node_errors.get("node=\"127.0.0.1:7000\",kind=\"timeout\"").inc(2);
-    w2.valkey_node_redirects.get("node=\"127.0.0.1:7000\",kind=\"tryagain\"").inc(4);
+    w1.valkey_node_calls.resolve("127.0.0.1:7000").inc(7);
+    w2.valkey_node_calls.resolve("127.0.0.1:7000").inc(3);
+    w2.valkey_node_calls.resolve("[::1]:7001").inc(1);
+    w1.valkey_node_errors.resolve("127.0.0.1:7000")[NodeError::Timeout].inc(2);
+    w2.valkey_node_redirects.resolve("127.0.0.1:7000")[Redirect::TryAgain].inc(4);
 
     ProcessStats process;
-    process.config_reloads = 3;
-    process.config_reload_failures = 1;
-    process.ready = true;
+    process.config_reloads[ReloadResult::Success] = 3;
+    process.config_reloads[ReloadResult::Failure] = 1;
+    process.ready = 1;
     process.start_time_seconds = 1700000000.5;
+    process.access_log_dropped = 6;
 
     const std::string text = renderMetrics({&w1, &w2}, process);
     const Exposition e = parseExposition(text);
@@ -390,8 +572,9 @@ TEST_SUITE("admin metrics") {
                   {{"limit", "per_ip"}, {"outcome", "allowed"}}) == 9);
     CHECK(valueOf(e, "sluice_ratelimit_decisions_total",
                   {{"limit", "per_ip"}, {"outcome", "denied"}}) == 2);
-    CHECK(valueOf(e, "sluice_upstream_errors_total", {{"upstream", "app"}, {"kind", "timeout"}}) ==
-          1);
+    CHECK(find(e, "sluice_ratelimit_decisions_total").size() == 2);
+    CHECK(valueOf(e, "sluice_upstream_errors_total",
+                  {{"upstream", "app"}, {"kind", "response_timeout"}}) == 1);
     CHECK(valueOf(e, "sluice_valkey_errors_total", {{"kind", "timeout"}}) == 5);
     CHECK(valueOf(e, "sluice_valkey_calls_total") == 150);
     CHECK(valueOf(e, "sluice_valkey_reconnects_total") == 3);
@@ -399,22 +582,25 @@ TEST_SUITE("admin metrics") {
     CHECK(valueOf(e, "sluice_valkey_node_calls_total", {{"node", "[::1]:7001"}}) == 1);
     CHECK(valueOf(e, "sluice_valkey_node_errors_total",
                   {{"node", "127.0.0.1:7000"}, {"kind", "timeout"}}) == 2);
+    CHECK(valueOf(e, "sluice_valkey_node_errors_total",
+                  {{"node", "127.0.0.1:7000"}, {"kind", "error"}}) == 0);
     CHECK(valueOf(e, "sluice_valkey_node_redirects_total",
                   {{"node", "127.0.0.1:7000"}, {"kind", "tryagain"}}) == 4);
     CHECK(valueOf(e, "sluice_config_reloads_total", {{"result", "success"}}) == 3);
     CHECK(valueOf(e, "sluice_config_reloads_total", {{"result", "failure"}}) == 1);
+    CHECK(valueOf(e, "sluice_access_log_dropped_total") == 6);
     CHECK(valueOf(e, "sluice_ready") == 1);
     CHECK(valueOf(e, "sluice_start_time_seconds") == doctest::Approx(1700000000.5));
   }
 
   TEST_CASE("histograms: summed per label set, cumulative buckets, +Inf equals _count") {
     WorkerStats w1, w2;
-    w1.upstream_latency.get("upstream=\"app\"").observeMicros(400);      // le 0.0005
-    w2.upstream_latency.get("upstream=\"app\"").observeMicros(400);
-    w2.upstream_latency.get("upstream=\"app\"").observeMicros(30000);    // le 0.05
-    w1.upstream_latency.get("upstream=\"app\"").observeMicros(20000000); // +Inf
-    w2.upstream_latency.get("upstream=\"auth\"").observeMicros(2000);    // le 0.0025
-    w1.valkey_latency.observeMicros(700);                                // le 0.001
+    w1.upstream_latency.resolve("app").observeMicros(400);       // le 0.0005
+    w2.upstream_latency.resolve("app").observeMicros(400);
+    w2.upstream_latency.resolve("app").observeMicros(30000);     // le 0.05
+    w1.upstream_latency.resolve("app").observeMicros(20000000);  // +Inf
+    w2.upstream_latency.resolve("auth").observeMicros(2000);     // le 0.0025
+    w1.valkey_latency.observeMicros(700);                        // le 0.001
     w2.valkey_latency.observeMicros(800);
 
     const std::string text = renderMetrics({&w1, &w2}, ProcessStats{});
@@ -443,5 +629,110 @@ TEST_SUITE("admin metrics") {
     CHECK(valkey[1].second == 2);
     CHECK(valkey[14].second == 2);
     CHECK(valueOf(e, "sluice_valkey_latency_seconds_sum") == doctest::Approx(0.0015));
+  }
+}
+
+namespace {
+
+sluice::config::ConfigPtr loadConfig(const std::string& routes) {
+  sluice::config::LoadResult result = sluice::config::loadConfigString(R"([[upstream]]
+name = "app"
+endpoints = ["127.0.0.1:9000"]
+
+[[upstream]]
+name = "auth"
+endpoints = ["127.0.0.1:9001"]
+
+[[limit]]
+name = "per_ip"
+algorithm = "fixed_window"
+by = ["ip"]
+limit = 10
+window = "1s"
+)" + routes,
+                                                                       "test.toml");
+  const std::string first_error = result.errors.empty() ? "" : result.errors.front().toString();
+  INFO(first_error);
+  REQUIRE(result.ok());
+  return result.config;
+}
+
+}  // namespace
+
+TEST_SUITE("stats resolved with the configuration") {
+  TEST_CASE("a snapshot resolves its routes, limits and upstreams when it is built") {
+    WorkerStats stats;
+    sluice::proxy::Snapshot snapshot;
+    snapshot.config = loadConfig(R"(
+[[route]]
+name = "api"
+match = { path_prefix = "/api/" }
+upstream = "auth"
+limits = ["per_ip"]
+)");
+    snapshot.resolveStats(stats);
+    const auto& config = *snapshot.config;
+    snapshot.requestCounter(&config.routes[0], 200).inc();
+    snapshot.requestCounter(&config.routes[0], 200).inc();
+    snapshot.requestCounter(nullptr, 404).inc();  // no route matched
+    snapshot.decisionCounter(&config.limits[0], sluice::ratelimit::Outcome::ErrorAllowed).inc();
+    snapshot.upstreamLatency(1).observeMicros(1500);
+    snapshot.upstreamErrors(1, sluice::upstream::UpstreamError::ConnectFailed).inc();
+    CHECK(&snapshot.requestCounter(&config.routes[0], 200) == &stats.requests.resolve("api")[200]);
+
+    const Exposition e = parseExposition(renderMetrics({&stats}, ProcessStats{}));
+    CHECK(describe(e.problems) == "");
+    CHECK(valueOf(e, "sluice_requests_total", {{"route", "api"}, {"status", "200"}}) == 2);
+    CHECK(valueOf(e, "sluice_requests_total", {{"route", ""}, {"status", "404"}}) == 1);
+    CHECK(find(e, "sluice_requests_total").size() == 2);
+    CHECK(valueOf(e, "sluice_ratelimit_decisions_total",
+                  {{"limit", "per_ip"}, {"outcome", "error_allowed"}}) == 1);
+    CHECK(valueOf(e, "sluice_upstream_latency_seconds_count", {{"upstream", "auth"}}) == 1);
+    CHECK(find(e, "sluice_upstream_latency_seconds_count").size() == 1);  // not "app"
+    CHECK(valueOf(e, "sluice_upstream_errors_total",
+                  {{"upstream", "auth"}, {"kind", "connect_failed"}}) == 1);
+  }
+
+  TEST_CASE("a reload: a kept name goes on in its series, a new one gets its own, old ones stay") {
+    WorkerStats stats;
+    auto before = std::make_shared<sluice::proxy::Snapshot>();
+    before->config = loadConfig(R"(
+[[route]]
+name = "old"
+match = { path = "/old" }
+upstream = "app"
+
+[[route]]
+name = "api"
+match = { path_prefix = "/api/" }
+upstream = "app"
+)");
+    before->resolveStats(stats);
+    auto after = std::make_shared<sluice::proxy::Snapshot>();
+    after->config = loadConfig(R"(
+[[route]]
+name = "api"
+match = { path_prefix = "/v2/" }
+upstream = "app"
+
+[[route]]
+name = "new"
+match = { path = "/new" }
+upstream = "app"
+)");
+    after->resolveStats(stats);
+
+    before->requestCounter(&before->config->routes[0], 200).inc();  // old
+    before->requestCounter(&before->config->routes[1], 200).inc();  // api, in flight
+    after->requestCounter(&after->config->routes[0], 200).inc();    // api, at another index
+    after->requestCounter(&after->config->routes[1], 201).inc();    // new
+    CHECK(&before->requestCounter(&before->config->routes[1], 200) ==
+          &after->requestCounter(&after->config->routes[0], 200));
+
+    const Exposition e = parseExposition(renderMetrics({&stats}, ProcessStats{}));
+    CHECK(valueOf(e, "sluice_requests_total", {{"route", "api"}, {"status", "200"}}) == 2);
+    CHECK(valueOf(e, "sluice_requests_total", {{"route", "old"}, {"status", "200"}}) == 1);
+    CHECK(valueOf(e, "sluice_requests_total", {{"route", "new"}, {"status", "201"}}) == 1);
+    CHECK(find(e, "sluice_requests_total").size() == 3);
   }
 }
