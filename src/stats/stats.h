@@ -197,6 +197,14 @@ struct Status {
 template <typename Self>
 struct Listed {
   static std::string value(size_t i) { return Self::kValues[i]; }
+  // The index of a value's name; kSize when there is none (for tests and tools, not the
+  // request path).
+  static size_t index(std::string_view name) {
+    for (size_t i = 0; i < Self::kSize; ++i) {
+      if (name == Self::kValues[i]) return i;
+    }
+    return Self::kSize;
+  }
 };
 
 // False when a list sized by its enum has fewer names than values (the rest would be null).

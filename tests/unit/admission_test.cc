@@ -125,6 +125,7 @@ struct Fixture {
     snapshot->deny_cache = std::make_shared<sluice::ratelimit::DenyCache>();
     snapshot->policy_items = sluice::ratelimit::PolicyItems(*snapshot->config);
     snapshot->tenant_cache = std::make_shared<sluice::identity::TenantCache>();
+    snapshot->resolveStats(stats);
     admission = std::make_unique<Admission>(worker, owner);
   }
   ~Fixture() {
@@ -145,9 +146,9 @@ struct Fixture {
   // One loop iteration: the decisions queued so far go out.
   void iterate() { uv_run(l.get(), UV_RUN_NOWAIT); }
   uint64_t decisions(const char* limit, const char* outcome) {
-    return stats.decisions
-        .get(std::string("limit=\"") + limit + "\",outcome=\"" + outcome + "\"")
-        .value();
+    const size_t i = sluice::stats::Outcome::index(outcome);
+    REQUIRE(i < sluice::stats::Outcome::kSize);
+    return stats.decisions.resolve(limit)[i].value();
   }
 
   sluice::testing::TestLoop l;

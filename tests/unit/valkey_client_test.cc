@@ -70,7 +70,9 @@ std::string fcall(const std::string& key, const std::string& arg = "1") {
 }
 
 uint64_t errors(sluice::stats::WorkerStats& stats, const char* kind) {
-  return stats.valkey_errors.get(std::string("kind=\"") + kind + "\"").value();
+  const size_t i = sluice::stats::ValkeyError::index(kind);
+  REQUIRE(i < sluice::stats::ValkeyError::kSize);
+  return stats.valkey_errors[i].value();
 }
 
 // A loop, a fake Valkey and a client of it, connected and ready.
