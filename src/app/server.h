@@ -14,6 +14,7 @@
 #include "app/worker.h"
 #include "config/config.h"
 #include "core/timer.h"
+#include "core/uv_handle.h"
 
 namespace sluice::app {
 
@@ -37,6 +38,9 @@ class Server {
 
  private:
   void onSignal(int signum);
+  static void onSignalCb(uv_signal_t* handle, int signum) noexcept;
+  // Ends the workers started so far (a failed start); returns the exit code, 1.
+  int abandonStart();
   void reload();
   void beginDrain();
   static void onWorkersPoll(void* self);
@@ -47,11 +51,12 @@ class Server {
 
   std::string config_path_;
   uv_loop_t loop_;
+  int loop_rc_ = 0;  // of uv_loop_init: run() refuses to start without a loop
   config::ConfigPtr config_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<admin::AdminServer> admin_;
   std::vector<std::unique_ptr<admin::AdminServer>> retired_admins_;  // closing after a rebind
-  std::vector<uv_signal_t*> signals_;
+  std::vector<UvHandle<uv_signal_t>> signals_;
   std::unique_ptr<Timer> workers_poll_;
   std::unique_ptr<Timer> trim_timer_;
   admin::ProcessStats process_stats_;
