@@ -105,13 +105,20 @@ void Client::connect() {
     scheduleReconnect();
     return;
   }
-  redisAsyncSetConnectCallback(context, onConnect);
-  redisAsyncSetDisconnectCallback(context, onDisconnect);
+  // Both refuse only a callback set before: never on a new context.
+  if (redisAsyncSetConnectCallback(context, onConnect) != REDIS_OK ||
+      redisAsyncSetDisconnectCallback(context, onDisconnect) != REDIS_OK) {
+    SLUICE_LOG_ERROR("valkey {}: cannot watch the connection's outcome", options_.address.text);
+    redisAsyncFree(context);
+    state_ = State::Backoff;
+    scheduleReconnect();
+    return;
+  }
   context_ = context;
   reconnect_timer_.start(options_.connect_timeout_ms);  // the whole handshake has this long
 }
 
-void Client::onConnect(const redisAsyncContext* context, int status) {
+void Client::onConnect(const redisAsyncContext* context, int status) noexcept {
   auto* self = static_cast<Client*>(context->data);
   if (self->context_ != context) return;
   if (status != REDIS_OK) {
@@ -126,14 +133,23 @@ void Client::onConnect(const redisAsyncContext* context, int status) {
   self->state_ = State::Handshake;
   redisAsyncContext* ctx = self->context_;
   self->handshake_pending_ = 0;
+  // hiredis refuses a command only from a context being disconnected or freed. It cannot be
+  // dropped from in here (hiredis goes on using it after this callback): the handshake stays
+  // unfinished, and connect_timeout (reconnect_timer_) drops the connection and makes another.
   if (!self->options_.password.empty()) {
     const char* argv[] = {"AUTH", self->options_.password.c_str()};
     const size_t lens[] = {4, self->options_.password.size()};
-    if (redisAsyncCommandArgv(ctx, onInternalReply, self, 2, argv, lens) == REDIS_OK) {
-      ++self->handshake_pending_;
+    if (redisAsyncCommandArgv(ctx, onInternalReply, self, 2, argv, lens) != REDIS_OK) {
+      SLUICE_LOG_WARN("valkey {}: cannot send AUTH", self->options_.address.text);
+      return;
     }
+    ++self->handshake_pending_;
   }
-  if (self->loadLibrary()) ++self->handshake_pending_;
+  if (!self->loadLibrary()) {
+    SLUICE_LOG_WARN("valkey {}: cannot send FUNCTION LOAD", self->options_.address.text);
+    return;
+  }
+  ++self->handshake_pending_;
 }
 
 bool Client::loadLibrary() {
@@ -142,7 +158,7 @@ bool Client::loadLibrary() {
   return redisAsyncCommandArgv(context_, onInternalReply, this, 4, argv, lens) == REDIS_OK;
 }
 
-void Client::onInternalReply(redisAsyncContext*, void* reply, void* privdata) {
+void Client::onInternalReply(redisAsyncContext*, void* reply, void* privdata) noexcept {
   auto* self = static_cast<Client*>(privdata);
   if (!reply || self->handshake_pending_ <= 0) return;
   const Reply* r = replyOf(reply);
@@ -172,7 +188,7 @@ void Client::onHandshakeReply(bool ok, const std::string& error) {
   SLUICE_LOG_INFO("valkey {}: connected", options_.address.text);
 }
 
-void Client::onDisconnect(const redisAsyncContext* context, int) {
+void Client::onDisconnect(const redisAsyncContext* context, int) noexcept {
   auto* self = static_cast<Client*>(context->data);
   if (self->context_ != context) return;  // dropped by us, already handled
   SLUICE_LOG_WARN("valkey {}: connection lost: {}", self->options_.address.text,
@@ -324,7 +340,7 @@ void Client::finish(Call* call, Reply* reply, Failure failure) {
   }
 }
 
-void Client::onReply(redisAsyncContext*, void* raw, void* privdata) {
+void Client::onReply(redisAsyncContext*, void* raw, void* privdata) noexcept {
   auto* call = static_cast<Call*>(privdata);
   Client* self = call->client;
   if (raw) self->suspect_ = false;  // Valkey answers again
