@@ -186,7 +186,7 @@ int Server::run() {
   return 0;
 }
 
-void Server::onTrimTimer(void* context) {
+void Server::onTrimTimer(void* context) noexcept {
   // glibc keeps memory that connections freed (after a burst of 10,000, say) in its arenas:
   // hand it back, so that resident memory returns to its baseline. Cheap when there is none.
   malloc_trim(0);
@@ -258,7 +258,7 @@ void Server::beginDrain() {
   workers_poll_->start(20);
 }
 
-void Server::onWorkersPoll(void* context) {
+void Server::onWorkersPoll(void* context) noexcept {
   auto* self = static_cast<Server*>(context);
   for (auto& w : self->workers_) {
     if (!w->finished()) {

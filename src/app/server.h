@@ -43,8 +43,8 @@ class Server {
   int abandonStart();
   void reload();
   void beginDrain();
-  static void onWorkersPoll(void* self);
-  static void onTrimTimer(void* self);
+  static void onWorkersPoll(void* self) noexcept;
+  static void onTrimTimer(void* self) noexcept;
   static constexpr uint64_t kTrimIntervalMs = 10'000;
   admin::AdminResponse handleAdmin(std::string_view path);
   bool ready(std::string* why) const;

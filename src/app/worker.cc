@@ -265,7 +265,7 @@ void Worker::beginDrain() {
   checkDrained();
 }
 
-void Worker::onDrainTimer(void* context) {
+void Worker::onDrainTimer(void* context) noexcept {
   auto* self = static_cast<Worker*>(context);
   const auto left = self->context_->connections();
   if (!left.empty()) {
@@ -275,7 +275,7 @@ void Worker::onDrainTimer(void* context) {
   self->checkDrained();
 }
 
-void Worker::onDrainPoll(void* context) { static_cast<Worker*>(context)->checkDrained(); }
+void Worker::onDrainPoll(void* context) noexcept { static_cast<Worker*>(context)->checkDrained(); }
 
 void Worker::checkDrained() {
   if (context_->connectionCount() > 0) {

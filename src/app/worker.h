@@ -75,8 +75,8 @@ class Worker {
   void beginDrain();
   void checkDrained();
   void onAccept(std::unique_ptr<net::TcpTransport> transport);
-  static void onDrainTimer(void* self);
-  static void onDrainPoll(void* self);
+  static void onDrainTimer(void* self) noexcept;
+  static void onDrainPoll(void* self) noexcept;
   static void onEndOfIteration(uv_prepare_t* handle) noexcept;
   static void onAsync(uv_async_t* handle) noexcept;
   // Closes what the loop still holds of the worker and runs it until every handle is closed.

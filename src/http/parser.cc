@@ -68,7 +68,9 @@ int Parser::onMessageBegin(llhttp_t* p) noexcept {
   return 0;
 }
 
-int Parser::onMethod(llhttp_t* p, const char*, size_t len) noexcept { return self(p)->countHeadBytes(len); }
+int Parser::onMethod(llhttp_t* p, const char*, size_t len) noexcept {
+  return self(p)->countHeadBytes(len);
+}
 
 int Parser::onUrl(llhttp_t* p, const char* at, size_t len) noexcept {
   Parser* s = self(p);

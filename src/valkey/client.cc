@@ -229,7 +229,7 @@ void Client::hurry() {
   scheduleReconnect();
 }
 
-void Client::onReconnectTimer(void* context) {
+void Client::onReconnectTimer(void* context) noexcept {
   auto* self = static_cast<Client*>(context);
   switch (self->state_) {
     case State::Connecting:
@@ -371,7 +371,7 @@ void Client::onReply(redisAsyncContext*, void* raw, void* privdata) noexcept {
   delete call;
 }
 
-void Client::onDeadline(void* context) { static_cast<Client*>(context)->armDeadline(); }
+void Client::onDeadline(void* context) noexcept { static_cast<Client*>(context)->armDeadline(); }
 
 void Client::armDeadline() {
   in_deadline_ = true;

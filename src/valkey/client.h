@@ -115,8 +115,8 @@ class Client final : public Store {
   static void onDisconnect(const redisAsyncContext* context, int status) noexcept;
   static void onReply(redisAsyncContext* context, void* reply, void* privdata) noexcept;
   static void onInternalReply(redisAsyncContext* context, void* reply, void* privdata) noexcept;
-  static void onDeadline(void* self);
-  static void onReconnectTimer(void* self);
+  static void onDeadline(void* self) noexcept;
+  static void onReconnectTimer(void* self) noexcept;
 
   uv_loop_t* loop_;
   ClientOptions options_;
