@@ -15,7 +15,9 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
   Connection(AdminServer& server, std::unique_ptr<net::TcpTransport> transport)
       : server_(server),
         transport_(std::move(transport)),
-        timer_(server.loop_, [](void* self) { static_cast<Connection*>(self)->close(); }, this),
+        timer_(
+            server.loop_,
+            [](void* self) noexcept { static_cast<Connection*>(self)->close(); }, this),
         parser_(http::Parser::Type::Request, this, http::ParserLimits{8192, 65536, 64}) {
     transport_->setCallbacks(this);
     next_ = server_.connections_;

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -92,24 +93,35 @@ bool canListen(const config::SocketAddress& address, std::string* error) {
 }
 
 Server::Server(std::string config_path) : config_path_(std::move(config_path)) {
-  uv_loop_init(&loop_);
+  loop_rc_ = uv_loop_init(&loop_);
 }
 
 Server::~Server() {
+  if (loop_rc_ != 0) return;
   trim_timer_.reset();
   admin_.reset();
   retired_admins_.clear();
   workers_poll_.reset();
-  for (uv_signal_t* s : signals_) {
-    uv_close(reinterpret_cast<uv_handle_t*>(s),
-             [](uv_handle_t* h) { delete reinterpret_cast<uv_signal_t*>(h); });
-  }
   signals_.clear();
-  uv_run(&loop_, UV_RUN_DEFAULT);
-  uv_loop_close(&loop_);
+  uv_run(&loop_, UV_RUN_DEFAULT);  // the closed handles' callbacks
+  if (uv_loop_close(&loop_) != 0) SLUICE_LOG_WARN("main loop: handles left at exit");
+}
+
+int Server::abandonStart() {
+  for (auto& w : workers_) w->postDrain();
+  for (auto& w : workers_) w->join();
+  return 1;
+}
+
+void Server::onSignalCb(uv_signal_t* handle, int signum) noexcept {
+  static_cast<Server*>(handle->data)->onSignal(signum);
 }
 
 int Server::run() {
+  if (loop_rc_ != 0) {
+    std::fprintf(stderr, "cannot start the main event loop: %s\n", uv_strerror(loop_rc_));
+    return 1;
+  }
   const auto start = std::chrono::system_clock::now().time_since_epoch();
   process_stats_.start_time_seconds = std::chrono::duration<double>(start).count();
   config::LoadResult loaded = config::loadConfigFile(config_path_);
@@ -137,9 +149,7 @@ int Server::run() {
     auto worker = std::make_unique<Worker>(i);
     if (worker->start(generation, &error) != 0) {
       SLUICE_LOG_ERROR("cannot listen: {}", error);
-      for (auto& w : workers_) w->postDrain();
-      for (auto& w : workers_) w->join();
-      return 1;
+      return abandonStart();
     }
     workers_.push_back(std::move(worker));
   }
@@ -150,18 +160,19 @@ int Server::run() {
   if (const int rc = admin_->listen(config_->admin.listen, &what); rc != 0) {
     SLUICE_LOG_ERROR("cannot listen (admin): {} {}: {}", what, config_->admin.listen.text,
                      uv_strerror(rc));
-    for (auto& w : workers_) w->postDrain();
-    for (auto& w : workers_) w->join();
-    return 1;
+    return abandonStart();
   }
 
+  // Without them the process could be neither reloaded nor drained: refuse to run.
   for (int signum : {SIGTERM, SIGINT, SIGHUP}) {
-    auto* s = new uv_signal_t;
-    uv_signal_init(&loop_, s);
-    s->data = this;
-    uv_signal_start(s, [](uv_signal_t* h, int n) { static_cast<Server*>(h->data)->onSignal(n); },
-                    signum);
-    signals_.push_back(s);
+    UvHandle<uv_signal_t> s;
+    int rc = s.init(uv_signal_init, &loop_, this);
+    if (rc == 0) rc = uv_signal_start(s.get(), onSignalCb, signum);
+    if (rc != 0) {
+      SLUICE_LOG_ERROR("cannot handle signal {}: {}", signum, uv_strerror(rc));
+      return abandonStart();
+    }
+    signals_.push_back(std::move(s));
   }
   trim_timer_ = std::make_unique<Timer>(&loop_, onTrimTimer, this);
   trim_timer_->start(kTrimIntervalMs);
@@ -175,7 +186,7 @@ int Server::run() {
   return 0;
 }
 
-void Server::onTrimTimer(void* context) {
+void Server::onTrimTimer(void* context) noexcept {
   // glibc keeps memory that connections freed (after a burst of 10,000, say) in its arenas:
   // hand it back, so that resident memory returns to its baseline. Cheap when there is none.
   malloc_trim(0);
@@ -247,7 +258,7 @@ void Server::beginDrain() {
   workers_poll_->start(20);
 }
 
-void Server::onWorkersPoll(void* context) {
+void Server::onWorkersPoll(void* context) noexcept {
   auto* self = static_cast<Server*>(context);
   for (auto& w : self->workers_) {
     if (!w->finished()) {
@@ -259,10 +270,6 @@ void Server::onWorkersPoll(void* context) {
   self->workers_poll_.reset();
   self->trim_timer_.reset();
   self->admin_->close();
-  for (uv_signal_t* s : self->signals_) {
-    uv_close(reinterpret_cast<uv_handle_t*>(s),
-             [](uv_handle_t* h) { delete reinterpret_cast<uv_signal_t*>(h); });
-  }
   self->signals_.clear();
 }
 

@@ -14,6 +14,7 @@
 #include "app/worker.h"
 #include "config/config.h"
 #include "core/timer.h"
+#include "core/uv_handle.h"
 
 namespace sluice::app {
 
@@ -37,21 +38,25 @@ class Server {
 
  private:
   void onSignal(int signum);
+  static void onSignalCb(uv_signal_t* handle, int signum) noexcept;
+  // Ends the workers started so far (a failed start); returns the exit code, 1.
+  int abandonStart();
   void reload();
   void beginDrain();
-  static void onWorkersPoll(void* self);
-  static void onTrimTimer(void* self);
+  static void onWorkersPoll(void* self) noexcept;
+  static void onTrimTimer(void* self) noexcept;
   static constexpr uint64_t kTrimIntervalMs = 10'000;
   admin::AdminResponse handleAdmin(std::string_view path);
   bool ready(std::string* why) const;
 
   std::string config_path_;
   uv_loop_t loop_;
+  int loop_rc_ = 0;  // of uv_loop_init: run() refuses to start without a loop
   config::ConfigPtr config_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<admin::AdminServer> admin_;
   std::vector<std::unique_ptr<admin::AdminServer>> retired_admins_;  // closing after a rebind
-  std::vector<uv_signal_t*> signals_;
+  std::vector<UvHandle<uv_signal_t>> signals_;
   std::unique_ptr<Timer> workers_poll_;
   std::unique_ptr<Timer> trim_timer_;
   stats::ProcessStats process_stats_;

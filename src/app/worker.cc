@@ -82,7 +82,7 @@ void Worker::postConfig(Generation generation) {
     std::lock_guard<std::mutex> lock(mail_mutex_);
     mail_generation_ = std::move(generation);
   }
-  uv_async_send(&async_);
+  SLUICE_UV_CHECK(uv_async_send(&async_));  // (always 0 on an open handle)
 }
 
 void Worker::postDrain() {
@@ -90,39 +90,69 @@ void Worker::postDrain() {
     std::lock_guard<std::mutex> lock(mail_mutex_);
     mail_drain_ = true;
   }
-  uv_async_send(&async_);
+  SLUICE_UV_CHECK(uv_async_send(&async_));  // (always 0 on an open handle)
 }
 
 void Worker::run(Generation generation, std::promise<std::pair<int, std::string>> bound) {
-  uv_loop_init(&loop_);
+  if (const int rc = uv_loop_init(&loop_); rc != 0) {
+    finished_.store(true, std::memory_order_release);
+    bound.set_value({rc, std::string("event loop: ") + uv_strerror(rc)});
+    return;
+  }
   loop_.data = this;
   context_ = std::make_unique<proxy::WorkerContext>(&loop_, &stats_);
+  // uv_prepare_init only links the handle into the loop, and uv_prepare_start fails only
+  // without a callback: neither can fail.
+  SLUICE_UV_CHECK(end_of_iteration_.init(uv_prepare_init, &loop_, this));
+  SLUICE_UV_CHECK(uv_prepare_start(end_of_iteration_.get(), onEndOfIteration));
+  uv_unref(end_of_iteration_.as<uv_handle_t>());
   const config::ConfigPtr config = generation.config;
   applyConfig(std::move(generation));
   listener_ = std::make_unique<net::Listener>(
       &loop_, [this](std::unique_ptr<net::TcpTransport> t) { onAccept(std::move(t)); });
   const char* what = "";
-  const int rc = listener_->listen(config->server.listen, true, &what);
+  int rc = listener_->listen(config->server.listen, true, &what);
+  if (rc == 0) {
+    rc = uv_async_init(&loop_, &async_, onAsync);
+    what = "uv_async_init";
+  }
   if (rc != 0) {
     listener_.reset();
     context_->setSnapshot(nullptr);
-    uv_run(&loop_, UV_RUN_DEFAULT);  // lets the closed handles finish
-    uv_loop_close(&loop_);
+    closeLoop();
     finished_.store(true, std::memory_order_release);
     bound.set_value({rc, std::string(what) + " " + config->server.listen.text + ": " +
                              uv_strerror(rc)});
     return;
   }
-  uv_async_init(&loop_, &async_, [](uv_async_t* a) { static_cast<Worker*>(a->data)->onMail(); });
   async_.data = this;
   bound.set_value({0, {}});
 
   uv_run(&loop_, UV_RUN_DEFAULT);
-
-  context_.reset();
-  uv_run(&loop_, UV_RUN_DEFAULT);
-  if (uv_loop_close(&loop_) != 0) SLUICE_LOG_WARN("worker {}: handles left at exit", index_);
+  closeLoop();
   finished_.store(true, std::memory_order_release);
+}
+
+void Worker::closeLoop() {
+  end_of_iteration_.close();
+  context_.reset();
+  uv_run(&loop_, UV_RUN_DEFAULT);  // lets the closed handles finish
+  if (uv_loop_close(&loop_) != 0) SLUICE_LOG_WARN("worker {}: handles left at exit", index_);
+}
+
+void Worker::onAsync(uv_async_t* handle) noexcept { static_cast<Worker*>(handle->data)->onMail(); }
+
+void Worker::onEndOfIteration(uv_prepare_t* handle) noexcept {
+  auto* self = static_cast<Worker*>(handle->data);
+  ratelimit::DecisionBatcher& decisions = self->context_->decisions();
+  // The snapshot cannot change in here (only mail and the drain change it). A store replaced
+  // by a reload was stopped then: only the current one has writes to make.
+  const std::shared_ptr<proxy::Snapshot>& snapshot = self->context_->snapshot();
+  valkey::Store* store = snapshot ? snapshot->valkey.get() : nullptr;
+  do {
+    decisions.flush();
+    if (store) store->flush();
+  } while (decisions.queued());
 }
 
 void Worker::applyConfig(Generation generation) {
@@ -169,12 +199,6 @@ void Worker::applyConfig(Generation generation) {
                                                           stats_);
       snapshot->valkey->start();
     }
-  }
-  if (snapshot->valkey) {
-    const bool same_store = old && old->valkey == snapshot->valkey;
-    snapshot->decisions = same_store ? old->decisions
-                                     : std::make_shared<ratelimit::DecisionBatcher>(
-                                           &loop_, snapshot->valkey, stats_);
   }
   if (old && old->valkey && old->valkey != snapshot->valkey) old->valkey->stop();
   snapshot->deny_cache = std::make_shared<ratelimit::DenyCache>();
@@ -242,7 +266,7 @@ void Worker::beginDrain() {
   checkDrained();
 }
 
-void Worker::onDrainTimer(void* context) {
+void Worker::onDrainTimer(void* context) noexcept {
   auto* self = static_cast<Worker*>(context);
   const auto left = self->context_->connections();
   if (!left.empty()) {
@@ -252,7 +276,7 @@ void Worker::onDrainTimer(void* context) {
   self->checkDrained();
 }
 
-void Worker::onDrainPoll(void* context) { static_cast<Worker*>(context)->checkDrained(); }
+void Worker::onDrainPoll(void* context) noexcept { static_cast<Worker*>(context)->checkDrained(); }
 
 void Worker::checkDrained() {
   if (context_->connectionCount() > 0) {
@@ -267,6 +291,7 @@ void Worker::checkDrained() {
     if (snapshot->valkey) snapshot->valkey->stop();
   }
   context_->setSnapshot(nullptr);
+  // Its memory is the Worker's (not close-then-free): nothing to do when it is closed.
   uv_close(reinterpret_cast<uv_handle_t*>(&async_), nullptr);
 }
 

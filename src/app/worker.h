@@ -1,8 +1,19 @@
 #pragma once
 
 // One event loop on its own thread: its listening socket (SO_REUSEPORT), its connections, its
-// upstream pools and its counters. The main thread talks to it only through post*(), which
-// wake the loop with a uv_async.
+// upstream pools, its decision batcher and its counters. The main thread talks to it only
+// through post*(), which wake the loop with a uv_async.
+//
+// The end of every loop iteration (a uv_prepare handle: the last phase before the loop blocks
+// in its poll, after the timers and I/O callbacks that queue work) is one hook, which runs
+// two steps in this order:
+//   1. the decision batcher's flush: the decisions the iteration asked for become FCALLs,
+//      queued in the Valkey connections' buffers (ratelimit/batcher.h);
+//   2. the Valkey store's flush: each connection writes what it queued in one write
+//      (valkey/uv_adapter.h), the FCALLs of step 1 with every other command of the iteration.
+// Step 1 must come first or its calls would wait for the next iteration (after a poll that
+// may block). A call refused in either step is answered at once (on_error), and what that
+// queues is sent in the same hook. The hook is unreferenced: it never keeps the loop alive.
 
 #include <uv.h>
 
@@ -15,6 +26,7 @@
 
 #include "config/config.h"
 #include "core/timer.h"
+#include "core/uv_handle.h"
 #include "net/listener.h"
 #include "net/tls_context.h"
 #include "proxy/worker_context.h"
@@ -63,12 +75,18 @@ class Worker {
   void beginDrain();
   void checkDrained();
   void onAccept(std::unique_ptr<net::TcpTransport> transport);
-  static void onDrainTimer(void* self);
-  static void onDrainPoll(void* self);
+  static void onDrainTimer(void* self) noexcept;
+  static void onDrainPoll(void* self) noexcept;
+  static void onEndOfIteration(uv_prepare_t* handle) noexcept;
+  static void onAsync(uv_async_t* handle) noexcept;
+  // Closes what the loop still holds of the worker and runs it until every handle is closed.
+  void closeLoop();
 
   int index_;
   uv_loop_t loop_;
+  // Not a UvHandle: other threads send to it, so its memory lives as long as the Worker.
   uv_async_t async_;
+  UvHandle<uv_prepare_t> end_of_iteration_;  // data: this
   std::thread thread_;
   stats::WorkerStats stats_;
   std::unique_ptr<proxy::WorkerContext> context_;

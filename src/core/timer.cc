@@ -3,46 +3,43 @@
 namespace sluice {
 
 Timer::Timer(uv_loop_t* loop, Callback callback, void* context)
-    : block_(new Block{{}, callback, context}) {
-  uv_timer_init(loop, &block_->handle);
-  block_->handle.data = block_;
+    : callback_(callback), context_(context) {
+  // uv_timer_init only links the handle into the loop: it cannot fail.
+  SLUICE_UV_CHECK(handle_.init(uv_timer_init, loop, this));
 }
 
-Timer::~Timer() {
-  uv_timer_stop(&block_->handle);
-  block_->callback = nullptr;
-  uv_close(reinterpret_cast<uv_handle_t*>(&block_->handle),
-           [](uv_handle_t* h) { delete static_cast<Block*>(h->data); });
-}
+// handle_ closes itself: the timer stops and onTimer cannot run for this Timer again.
+Timer::~Timer() = default;
 
 void Timer::start(uint64_t timeout_ms) {
-  Block* b = block_;
-  auto* handle = reinterpret_cast<uv_handle_t*>(&b->handle);
-  b->started = true;
-  b->due = uv_now(b->handle.loop) + timeout_ms;
+  uv_timer_t* timer = handle_.get();
+  auto* handle = handle_.as<uv_handle_t>();
+  started_ = true;
+  due_ = uv_now(timer->loop) + timeout_ms;
   uv_ref(handle);
   // Set to fire no later: it will, and is set again then for what is left.
-  if (uv_is_active(handle) && uv_timer_get_due_in(&b->handle) <= timeout_ms) return;
-  uv_timer_start(&b->handle, onTimer, timeout_ms, 0);
+  if (uv_is_active(handle) && uv_timer_get_due_in(timer) <= timeout_ms) return;
+  // Fails only for a closing handle or a null callback; the handle closes with this Timer.
+  SLUICE_UV_CHECK(uv_timer_start(timer, onTimer, timeout_ms, 0));
 }
 
 void Timer::stop() {
-  block_->started = false;
-  uv_unref(reinterpret_cast<uv_handle_t*>(&block_->handle));  // may still fire: does nothing
+  started_ = false;
+  uv_unref(handle_.as<uv_handle_t>());  // may still fire: does nothing
 }
 
-bool Timer::active() const { return block_->started; }
+bool Timer::active() const { return started_; }
 
-void Timer::onTimer(uv_timer_t* handle) {
-  auto* block = static_cast<Block*>(handle->data);
-  if (!block->started || !block->callback) return;
+void Timer::onTimer(uv_timer_t* handle) noexcept {
+  auto* self = static_cast<Timer*>(handle->data);
+  if (!self->started_) return;
   const uint64_t now = uv_now(handle->loop);
-  if (now < block->due) {  // restarted later since this was set
-    uv_timer_start(handle, onTimer, block->due - now, 0);
+  if (now < self->due_) {  // restarted later since this was set
+    SLUICE_UV_CHECK(uv_timer_start(handle, onTimer, self->due_ - now, 0));  // (as in start())
     return;
   }
-  block->started = false;
-  block->callback(block->context);
+  self->started_ = false;
+  self->callback_(self->context_);
 }
 
 }  // namespace sluice

@@ -1,8 +1,9 @@
 #pragma once
 
-// A one-shot libuv timer that its owner may destroy at any time: the uv handle lives in its own
-// heap block, which the close callback frees (close-then-free), and the owner's callback can no
-// longer run once the Timer is destroyed.
+// A one-shot libuv timer that its owner may destroy at any time: the uv handle is a UvHandle
+// (core/uv_handle.h, close-then-free), and the owner's callback can no longer run once the
+// Timer is destroyed. The callback runs from a noexcept trampoline: an exception it lets out
+// ends the process.
 //
 // Restarting and stopping are cheap: a connection restarts its timer several times per request
 // (header, idle, response deadlines), and each uv_timer_start or uv_timer_stop moves the handle
@@ -15,6 +16,8 @@
 
 #include <cstdint>
 
+#include "core/uv_handle.h"
+
 namespace sluice {
 
 class Timer {
@@ -23,7 +26,7 @@ class Timer {
 
   Timer(uv_loop_t* loop, Callback callback, void* context);
   ~Timer();
-  Timer(const Timer&) = delete;
+  Timer(const Timer&) = delete;  // (the handle's data points here)
   Timer& operator=(const Timer&) = delete;
 
   // (Re)starts the timer: fires once after `timeout_ms`.
@@ -32,15 +35,13 @@ class Timer {
   bool active() const;
 
  private:
-  struct Block {
-    uv_timer_t handle;
-    Callback callback;
-    void* context;
-    bool started = false;  // start() called, not stopped, not fired since
-    uint64_t due = 0;      // loop time (ms) the callback is due, when started
-  };
-  static void onTimer(uv_timer_t* handle);
-  Block* block_;
+  static void onTimer(uv_timer_t* handle) noexcept;
+
+  UvHandle<uv_timer_t> handle_;
+  Callback callback_;
+  void* context_;
+  bool started_ = false;  // start() called, not stopped, not fired since
+  uint64_t due_ = 0;      // loop time (ms) the callback is due, when started
 };
 
 // Milliseconds of the loop's clock (cached per loop iteration, as libuv's timers use it).

@@ -53,7 +53,7 @@ int Parser::countHeadBytes(size_t len) {
   return 0;
 }
 
-int Parser::onMessageBegin(llhttp_t* p) {
+int Parser::onMessageBegin(llhttp_t* p) noexcept {
   Parser* s = self(p);
   s->head_ = MessageHead{};
   s->head_.headers.fields().reserve(16);  // one allocation instead of a growing vector
@@ -68,23 +68,25 @@ int Parser::onMessageBegin(llhttp_t* p) {
   return 0;
 }
 
-int Parser::onMethod(llhttp_t* p, const char*, size_t len) { return self(p)->countHeadBytes(len); }
+int Parser::onMethod(llhttp_t* p, const char*, size_t len) noexcept {
+  return self(p)->countHeadBytes(len);
+}
 
-int Parser::onUrl(llhttp_t* p, const char* at, size_t len) {
+int Parser::onUrl(llhttp_t* p, const char* at, size_t len) noexcept {
   Parser* s = self(p);
   if (int rc = s->countHeadBytes(len)) return rc;
   s->head_.target.append(at, len);
   return 0;
 }
 
-int Parser::onStatus(llhttp_t* p, const char* at, size_t len) {
+int Parser::onStatus(llhttp_t* p, const char* at, size_t len) noexcept {
   Parser* s = self(p);
   if (int rc = s->countHeadBytes(len)) return rc;
   s->head_.reason.append(at, len);
   return 0;
 }
 
-int Parser::onHeaderField(llhttp_t* p, const char* at, size_t len) {
+int Parser::onHeaderField(llhttp_t* p, const char* at, size_t len) noexcept {
   Parser* s = self(p);
   if (int rc = s->countHeadBytes(len)) return rc;
   if (!s->in_field_) {
@@ -99,12 +101,12 @@ int Parser::onHeaderField(llhttp_t* p, const char* at, size_t len) {
   return 0;
 }
 
-int Parser::onHeaderFieldComplete(llhttp_t* p) {
+int Parser::onHeaderFieldComplete(llhttp_t* p) noexcept {
   self(p)->in_field_ = false;
   return 0;
 }
 
-int Parser::onHeaderValue(llhttp_t* p, const char* at, size_t len) {
+int Parser::onHeaderValue(llhttp_t* p, const char* at, size_t len) noexcept {
   Parser* s = self(p);
   if (int rc = s->countHeadBytes(len)) return rc;
   if (s->head_.headers.empty()) return s->fail(400, "header value without a name");
@@ -112,7 +114,7 @@ int Parser::onHeaderValue(llhttp_t* p, const char* at, size_t len) {
   return 0;
 }
 
-int Parser::onHeadersComplete(llhttp_t* p) {
+int Parser::onHeadersComplete(llhttp_t* p) noexcept {
   Parser* s = self(p);
   MessageHead& head = s->head_;
   for (auto& field : head.headers.fields()) {
@@ -154,7 +156,7 @@ int Parser::onHeadersComplete(llhttp_t* p) {
   return 0;
 }
 
-int Parser::onBody(llhttp_t* p, const char* at, size_t len) {
+int Parser::onBody(llhttp_t* p, const char* at, size_t len) noexcept {
   Parser* s = self(p);
   s->body_bytes_ += len;
   if (s->type_ == Type::Request && s->limits_.max_body_bytes > 0 &&
@@ -165,7 +167,7 @@ int Parser::onBody(llhttp_t* p, const char* at, size_t len) {
   return 0;
 }
 
-int Parser::onChunkHeader(llhttp_t* p) {
+int Parser::onChunkHeader(llhttp_t* p) noexcept {
   if (p->content_length != 0) {
     // A chunk that announces more than the cap is refused at its size line, not after the
     // client has kept the connection (and the upstream) waiting for it.
@@ -245,7 +247,7 @@ bool Parser::scanLines(LineScanner& s, const char* data, size_t len, const char*
   return true;
 }
 
-int Parser::onMessageCompleteCb(llhttp_t* p) {
+int Parser::onMessageCompleteCb(llhttp_t* p) noexcept {
   Parser* s = self(p);
   if (s->interim_) {
     s->interim_ = false;

@@ -64,17 +64,17 @@ class Parser {
   void setLimits(ParserLimits limits) { limits_ = limits; }
 
  private:
-  static int onMessageBegin(llhttp_t* p);
-  static int onUrl(llhttp_t* p, const char* at, size_t len);
-  static int onStatus(llhttp_t* p, const char* at, size_t len);
-  static int onMethod(llhttp_t* p, const char* at, size_t len);
-  static int onHeaderField(llhttp_t* p, const char* at, size_t len);
-  static int onHeaderFieldComplete(llhttp_t* p);
-  static int onHeaderValue(llhttp_t* p, const char* at, size_t len);
-  static int onHeadersComplete(llhttp_t* p);
-  static int onBody(llhttp_t* p, const char* at, size_t len);
-  static int onMessageCompleteCb(llhttp_t* p);
-  static int onChunkHeader(llhttp_t* p);
+  static int onMessageBegin(llhttp_t* p) noexcept;
+  static int onUrl(llhttp_t* p, const char* at, size_t len) noexcept;
+  static int onStatus(llhttp_t* p, const char* at, size_t len) noexcept;
+  static int onMethod(llhttp_t* p, const char* at, size_t len) noexcept;
+  static int onHeaderField(llhttp_t* p, const char* at, size_t len) noexcept;
+  static int onHeaderFieldComplete(llhttp_t* p) noexcept;
+  static int onHeaderValue(llhttp_t* p, const char* at, size_t len) noexcept;
+  static int onHeadersComplete(llhttp_t* p) noexcept;
+  static int onBody(llhttp_t* p, const char* at, size_t len) noexcept;
+  static int onMessageCompleteCb(llhttp_t* p) noexcept;
+  static int onChunkHeader(llhttp_t* p) noexcept;
   static const llhttp_settings_t* settings();
 
   // llhttp 8.1 takes obs-fold and a bare LF at some places even in strict mode. This scanner

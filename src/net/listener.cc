@@ -41,13 +41,18 @@ int Listener::listen(const config::SocketAddress& address, bool reuse_port, cons
     *what = "bind";
     return -err;
   }
-  block_ = new Block;
-  block_->owner = this;
-  uv_tcp_init(loop_, &block_->handle);
-  block_->handle.data = block_;
-  int rc = uv_tcp_open(&block_->handle, fd);
-  if (rc == 0) rc = uv_listen(reinterpret_cast<uv_stream_t*>(&block_->handle), 4096, onConnection);
-  if (rc != 0) {
+  if (const int rc = handle_.init(uv_tcp_init, loop_, this); rc != 0) {
+    ::close(fd);
+    *what = "uv_tcp_init";
+    return rc;
+  }
+  if (const int rc = uv_tcp_open(handle_.get(), fd); rc != 0) {
+    ::close(fd);  // not the handle's: closing the handle would leave it open
+    close();
+    *what = "uv_tcp_open";
+    return rc;
+  }
+  if (const int rc = uv_listen(handle_.as<uv_stream_t>(), 4096, onConnection); rc != 0) {
     *what = "listen";
     close();  // closes fd with the handle
     return rc;
@@ -55,28 +60,25 @@ int Listener::listen(const config::SocketAddress& address, bool reuse_port, cons
   return 0;
 }
 
-void Listener::close() {
-  if (!block_) return;
-  block_->owner = nullptr;
-  uv_close(reinterpret_cast<uv_handle_t*>(&block_->handle),
-           [](uv_handle_t* h) { delete static_cast<Block*>(h->data); });
-  block_ = nullptr;
-}
+void Listener::close() { handle_.close(); }
 
-void Listener::onConnection(uv_stream_t* server, int status) {
-  auto* block = static_cast<Block*>(server->data);
-  Listener* self = block->owner;
-  if (!self) return;
+void Listener::onConnection(uv_stream_t* server, int status) noexcept {
+  // Called only while open: closing the handle (close(), ~Listener) stops it.
+  auto* self = static_cast<Listener*>(server->data);
   if (status < 0) {
     SLUICE_LOG_WARN("accept failed: {}", uv_strerror(status));
     return;
   }
   auto transport = std::make_unique<TcpTransport>(self->loop_);
-  if (uv_accept(server, transport->stream()) != 0) {
+  if (const int rc = uv_accept(server, transport->stream()); rc != 0) {
+    SLUICE_LOG_DEBUG("accept failed: {}", uv_strerror(rc));  // (the peer left first)
     TcpTransport::closeAndDestroy(transport.release());
     return;
   }
-  transport->onAccepted();
+  if (!transport->onAccepted()) {
+    TcpTransport::closeAndDestroy(transport.release());
+    return;
+  }
   self->on_accept_(std::move(transport));
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "config/address.h"
+#include "core/uv_handle.h"
 #include "net/tcp_transport.h"
 
 namespace sluice::net {
@@ -27,18 +28,14 @@ class Listener {
   int listen(const config::SocketAddress& address, bool reuse_port, const char** what);
   // Stops accepting; idempotent.
   void close();
-  bool listening() const { return block_ != nullptr; }
+  bool listening() const { return static_cast<bool>(handle_); }
 
  private:
-  struct Block {
-    uv_tcp_t handle;
-    Listener* owner;
-  };
-  static void onConnection(uv_stream_t* server, int status);
+  static void onConnection(uv_stream_t* server, int status) noexcept;
 
   uv_loop_t* loop_;
   AcceptCallback on_accept_;
-  Block* block_ = nullptr;
+  UvHandle<uv_tcp_t> handle_;  // data: this
 };
 
 }  // namespace sluice::net

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <memory>
 
+#include "core/logging.h"
+
 namespace sluice::net {
 
 namespace {
@@ -21,16 +23,31 @@ struct TcpTransport::WriteRequest {
 };
 
 TcpTransport::TcpTransport(uv_loop_t* loop) {
-  uv_tcp_init(loop, &handle_);
-  handle_.data = this;
+  // With no address family, uv_tcp_init creates no socket and only links the handle into the
+  // loop: it cannot fail.
+  SLUICE_UV_CHECK(handle_.init(uv_tcp_init, loop, this));
 }
 
+// Closed already (the owner waits for onClosed), unless it never was opened: then handle_
+// closes itself.
 TcpTransport::~TcpTransport() = default;
 
-void TcpTransport::onAccepted() {
+bool TcpTransport::onAccepted() {
   int len = sizeof peer_;
-  uv_tcp_getpeername(&handle_, reinterpret_cast<sockaddr*>(&peer_), &len);
-  uv_tcp_nodelay(&handle_, 1);
+  if (const int rc = uv_tcp_getpeername(tcp(), reinterpret_cast<sockaddr*>(&peer_), &len);
+      rc != 0) {
+    SLUICE_LOG_DEBUG("accepted a connection whose peer is gone: {}", uv_strerror(rc));
+    return false;
+  }
+  setNoDelay();
+  return true;
+}
+
+void TcpTransport::setNoDelay() {
+  // Only latency depends on it (a request's last bytes wait for an ACK): the connection goes on.
+  if (const int rc = uv_tcp_nodelay(tcp(), 1); rc != 0) {
+    SLUICE_LOG_DEBUG("TCP_NODELAY: {}", uv_strerror(rc));
+  }
 }
 
 const sockaddr* TcpTransport::peerAddress() const {
@@ -38,18 +55,19 @@ const sockaddr* TcpTransport::peerAddress() const {
 }
 
 int TcpTransport::connect(const sockaddr* address, ConnectCallback done) {
+  if (closing_) return UV_ECANCELED;
   const socklen_t len =
       address->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   std::memcpy(&peer_, address, len);
   connect_req_.data = this;
-  const int rc = uv_tcp_connect(&connect_req_, &handle_, address, onConnectCb);
+  const int rc = uv_tcp_connect(&connect_req_, tcp(), address, onConnectCb);
   if (rc != 0) return rc;
   connect_done_ = std::move(done);
-  uv_tcp_nodelay(&handle_, 1);
+  setNoDelay();
   return 0;
 }
 
-void TcpTransport::onConnectCb(uv_connect_t* req, int status) {
+void TcpTransport::onConnectCb(uv_connect_t* req, int status) noexcept {
   auto* self = static_cast<TcpTransport*>(req->data);
   auto cb = std::move(self->connect_done_);
   self->connect_done_ = nullptr;
@@ -105,7 +123,7 @@ void TcpTransport::writev(const std::string_view* parts, size_t count) {
   }
 }
 
-void TcpTransport::onWriteCb(uv_write_t* req, int status) {
+void TcpTransport::onWriteCb(uv_write_t* req, int status) noexcept {
   std::unique_ptr<WriteRequest> w(static_cast<WriteRequest*>(req->data));
   TcpTransport* self = w->owner;
   self->pending_bytes_ -= w->data.size();
@@ -120,17 +138,17 @@ void TcpTransport::onWriteCb(uv_write_t* req, int status) {
   if (self->pending_bytes_ == 0) self->callbacks_->onWriteDrained();
 }
 
-void TcpTransport::onAlloc(uv_handle_t*, size_t, uv_buf_t* buf) {
+void TcpTransport::onAlloc(uv_handle_t*, size_t, uv_buf_t* buf) noexcept {
   *buf = uv_buf_init(tl_read_buffer, kReadBufferSize);
 }
 
-void TcpTransport::onReadCb(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) {
+void TcpTransport::onReadCb(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) noexcept {
   auto* self = static_cast<TcpTransport*>(stream->data);
   if (self->closing_ || !self->callbacks_) return;
   if (nread > 0) {
     self->callbacks_->onRead(buf->base, static_cast<size_t>(nread));
   } else if (nread < 0) {
-    uv_read_stop(stream);
+    SLUICE_UV_CHECK(uv_read_stop(stream));  // (idempotent: always 0 on a stream)
     self->reading_ = false;
     self->callbacks_->onReadEnd(static_cast<int>(nread));
   }
@@ -138,12 +156,19 @@ void TcpTransport::onReadCb(uv_stream_t* stream, ssize_t nread, const uv_buf_t* 
 
 void TcpTransport::readStart() {
   if (reading_ || closing_) return;
-  if (uv_read_start(stream(), onAlloc, onReadCb) == 0) reading_ = true;
+  const int rc = uv_read_start(stream(), onAlloc, onReadCb);
+  if (rc == 0) {
+    reading_ = true;
+  } else if (rc != UV_ENOTCONN) {
+    // UV_ENOTCONN: the peer's end of the stream came already (onReadEnd told the owner), no
+    // bytes can follow; anything else is not expected on an open stream.
+    SLUICE_LOG_WARN("cannot read from a connection: {}", uv_strerror(rc));
+  }
 }
 
 void TcpTransport::readStop() {
   if (!reading_) return;
-  uv_read_stop(stream());
+  SLUICE_UV_CHECK(uv_read_stop(stream()));  // (idempotent: always 0 on a stream)
   reading_ = false;
 }
 
@@ -151,16 +176,22 @@ void TcpTransport::shutdownWrite() {
   if (shut_ || closing_) return;
   shut_ = true;
   shutdown_req_.data = this;
-  uv_shutdown(&shutdown_req_, stream(), onShutdownCb);
+  if (const int rc = uv_shutdown(&shutdown_req_, stream(), onShutdownCb); rc != 0) {
+    // The stream takes no more writes (its write side is gone): end the connection, which sends
+    // the FIN the owner asked for. onClosed reports it from the loop, never inline.
+    SLUICE_LOG_DEBUG("shutdown: {}", uv_strerror(rc));
+    close();
+  }
 }
 
-void TcpTransport::onShutdownCb(uv_shutdown_t*, int) {}
+// A shutdown that fails (the peer reset the connection) is seen by the reads and writes too.
+void TcpTransport::onShutdownCb(uv_shutdown_t*, int) noexcept {}
 
 void TcpTransport::close() {
   if (closing_) return;
   closing_ = true;
   reading_ = false;
-  uv_close(reinterpret_cast<uv_handle_t*>(&handle_), onCloseCb);
+  handle_.close(onClosedCb);
 }
 
 void TcpTransport::closeAndDestroy(TcpTransport* transport) {
@@ -169,8 +200,8 @@ void TcpTransport::closeAndDestroy(TcpTransport* transport) {
   transport->close();
 }
 
-void TcpTransport::onCloseCb(uv_handle_t* handle) {
-  auto* self = static_cast<TcpTransport*>(handle->data);
+void TcpTransport::onClosedCb(void* context) noexcept {
+  auto* self = static_cast<TcpTransport*>(context);
   if (self->destroy_on_close_) {
     delete self;
     return;

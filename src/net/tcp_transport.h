@@ -4,22 +4,29 @@
 
 #include <string>
 
+#include "core/uv_handle.h"
 #include "net/transport.h"
 
 namespace sluice::net {
 
 // A TCP connection on a libuv loop. Reads land in one buffer per thread (a connection holds no
 // read buffer while idle); writes are tried at once and only the rest is copied and queued.
+//
+// The uv_tcp_t is a UvHandle (freed by its close callback). The transport itself still lives
+// until onClosed(), as Transport says: its connect, shutdown and write requests point to it,
+// and libuv calls them back (cancelled) after close() and before the close callback.
 class TcpTransport final : public Transport {
  public:
   explicit TcpTransport(uv_loop_t* loop);
   ~TcpTransport() override;
 
-  uv_stream_t* stream() { return reinterpret_cast<uv_stream_t*>(&handle_); }
-  uv_tcp_t* tcp() { return &handle_; }
+  // Null once closed.
+  uv_stream_t* stream() { return handle_.as<uv_stream_t>(); }
+  uv_tcp_t* tcp() { return handle_.get(); }
 
-  // Called once after uv_accept() succeeded: records the peer, sets TCP_NODELAY.
-  void onAccepted();
+  // Called once after uv_accept() succeeded: records the peer, sets TCP_NODELAY. False when the
+  // peer cannot be known (it left already): close the transport.
+  bool onAccepted();
   // Connects to `address`. Returns a libuv error when the attempt cannot even start (then
   // `done` never runs); else `done` runs from the loop with 0 or a libuv error, unless the
   // transport was closed first.
@@ -41,14 +48,15 @@ class TcpTransport final : public Transport {
 
  private:
   struct WriteRequest;
-  static void onAlloc(uv_handle_t*, size_t, uv_buf_t* buf);
-  static void onReadCb(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf);
-  static void onWriteCb(uv_write_t* req, int status);
-  static void onConnectCb(uv_connect_t* req, int status);
-  static void onShutdownCb(uv_shutdown_t* req, int status);
-  static void onCloseCb(uv_handle_t* handle);
+  static void onAlloc(uv_handle_t*, size_t, uv_buf_t* buf) noexcept;
+  static void onReadCb(uv_stream_t* stream, ssize_t nread, const uv_buf_t* buf) noexcept;
+  static void onWriteCb(uv_write_t* req, int status) noexcept;
+  static void onConnectCb(uv_connect_t* req, int status) noexcept;
+  static void onShutdownCb(uv_shutdown_t* req, int status) noexcept;
+  static void onClosedCb(void* self) noexcept;
+  void setNoDelay();
 
-  uv_tcp_t handle_;
+  UvHandle<uv_tcp_t> handle_;  // data: this
   uv_connect_t connect_req_;
   uv_shutdown_t shutdown_req_;
   ConnectCallback connect_done_;

@@ -50,7 +50,7 @@ bool loadCertificate(SSL_CTX* ctx, const std::string& cert, const std::string& k
 }
 
 int selectAlpn(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in,
-               unsigned int inlen, void*) {
+               unsigned int inlen, void*) noexcept {
   unsigned char* selected = nullptr;
   if (SSL_select_next_proto(&selected, outlen, kAlpnHttp11, sizeof kAlpnHttp11, in, inlen) ==
       OPENSSL_NPN_NEGOTIATED) {
@@ -142,7 +142,7 @@ const TlsServerContext::Certificate* TlsServerContext::find(std::string_view nam
   return nullptr;
 }
 
-int TlsServerContext::onServerName(SSL* ssl, int*, void* arg) {
+int TlsServerContext::onServerName(SSL* ssl, int*, void* arg) noexcept {
   const auto* self = static_cast<const TlsServerContext*>(arg);
   const char* name = SSL_get_servername(ssl, TLSEXT_NAMETYPE_host_name);
   if (!name) return SSL_TLSEXT_ERR_OK;

@@ -37,7 +37,7 @@ class TlsServerContext {
     SslCtxPtr ctx;
     std::vector<std::string> names;  // lower case; "*.example.com" for wildcards
   };
-  static int onServerName(SSL* ssl, int* alert, void* arg);
+  static int onServerName(SSL* ssl, int* alert, void* arg) noexcept;
   const Certificate* find(std::string_view server_name) const;
 
   std::vector<Certificate> certificates_;  // [0] is the default

@@ -84,7 +84,7 @@ void TlsTransport::fail(const std::string& why, int status) {
   if (done) done(status);
 }
 
-void TlsTransport::onTimer(void* self) {
+void TlsTransport::onTimer(void* self) noexcept {
   auto* t = static_cast<TlsTransport*>(self);
   if (t->closing_after_flush_) {
     t->inner_->close();

@@ -50,7 +50,7 @@ class TlsTransport final : public Transport, private TransportCallbacks {
   void onWriteError(int status) override;
   void onClosed() override;
 
-  static void onTimer(void* self);
+  static void onTimer(void* self) noexcept;
   void handshake();
   void readPlaintext();
   void flushCiphertext();

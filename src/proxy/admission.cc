@@ -43,7 +43,7 @@ void Admission::reset() {
     call_ = nullptr;
   }
   if (decision_) {
-    snapshot_->decisions->cancel(decision_);
+    worker_.decisions().cancel(decision_);
     decision_ = nullptr;
   }
   snapshot_ = nullptr;
@@ -179,8 +179,9 @@ void Admission::decide() {
   }
   sent_ms_ = now;
   sent_ns_ = uv_hrtime();
-  ratelimit::DecisionBatcher* batcher = snapshot_->decisions.get();
-  decision_ = batcher ? batcher->decide(applied_, this) : nullptr;
+  decision_ = snapshot_->valkey
+                  ? worker_.decisions().decide(snapshot_->valkey, applied_, this)
+                  : nullptr;
   if (!decision_) apply(ratelimit::decisionOnError(applied_));
 }
 

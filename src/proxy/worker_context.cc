@@ -4,16 +4,20 @@
 #include <random>
 
 #include "proxy/downstream_connection.h"
+#include "ratelimit/batcher.h"
+#include "stats/stats.h"
 
 namespace sluice::proxy {
 
 WorkerContext::WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats)
-    : loop_(loop), stats_(stats) {
+    : loop_(loop), stats_(stats), decisions_(std::make_unique<ratelimit::DecisionBatcher>(*stats)) {
   std::random_device random;
   char buf[24];
   std::snprintf(buf, sizeof buf, "%08x%08x", random(), random());
   request_id_prefix_ = buf;
 }
+
+WorkerContext::~WorkerContext() = default;
 
 void Snapshot::resolveStats(stats::WorkerStats& stats) {
   requests_.clear();

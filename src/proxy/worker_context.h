@@ -51,7 +51,6 @@ struct Snapshot {
   config::ConfigPtr config;
   std::vector<std::shared_ptr<upstream::Cluster>> clusters;  // by upstream index
   std::shared_ptr<valkey::Store> valkey;                     // null without [valkey]
-  std::shared_ptr<ratelimit::DecisionBatcher> decisions;     // with valkey: its batches
   std::shared_ptr<ratelimit::DenyCache> deny_cache;          // per configuration generation
   ratelimit::PolicyItems policy_items;                       // of config's limits
   std::shared_ptr<identity::TenantCache> tenant_cache;       // per configuration generation
@@ -77,9 +76,14 @@ struct Snapshot {
 class WorkerContext {
  public:
   WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats);
+  ~WorkerContext();
 
   uv_loop_t* loop() const { return loop_; }
   stats::WorkerStats& stats() const { return *stats_; }
+  // The worker's decision batcher, for the requests of every snapshot (each names its own
+  // store). It lives as long as this context, so longer than any request; the worker's
+  // end-of-iteration hook flushes it.
+  ratelimit::DecisionBatcher& decisions() const { return *decisions_; }
 
   const std::shared_ptr<Snapshot>& snapshot() const { return snapshot_; }
   void setSnapshot(std::shared_ptr<Snapshot> snapshot) { snapshot_ = std::move(snapshot); }
@@ -100,6 +104,7 @@ class WorkerContext {
  private:
   uv_loop_t* loop_;
   stats::WorkerStats* stats_;
+  std::unique_ptr<ratelimit::DecisionBatcher> decisions_;
   std::shared_ptr<Snapshot> snapshot_;
   bool draining_ = false;
   std::string request_id_prefix_;

@@ -28,6 +28,8 @@ struct Entry final : PendingDecision {
 // deletes itself when that call ends.
 class DecisionBatcher::Batch final : public valkey::CallTarget {
  public:
+  explicit Batch(std::shared_ptr<valkey::Store> store) : store_(std::move(store)) {}
+
   Entry* add(const std::vector<AppliedLimit>& limits, DecisionTarget* target) {
     script_.add(limits);
     Entry& e = entries_.emplace_back();  // a deque: the handles stay where they are
@@ -38,10 +40,11 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
   }
   size_t requests() const { return entries_.size(); }
 
-  // Sends it; on a refusal, every request decides by on_error now (from the loop's prepare
-  // phase, never inline from a decide()).
-  void send(valkey::Store& store) {
-    if (!store.callDecide(script_.command(store.decideFunction()), script_.firstKey(), this)) {
+  // Sends it; on a refusal, every request decides by on_error now (from flush(), never
+  // inline from a decide()).
+  void send() {
+    if (!store_->callDecide(script_.command(store_->decideFunction()), script_.firstKey(),
+                            this)) {
       failAll("not_connected");
     }
   }
@@ -108,6 +111,7 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     failAll("unexpected reply");
   }
 
+  std::shared_ptr<valkey::Store> store_;  // of the requests' snapshot
   ScriptBatch script_;
   std::deque<Entry> entries_;
 };
@@ -257,48 +261,43 @@ class DecisionBatcher::Split final : public PendingDecision {
   std::string why_;  // of the last part that failed
 };
 
-DecisionBatcher::DecisionBatcher(uv_loop_t* loop, std::shared_ptr<valkey::Store> store,
-                                 stats::WorkerStats& stats)
-    : store_(std::move(store)), stats_(stats), flush_(new Flush{{}, this}) {
-  uv_prepare_init(loop, &flush_->handle);
-  flush_->handle.data = flush_;
-}
+DecisionBatcher::DecisionBatcher(stats::WorkerStats& stats) : stats_(stats) {}
 
 DecisionBatcher::~DecisionBatcher() {
   for (Batch* batch : queued_) batch->drop();
-  uv_prepare_stop(&flush_->handle);
-  uv_close(reinterpret_cast<uv_handle_t*>(&flush_->handle),
-           [](uv_handle_t* h) { delete static_cast<Flush*>(h->data); });
 }
 
-PendingDecision* DecisionBatcher::decide(const std::vector<AppliedLimit>& limits,
+PendingDecision* DecisionBatcher::decide(const std::shared_ptr<valkey::Store>& store,
+                                         const std::vector<AppliedLimit>& limits,
                                          DecisionTarget* target) {
-  if (limits.empty() || !store_->accepting()) return nullptr;
-  if (queued_.empty()) uv_prepare_start(&flush_->handle, onFlush);
+  if (limits.empty() || !store->accepting()) return nullptr;
   // Each key's slot, computed once (a CRC16 of its hash tag on a cluster).
   slots_.clear();
   bool one_slot = true;
   for (const AppliedLimit& l : limits) {
-    slots_.push_back(store_->slotOf(l.key));
+    slots_.push_back(store->slotOf(l.key));
     one_slot = one_slot && slots_.back() == slots_.front();
   }
-  if (one_slot) return batchFor(slots_.front())->add(limits, target);
-  auto split = std::make_shared<Split>(target, store_, stats_, limits, slots_);
+  if (one_slot) return batchFor(store, slots_.front())->add(limits, target);
+  auto split = std::make_shared<Split>(target, store, stats_, limits, slots_);
   for (Split::Part& part : split->parts()) {
-    batchFor(part.slot)->add(part.limits, &part)->keep = split;
+    batchFor(store, part.slot)->add(part.limits, &part)->keep = split;
   }
   return split.get();
 }
 
-DecisionBatcher::Batch* DecisionBatcher::batchFor(unsigned slot) {
-  auto it = std::find_if(open_.begin(), open_.end(), [&](const auto& b) { return b.first == slot; });
-  if (it != open_.end() && it->second->requests() < kMaxRequests) return it->second;
-  Batch* batch = new Batch;
+DecisionBatcher::Batch* DecisionBatcher::batchFor(const std::shared_ptr<valkey::Store>& store,
+                                                  unsigned slot) {
+  auto it = std::find_if(open_.begin(), open_.end(), [&](const Open& o) {
+    return o.slot == slot && o.store == store.get();
+  });
+  if (it != open_.end() && it->batch->requests() < kMaxRequests) return it->batch;
+  Batch* batch = new Batch(store);
   queued_.push_back(batch);
   if (it != open_.end()) {
-    it->second = batch;
+    it->batch = batch;
   } else {
-    open_.emplace_back(slot, batch);
+    open_.push_back({store.get(), slot, batch});
   }
   return batch;
 }
@@ -307,23 +306,16 @@ void DecisionBatcher::cancel(PendingDecision* pending) {
   if (pending) pending->cancel();
 }
 
-void DecisionBatcher::onFlush(uv_prepare_t* handle) {
-  DecisionBatcher* self = static_cast<Flush*>(handle->data)->owner;
-  uv_prepare_stop(handle);
+void DecisionBatcher::flush() {
   // A refused batch tells its targets now. They may queue new decisions (a pipelined request
-  // behind a refused one), sent here too, since a prepare handle started now would run only
-  // after the poll; or, in the end, release the snapshot that owns this batcher.
-  std::shared_ptr<valkey::Store> store = self->store_;
-  std::weak_ptr<bool> alive = self->alive_;
-  while (!alive.expired() && !self->queued_.empty()) {
-    std::vector<Batch*> batches;
-    batches.swap(self->queued_);
-    self->open_.clear();
-    uv_prepare_stop(handle);
-    for (Batch* batch : batches) batch->send(*store);
+  // behind a refused one): sent here too, in the next round, so that they also go out before
+  // the loop polls.
+  while (!queued_.empty()) {
+    sending_.swap(queued_);
+    open_.clear();
+    for (Batch* batch : sending_) batch->send();
+    sending_.clear();
   }
-  // This may run after the Valkey connection's own prepare handle wrote what was queued.
-  store->flush();
 }
 
 }  // namespace sluice::ratelimit

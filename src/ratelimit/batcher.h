@@ -4,8 +4,9 @@
 // of lua/decide.lua (a ScriptBatch): each request is still decided on its own, all or
 // nothing, but the script's fixed cost (on Valkey, about as much as a whole decision) and the
 // reply are shared. Nothing waits for a batch to fill: requests queued while the loop handles
-// its events are sent when it is about to poll again (a uv_prepare handle), in calls of at most
-// kMaxRequests requests. Each request has the deadline of the call it went out in.
+// its events are sent by flush(), which the worker's end-of-iteration hook calls when the loop
+// is about to poll again (app/worker.h), in calls of at most kMaxRequests requests. Each
+// request has the deadline of the call it went out in.
 //
 // On a Valkey Cluster a call's keys must share a slot, so calls are per slot: a request whose
 // limits are in several slots (different parts, or limits of different clients) is split, one
@@ -16,11 +17,12 @@
 // refused early; no limit ever admits more than its quota. A take-back that fails leaves the
 // charge until its key expires (counted in sluice_valkey_compensations_total).
 //
-// Ownership: a sent batch belongs to its Valkey call and deletes itself when that call ends;
-// a request that goes away cancels its entry (the target becomes null), so no reply reaches a
-// later request. Single-threaded, on one worker's loop.
-
-#include <uv.h>
+// Ownership: the worker owns its batcher (in its WorkerContext, which outlives every request),
+// one for every configuration generation: a request names the store of its own snapshot, and
+// requests of one store and slot share a call whichever generation they started on (each
+// brings its own limits). A sent batch belongs to its Valkey call and deletes itself when that
+// call ends; a request that goes away cancels its entry (the target becomes null), so no reply
+// reaches a later request. Single-threaded, on one worker's loop.
 
 #include <cstddef>
 #include <memory>
@@ -62,39 +64,45 @@ class DecisionBatcher {
  public:
   static constexpr size_t kMaxRequests = 64;
 
-  DecisionBatcher(uv_loop_t* loop, std::shared_ptr<valkey::Store> store,
-                  stats::WorkerStats& stats);
+  explicit DecisionBatcher(stats::WorkerStats& stats);
   ~DecisionBatcher();  // a batch not sent yet is dropped; its targets are not called
   DecisionBatcher(const DecisionBatcher&) = delete;
   DecisionBatcher& operator=(const DecisionBatcher&) = delete;
 
   // Queues the decision of one request on `limits` (which must stay as they are until the
-  // target is told or the decision cancelled). Null when Valkey takes no calls now (not
-  // connected, or not answering): decide by on_error at once.
-  PendingDecision* decide(const std::vector<AppliedLimit>& limits, DecisionTarget* target);
+  // target is told or the decision cancelled) for `store` (its snapshot's). Null when Valkey
+  // takes no calls now (not connected, or not answering): decide by on_error at once.
+  PendingDecision* decide(const std::shared_ptr<valkey::Store>& store,
+                          const std::vector<AppliedLimit>& limits, DecisionTarget* target);
   // The target will not be called for this decision. The handle is invalid afterwards.
   void cancel(PendingDecision* pending);
+
+  // Sends every batch queued so far, each to its store (which queues the command in the
+  // store's connection: Store::flush() writes it). A batch its store refuses tells its targets
+  // now (on_error), and what they queue meanwhile is sent too, before this returns. Called
+  // once per loop iteration, by the worker's end-of-iteration hook; never calls back inline
+  // from decide().
+  void flush();
+  bool queued() const { return !queued_.empty(); }
 
  private:
   class Batch;
   class Split;
   class Compensation;
-  struct Flush {  // the uv handle lives apart, freed by its close callback
-    uv_prepare_t handle;
-    DecisionBatcher* owner;
-  };
 
-  static void onFlush(uv_prepare_t* handle);
-  // The open batch of `slot` (a new one when it has none or it is full).
-  Batch* batchFor(unsigned slot);
+  // The open batch of `store`'s `slot` (a new one when it has none or it is full).
+  Batch* batchFor(const std::shared_ptr<valkey::Store>& store, unsigned slot);
 
-  std::shared_ptr<valkey::Store> store_;
   stats::WorkerStats& stats_;
-  Flush* flush_;
-  std::vector<Batch*> queued_;  // not sent yet, in order
-  std::vector<std::pair<unsigned, Batch*>> open_;  // the batch of each slot taking requests
+  std::vector<Batch*> queued_;   // not sent yet, in order
+  std::vector<Batch*> sending_;  // (reused by flush())
+  struct Open {  // the batch of a store's slot that takes requests
+    const valkey::Store* store;
+    unsigned slot;
+    Batch* batch;
+  };
+  std::vector<Open> open_;
   std::vector<unsigned> slots_;  // (reused by decide(): the slot of each limit's key)
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // expires with this
 };
 
 }  // namespace sluice::ratelimit

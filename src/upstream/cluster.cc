@@ -97,7 +97,7 @@ void Cluster::removeIdle(UpstreamConnection* connection) {
   std::erase_if(idle, [connection](const Endpoint::Idle& i) { return i.connection == connection; });
 }
 
-void Cluster::onTrim(void* context) {
+void Cluster::onTrim(void* context) noexcept {
   Cluster* self = static_cast<Cluster*>(context);
   const uint64_t now = uv_now(self->loop_);
   uint64_t next = 0;  // when the oldest connection kept beyond the cap has waited enough

@@ -82,7 +82,7 @@ class Cluster : public std::enable_shared_from_this<Cluster> {
   };
   size_t pickEndpoint();
   // Closes the connections beyond the cap idle for kIdleTrimDelayMs; re-arms for the others.
-  static void onTrim(void* context);
+  static void onTrim(void* context) noexcept;
 
   uv_loop_t* loop_;
   std::shared_ptr<const net::TlsClientContext> tls_;

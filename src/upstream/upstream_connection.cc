@@ -167,7 +167,7 @@ void UpstreamConnection::fail(UpstreamError error) {
   if (owner) owner->onUpstreamError(error, started);
 }
 
-void UpstreamConnection::onTimer(void* context) {
+void UpstreamConnection::onTimer(void* context) noexcept {
   auto* self = static_cast<UpstreamConnection*>(context);
   switch (self->state_) {
     case State::Connecting:

@@ -105,7 +105,7 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
   void onMessageBody(const char* data, size_t len) override;
   void onMessageComplete() override;
 
-  static void onTimer(void* self);
+  static void onTimer(void* self) noexcept;
   void onTcpConnected(int status);
   void onConnected(int status);
   void fail(UpstreamError error);

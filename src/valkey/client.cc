@@ -116,13 +116,20 @@ void Client::connect() {
     scheduleReconnect();
     return;
   }
-  redisAsyncSetConnectCallback(context, onConnect);
-  redisAsyncSetDisconnectCallback(context, onDisconnect);
+  // Both refuse only a callback set before: never on a new context.
+  if (redisAsyncSetConnectCallback(context, onConnect) != REDIS_OK ||
+      redisAsyncSetDisconnectCallback(context, onDisconnect) != REDIS_OK) {
+    SLUICE_LOG_ERROR("valkey {}: cannot watch the connection's outcome", options_.address.text);
+    redisAsyncFree(context);
+    state_ = State::Backoff;
+    scheduleReconnect();
+    return;
+  }
   context_ = context;
   reconnect_timer_.start(options_.connect_timeout_ms);  // the whole handshake has this long
 }
 
-void Client::onConnect(const redisAsyncContext* context, int status) {
+void Client::onConnect(const redisAsyncContext* context, int status) noexcept {
   auto* self = static_cast<Client*>(context->data);
   if (self->context_ != context) return;
   if (status != REDIS_OK) {
@@ -137,14 +144,23 @@ void Client::onConnect(const redisAsyncContext* context, int status) {
   self->state_ = State::Handshake;
   redisAsyncContext* ctx = self->context_;
   self->handshake_pending_ = 0;
+  // hiredis refuses a command only from a context being disconnected or freed. It cannot be
+  // dropped from in here (hiredis goes on using it after this callback): the handshake stays
+  // unfinished, and connect_timeout (reconnect_timer_) drops the connection and makes another.
   if (!self->options_.password.empty()) {
     const char* argv[] = {"AUTH", self->options_.password.c_str()};
     const size_t lens[] = {4, self->options_.password.size()};
-    if (redisAsyncCommandArgv(ctx, onInternalReply, self, 2, argv, lens) == REDIS_OK) {
-      ++self->handshake_pending_;
+    if (redisAsyncCommandArgv(ctx, onInternalReply, self, 2, argv, lens) != REDIS_OK) {
+      SLUICE_LOG_WARN("valkey {}: cannot send AUTH", self->options_.address.text);
+      return;
     }
+    ++self->handshake_pending_;
   }
-  if (self->loadLibrary()) ++self->handshake_pending_;
+  if (!self->loadLibrary()) {
+    SLUICE_LOG_WARN("valkey {}: cannot send FUNCTION LOAD", self->options_.address.text);
+    return;
+  }
+  ++self->handshake_pending_;
 }
 
 bool Client::loadLibrary() {
@@ -153,7 +169,7 @@ bool Client::loadLibrary() {
   return redisAsyncCommandArgv(context_, onInternalReply, this, 4, argv, lens) == REDIS_OK;
 }
 
-void Client::onInternalReply(redisAsyncContext*, void* reply, void* privdata) {
+void Client::onInternalReply(redisAsyncContext*, void* reply, void* privdata) noexcept {
   auto* self = static_cast<Client*>(privdata);
   if (!reply || self->handshake_pending_ <= 0) return;
   const Reply* r = replyOf(reply);
@@ -183,7 +199,7 @@ void Client::onHandshakeReply(bool ok, const std::string& error) {
   SLUICE_LOG_INFO("valkey {}: connected", options_.address.text);
 }
 
-void Client::onDisconnect(const redisAsyncContext* context, int) {
+void Client::onDisconnect(const redisAsyncContext* context, int) noexcept {
   auto* self = static_cast<Client*>(context->data);
   if (self->context_ != context) return;  // dropped by us, already handled
   SLUICE_LOG_WARN("valkey {}: connection lost: {}", self->options_.address.text,
@@ -224,7 +240,7 @@ void Client::hurry() {
   scheduleReconnect();
 }
 
-void Client::onReconnectTimer(void* context) {
+void Client::onReconnectTimer(void* context) noexcept {
   auto* self = static_cast<Client*>(context);
   switch (self->state_) {
     case State::Connecting:
@@ -336,7 +352,7 @@ void Client::finish(Call* call, Reply* reply, Failure failure) {
   }
 }
 
-void Client::onReply(redisAsyncContext*, void* raw, void* privdata) {
+void Client::onReply(redisAsyncContext*, void* raw, void* privdata) noexcept {
   auto* call = static_cast<Call*>(privdata);
   Client* self = call->client;
   if (raw) self->suspect_ = false;  // Valkey answers again
@@ -367,7 +383,7 @@ void Client::onReply(redisAsyncContext*, void* raw, void* privdata) {
   delete call;
 }
 
-void Client::onDeadline(void* context) { static_cast<Client*>(context)->armDeadline(); }
+void Client::onDeadline(void* context) noexcept { static_cast<Client*>(context)->armDeadline(); }
 
 void Client::armDeadline() {
   in_deadline_ = true;

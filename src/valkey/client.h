@@ -109,12 +109,14 @@ class Client final : public Store {
   void armDeadline();
   void armDeadlineInner();
 
-  static void onConnect(const redisAsyncContext* context, int status);
-  static void onDisconnect(const redisAsyncContext* context, int status);
-  static void onReply(redisAsyncContext* context, void* reply, void* privdata);
-  static void onInternalReply(redisAsyncContext* context, void* reply, void* privdata);
-  static void onDeadline(void* self);
-  static void onReconnectTimer(void* self);
+  // hiredis's callbacks (C code: no exception may cross them; a std::bad_alloc in a target's
+  // callback ends the process).
+  static void onConnect(const redisAsyncContext* context, int status) noexcept;
+  static void onDisconnect(const redisAsyncContext* context, int status) noexcept;
+  static void onReply(redisAsyncContext* context, void* reply, void* privdata) noexcept;
+  static void onInternalReply(redisAsyncContext* context, void* reply, void* privdata) noexcept;
+  static void onDeadline(void* self) noexcept;
+  static void onReconnectTimer(void* self) noexcept;
 
   uv_loop_t* loop_;
   ClientOptions options_;

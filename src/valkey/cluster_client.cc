@@ -111,7 +111,7 @@ class ClusterClient::RoutedCall final : public PendingCall, public CallTarget {
   }
   bool expired() const { return uv_now(owner_.loop_) >= deadline_ms_; }
 
-  static void onRetryTimer(void* self) {
+  static void onRetryTimer(void* self) noexcept {
     auto* call = static_cast<RoutedCall*>(self);
     call->owner_.onRetry(call);
   }
@@ -500,7 +500,7 @@ void ClusterClient::armRefreshTimer(bool reachable) {
   refresh_timer_.start(!have_map_ ? kStartTickMs : settled ? kTickMs : kDegradedTickMs);
 }
 
-void ClusterClient::onRefreshTimer(void* self) {
+void ClusterClient::onRefreshTimer(void* self) noexcept {
   auto* c = static_cast<ClusterClient*>(self);
   const bool reachable = c->publishReady();
   const uint64_t now = uv_now(c->loop_);

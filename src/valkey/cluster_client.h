@@ -121,7 +121,7 @@ class ClusterClient final : public Store, private CallTarget {
   // has a reachable owner (connected and answering).
   bool publishReady();
   void armRefreshTimer(bool reachable);
-  static void onRefreshTimer(void* self);
+  static void onRefreshTimer(void* self) noexcept;
 
   uv_loop_t* loop_;
   ClientOptions node_options_;

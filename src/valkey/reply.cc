@@ -37,10 +37,14 @@ Reply* place(const redisReadTask* task, Reply::Type type, Root** root) {
   return &r;
 }
 
+// The functions below are hiredis's reader callbacks, hence noexcept: hiredis is C. A root that
+// cannot be allocated is reported as hiredis expects (null: out of memory); a std::bad_alloc
+// from a string or a vector ends the process instead.
+
 // What hiredis keeps for the object: the root, or the element itself.
 void* object(Root* root, Reply* r) { return root ? static_cast<void*>(root) : r; }
 
-void* createString(const redisReadTask* task, char* str, size_t len) {
+void* createString(const redisReadTask* task, char* str, size_t len) noexcept {
   Reply::Type type = Reply::Type::String;
   if (task->type == REDIS_REPLY_ERROR) type = Reply::Type::Error;
   if (task->type == REDIS_REPLY_STATUS) type = Reply::Type::Status;
@@ -55,7 +59,7 @@ void* createString(const redisReadTask* task, char* str, size_t len) {
   return object(root, r);
 }
 
-void* createArray(const redisReadTask* task, int elements) {
+void* createArray(const redisReadTask* task, int elements) noexcept {
   Root* root;
   Reply* r = place(task, Reply::Type::Array, &root);
   if (!r) return nullptr;
@@ -63,7 +67,7 @@ void* createArray(const redisReadTask* task, int elements) {
   return object(root, r);
 }
 
-void* createInteger(const redisReadTask* task, long long value) {
+void* createInteger(const redisReadTask* task, long long value) noexcept {
   Root* root;
   Reply* r = place(task, Reply::Type::Integer, &root);
   if (!r) return nullptr;
@@ -72,13 +76,13 @@ void* createInteger(const redisReadTask* task, long long value) {
   return object(root, r);
 }
 
-void* createNil(const redisReadTask* task) {
+void* createNil(const redisReadTask* task) noexcept {
   Root* root;
   Reply* r = place(task, Reply::Type::Nil, &root);
   return r ? object(root, r) : nullptr;
 }
 
-void freeObject(void* object) { delete static_cast<Root*>(object); }
+void freeObject(void* object) noexcept { delete static_cast<Root*>(object); }
 
 redisReplyObjectFunctions functions = {createString, createArray, createInteger, createNil,
                                        freeObject};

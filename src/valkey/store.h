@@ -55,8 +55,10 @@ class Store {
   // Whether a call made now would be sent (connected and answering). False counts as a refused
   // call in the metrics, as a call refused by callDecide or command would.
   virtual bool accepting() = 0;
-  // Writes what the calls made so far queued, now rather than when the loop is about to poll
-  // (for calls made from a uv_prepare callback, which may run after that write).
+  // Writes what the calls made so far queued (valkey/uv_adapter.h). Called once per loop
+  // iteration, by the worker's end-of-iteration hook (app/worker.h), after the decision
+  // batcher's flush; commands of a connected store are not written otherwise. May answer
+  // calls inline (Disconnected) when a write fails.
   virtual void flush() = 0;
   // A command whose key, if any, is argv[1]. Returns null when it cannot be sent now.
   virtual PendingCall* command(std::vector<std::string> argv, CallTarget* target) = 0;

@@ -3,37 +3,52 @@
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
+#include "core/logging.h"
+#include "core/uv_handle.h"
+
 namespace sluice::valkey {
 
 namespace {
 
+// Owned by hiredis (ev.data) from attachToLoop() until its cleanup, which deletes it: the
+// context is being freed. That can happen inside any redisAsyncHandle* call below, so after one
+// the code checks whether the poll handle it holds is closing (the handle's memory outlives
+// the Adapter until its close callback; see core/uv_handle.h) before touching the Adapter.
 struct Adapter {
-  redisAsyncContext* context;  // null once hiredis cleaned up
-  uv_poll_t poll;
-  uv_prepare_t flush;   // before the loop blocks: send what the iteration queued
-  int events = 0;       // what poll watches
-  bool want_write = false;
-  bool flushing = false;
-  int open_handles = 2;
+  redisAsyncContext* context;
+  UvHandle<uv_poll_t> poll;  // data: this
+  int events = 0;            // what poll watches
+  bool want_write = false;   // commands wait in hiredis's buffer for flushWrites()
 };
 
-bool connected(const Adapter* a) { return a->context && (a->context->c.flags & REDIS_CONNECTED); }
+bool connected(const Adapter* a) { return a->context->c.flags & REDIS_CONNECTED; }
 
-void onPoll(uv_poll_t* handle, int status, int events);
+void onPoll(uv_poll_t* handle, int status, int events) noexcept;
 
+// uv_poll_start fails only for a closing handle or an fd that epoll refuses, neither of which
+// an attached, live context has. Should it fail, it is logged and nothing more can be done from
+// inside hiredis's callbacks: the connection's calls fail by their deadline, and the client
+// drops the stalled connection and makes a new one (Client's stall limit).
+void watch(uv_poll_t* handle, int events) {
+  if (const int rc = uv_poll_start(handle, events, onPoll); rc != 0) {
+    SLUICE_LOG_ERROR("valkey: cannot watch the connection: {}", uv_strerror(rc));
+  }
+}
+
+// Watches `events` (UV_READABLE, UV_WRITABLE).
 void start(Adapter* a, int events) {
   if (events == a->events) return;
   a->events = events;
   if (events) {
-    uv_poll_start(&a->poll, events, onPoll);
+    watch(a->poll.get(), events);
   } else {
-    uv_poll_stop(&a->poll);
+    SLUICE_UV_CHECK(uv_poll_stop(a->poll.get()));  // (always 0: stops an open handle)
   }
 }
 
-void onPoll(uv_poll_t* handle, int status, int events) {
+void onPoll(uv_poll_t* handle, int status, int events) noexcept {
   auto* a = static_cast<Adapter*>(handle->data);
-  if (!a->context) return;
+  auto* h = reinterpret_cast<uv_handle_t*>(handle);
   if (status < 0) {
     // Let hiredis find the error itself: a connect in progress completes (and fails) on a
     // write event, an established connection on a read.
@@ -42,87 +57,70 @@ void onPoll(uv_poll_t* handle, int status, int events) {
     } else {
       redisAsyncHandleWrite(a->context);
     }
+    if (uv_is_closing(h)) return;  // the context was freed (and the Adapter with it)
     // libuv stopped the handle. When hiredis read data rather than the error (bytes that
     // arrived before a reset), the connection lives on: watch it again, the error comes next.
-    if (a->context && a->events) uv_poll_start(&a->poll, a->events, onPoll);
+    if (a->events) watch(handle, a->events);
     return;
   }
-  if (events & UV_READABLE) redisAsyncHandleRead(a->context);
-  if (a->context && (events & UV_WRITABLE)) redisAsyncHandleWrite(a->context);
+  if (events & UV_READABLE) {
+    redisAsyncHandleRead(a->context);
+    if (uv_is_closing(h)) return;
+  }
+  if (events & UV_WRITABLE) redisAsyncHandleWrite(a->context);
 }
 
-void onFlush(uv_prepare_t* handle) {
-  auto* a = static_cast<Adapter*>(handle->data);
-  uv_prepare_stop(&a->flush);
-  if (!a->context || !a->want_write) return;
-  a->flushing = true;
-  a->want_write = false;
-  redisAsyncHandleWrite(a->context);  // may call addWrite again: the socket is full
-  a->flushing = false;
-  if (a->context && a->want_write) start(a, a->events | UV_WRITABLE);
-}
-
-void addRead(void* privdata) {
+void addRead(void* privdata) noexcept {
   auto* a = static_cast<Adapter*>(privdata);
   start(a, a->events | UV_READABLE);
 }
 
-void delRead(void* privdata) {
+void delRead(void* privdata) noexcept {
   auto* a = static_cast<Adapter*>(privdata);
   start(a, a->events & ~UV_READABLE);
 }
 
-void addWrite(void* privdata) {
+void addWrite(void* privdata) noexcept {
   auto* a = static_cast<Adapter*>(privdata);
   a->want_write = true;
   if (!connected(a) || (a->events & UV_WRITABLE)) {
     // Connecting (hiredis learns the outcome from writability), or already waiting for room.
     start(a, a->events | UV_WRITABLE);
-  } else if (!a->flushing) {
-    uv_prepare_start(&a->flush, onFlush);
   }
+  // Else the bytes wait for flushWrites() (or, when it is writing now, for its outcome).
 }
 
-void delWrite(void* privdata) {
+void delWrite(void* privdata) noexcept {
   auto* a = static_cast<Adapter*>(privdata);
   a->want_write = false;
   start(a, a->events & ~UV_WRITABLE);
 }
 
-void onClosed(uv_handle_t* handle) {
-  auto* a = static_cast<Adapter*>(handle->data);
-  if (--a->open_handles == 0) delete a;
-}
-
-void cleanup(void* privdata) {
-  auto* a = static_cast<Adapter*>(privdata);
-  a->context = nullptr;
-  uv_prepare_stop(&a->flush);
-  uv_close(reinterpret_cast<uv_handle_t*>(&a->poll), onClosed);
-  uv_close(reinterpret_cast<uv_handle_t*>(&a->flush), onClosed);
-}
+// The context is being freed: stop watching (before hiredis closes the fd) and let go.
+void cleanup(void* privdata) noexcept { delete static_cast<Adapter*>(privdata); }
 
 }  // namespace
 
 void flushWrites(redisAsyncContext* context) {
   auto* a = static_cast<Adapter*>(context->ev.data);
   // Not while connecting or while the socket is full: then writability brings the write.
-  if (a && a->context && a->want_write && connected(a) && !(a->events & UV_WRITABLE)) {
-    onFlush(&a->flush);
-  }
+  if (!a || !a->want_write || !connected(a) || (a->events & UV_WRITABLE)) return;
+  auto* h = a->poll.as<uv_handle_t>();
+  a->want_write = false;
+  redisAsyncHandleWrite(context);  // may call addWrite again (the socket is full), or free it
+  if (uv_is_closing(h)) return;
+  if (a->want_write) start(a, a->events | UV_WRITABLE);
 }
 
 bool attachToLoop(redisAsyncContext* context, uv_loop_t* loop) {
   if (context->ev.data != nullptr) return false;
   auto* a = new Adapter{};
   a->context = context;
-  if (uv_poll_init(loop, &a->poll, context->c.fd) != 0) {
+  if (const int rc = a->poll.init(uv_poll_init, loop, a, context->c.fd); rc != 0) {
+    SLUICE_LOG_WARN("valkey: uv_poll_init: {}", uv_strerror(rc));
     delete a;
     return false;
   }
-  uv_prepare_init(loop, &a->flush);
-  a->poll.data = a;
-  a->flush.data = a;
   context->ev.addRead = addRead;
   context->ev.delRead = delRead;
   context->ev.addWrite = addWrite;

@@ -1,9 +1,11 @@
-// The decision batcher (src/ratelimit/batcher.h) on a real uv loop with a fake store: calls per
-// slot, a request split over slots decided all or nothing, and the take-back of what the
-// parts that allowed charged, when another part refuses or fails.
+// The decision batcher (src/ratelimit/batcher.h) with a fake store: calls per store and slot, a
+// request split over slots decided all or nothing, the take-back of what the parts that
+// allowed charged, when another part refuses or fails, and flush() (the worker's
+// end-of-iteration hook) answering a refused batch and sending what its targets queue.
 
 #include <doctest/doctest.h>
-#include <uv.h>
+
+#include <functional>
 
 #include <memory>
 #include <optional>
@@ -72,14 +74,17 @@ struct Recorder final : DecisionTarget {
   void onDecision(const Decision& d) override {
     decision = d;
     ++told;
+    if (then) then();
   }
   void onDecisionError(std::string_view why) override {
     error = std::string(why);
     ++told;
+    if (then) then();
   }
   std::optional<Decision> decision;
   std::string error;
   int told = 0;
+  std::function<void()> then;  // runs once told (a pipelined request's next decision)
 };
 
 LimitConfig limitConfig(std::string name, OnError on_error = OnError::Allow) {
@@ -116,22 +121,15 @@ uint64_t compensations(sluice::stats::WorkerStats& stats, Result::Value result) 
   return stats.valkey_compensations[result].value();
 }
 
-// A loop, a fake store and a batcher on them; the loop is closed cleanly at the end.
+// A fake store and a batcher (which holds no loop handle: the worker's hook flushes it).
 struct Fixture {
   Fixture() {
-    REQUIRE(uv_loop_init(&loop) == 0);
     store = std::make_shared<FakeStore>();
-    batcher = std::make_unique<DecisionBatcher>(&loop, store, stats);
+    batcher = std::make_unique<DecisionBatcher>(stats);
   }
-  ~Fixture() {
-    batcher.reset();
-    uv_run(&loop, UV_RUN_NOWAIT);  // the flush handle's close
-    CHECK(uv_loop_close(&loop) == 0);
-  }
-  // One loop iteration: the batches queued so far go out.
-  void iterate() { uv_run(&loop, UV_RUN_NOWAIT); }
+  // The end of a loop iteration: the batches queued so far go out.
+  void iterate() { batcher->flush(); }
 
-  uv_loop_t loop;
   sluice::stats::WorkerStats stats;
   std::shared_ptr<FakeStore> store;
   std::unique_ptr<DecisionBatcher> batcher;
@@ -146,8 +144,8 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}"), applied(b, "1:b:{x}")};
     const std::vector<AppliedLimit> two = {applied(a, "1:a:{y}"), applied(b, "2:b:{y}")};
     Recorder r1, r2;
-    REQUIRE(f.batcher->decide(one, &r1));
-    REQUIRE(f.batcher->decide(two, &r2));
+    REQUIRE(f.batcher->decide(f.store, one, &r1));
+    REQUIRE(f.batcher->decide(f.store, two, &r2));
     CHECK(f.store->calls.empty());  // nothing before the loop is about to wait
     f.iterate();
     REQUIRE(f.store->calls.size() == 2);  // slot 1 (both requests), slot 2
@@ -182,7 +180,7 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     a.count_denied = true;
     const std::vector<AppliedLimit> limits = {applied(a, "1:a:{x}", 3), applied(b, "2:b:{x}")};
     Recorder r;
-    REQUIRE(f.batcher->decide(limits, &r));
+    REQUIRE(f.batcher->decide(f.store, limits, &r));
     f.iterate();
     REQUIRE(f.store->calls.size() == 2);
     Reply allowed = decideReply({7, 100, 0});
@@ -208,8 +206,8 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     const std::vector<AppliedLimit> lenient = {applied(open, "1:o:{x}"), applied(open, "2:o:{y}")};
     const std::vector<AppliedLimit> strict = {applied(open, "1:o:{z}"), applied(closed, "3:c:{z}")};
     Recorder r1, r2;
-    REQUIRE(f.batcher->decide(lenient, &r1));
-    REQUIRE(f.batcher->decide(strict, &r2));
+    REQUIRE(f.batcher->decide(f.store, lenient, &r1));
+    REQUIRE(f.batcher->decide(f.store, strict, &r2));
     f.iterate();
     REQUIRE(f.store->calls.size() == 3);  // slots 1, 2, 3
     Reply slot1 = decideReply({9, 100, 0, 9, 100, 0});
@@ -235,7 +233,7 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     LimitConfig a = limitConfig("a"), b = limitConfig("b");
     std::vector<AppliedLimit> limits = {applied(a, "1:a:{x}"), applied(b, "2:b:{x}")};
     Recorder r;
-    PendingDecision* pending = f.batcher->decide(limits, &r);
+    PendingDecision* pending = f.batcher->decide(f.store, limits, &r);
     REQUIRE(pending);
     f.iterate();
     f.batcher->cancel(pending);
@@ -256,7 +254,7 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     LimitConfig a = limitConfig("a"), b = limitConfig("b");
     const std::vector<AppliedLimit> limits = {applied(a, "1:a:{x}"), applied(b, "2:b:{x}")};
     Recorder r;
-    REQUIRE(f.batcher->decide(limits, &r));
+    REQUIRE(f.batcher->decide(f.store, limits, &r));
     f.iterate();
     Reply allowed = decideReply({9, 100, 0});
     f.store->calls[0]->target->onValkeyReply(allowed);
@@ -266,5 +264,65 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     CHECK(r.decision->verdict == Decision::Verdict::Deny);
     CHECK(compensations(f.stats, Result::Failed) == 1);
     CHECK(compensations(f.stats, Result::Done) == 0);
+  }
+}
+
+TEST_SUITE("ratelimit: the decision batcher, flushed by the worker's hook") {
+  TEST_CASE("requests of two stores (a reload changed [valkey]) go to their own store") {
+    Fixture f;
+    auto other = std::make_shared<FakeStore>();
+    LimitConfig a = limitConfig("a");
+    const std::vector<AppliedLimit> old_limits = {applied(a, "1:a:{x}")};
+    const std::vector<AppliedLimit> new_limits = {applied(a, "1:a:{y}")};
+    Recorder r1, r2;
+    REQUIRE(f.batcher->decide(f.store, old_limits, &r1));
+    REQUIRE(f.batcher->decide(other, new_limits, &r2));
+    CHECK(f.batcher->queued());
+    f.iterate();
+    CHECK_FALSE(f.batcher->queued());
+    REQUIRE(f.store->calls.size() == 1);
+    REQUIRE(other->calls.size() == 1);
+    CHECK(f.store->calls[0]->first_key == "1:a:{x}");
+    CHECK(other->calls[0]->first_key == "1:a:{y}");
+    Reply reply = decideReply({9, 100, 0});
+    other->calls[0]->target->onValkeyReply(reply);
+    CHECK(r2.told == 1);
+    CHECK(r1.told == 0);
+    f.store->calls[0]->target->onValkeyFailure(sluice::valkey::Failure::Disconnected);
+    CHECK(r1.told == 1);
+    CHECK(r1.error == "disconnected");
+  }
+
+  TEST_CASE("a refused batch is answered in flush(); what its targets queue goes out in it too") {
+    Fixture f;
+    auto refusing = std::make_shared<FakeStore>();
+    refusing->refuse = true;
+    LimitConfig a = limitConfig("a");
+    const std::vector<AppliedLimit> first = {applied(a, "1:a:{x}")};
+    const std::vector<AppliedLimit> next = {applied(a, "1:a:{y}")};
+    Recorder r1, r2;
+    r1.then = [&] { CHECK(f.batcher->decide(f.store, next, &r2)); };
+    REQUIRE(f.batcher->decide(refusing, first, &r1));
+    CHECK(r1.told == 0);  // never inline from decide()
+    f.iterate();
+    CHECK(r1.told == 1);
+    CHECK(r1.error == "not_connected");
+    REQUIRE(f.store->calls.size() == 1);  // the next request's call, in the same flush
+    CHECK(f.store->calls[0]->first_key == "1:a:{y}");
+    CHECK_FALSE(f.batcher->queued());
+    Reply reply = decideReply({9, 100, 0});  // (a sent batch lives until its call ends)
+    f.store->calls[0]->target->onValkeyReply(reply);
+    CHECK(r2.told == 1);
+  }
+
+  TEST_CASE("a batch never sent is dropped with the batcher; its targets are not told") {
+    Fixture f;
+    LimitConfig a = limitConfig("a");
+    const std::vector<AppliedLimit> limits = {applied(a, "1:a:{x}")};
+    Recorder r;
+    REQUIRE(f.batcher->decide(f.store, limits, &r));
+    f.batcher.reset();
+    CHECK(r.told == 0);
+    CHECK(f.store->calls.empty());
   }
 }
