@@ -180,7 +180,7 @@ void Admission::decide() {
   sent_ms_ = now;
   sent_ns_ = uv_hrtime();
   decision_ = snapshot_->valkey
-                  ? worker_.decisions().decide(snapshot_->valkey, applied_, this)
+                  ? worker_.decisions().decide(snapshot_->valkey, applied_, this, snapshot_->config)
                   : nullptr;
   if (!decision_) apply(ratelimit::decisionOnError(applied_));
 }

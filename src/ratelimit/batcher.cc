@@ -194,6 +194,9 @@ class DecisionBatcher::Split final : public PendingDecision {
   }
 
   std::deque<Part>& parts() { return parts_; }
+  // The owner of the limits' configurations: its parts read them until their calls end, after
+  // a requester that cancelled (a reload may have retired that configuration meanwhile).
+  void keepAlive(std::shared_ptr<const void> owner) { limits_owner_ = std::move(owner); }
 
  private:
   void cancel() override { target_ = nullptr; }
@@ -253,6 +256,7 @@ class DecisionBatcher::Split final : public PendingDecision {
   }
 
   DecisionTarget* target_;  // null once told or cancelled
+  std::shared_ptr<const void> limits_owner_;
   std::shared_ptr<valkey::Store> store_;
   stats::WorkerStats& stats_;
   size_t count_;  // the request's limits
@@ -269,7 +273,8 @@ DecisionBatcher::~DecisionBatcher() {
 
 PendingDecision* DecisionBatcher::decide(const std::shared_ptr<valkey::Store>& store,
                                          const std::vector<AppliedLimit>& limits,
-                                         DecisionTarget* target) {
+                                         DecisionTarget* target,
+                                         std::shared_ptr<const void> limits_owner) {
   if (limits.empty() || !store->accepting()) return nullptr;
   // Each key's slot, computed once (a CRC16 of its hash tag on a cluster).
   slots_.clear();
@@ -280,6 +285,7 @@ PendingDecision* DecisionBatcher::decide(const std::shared_ptr<valkey::Store>& s
   }
   if (one_slot) return batchFor(store, slots_.front())->add(limits, target);
   auto split = std::make_shared<Split>(target, store, stats_, limits, slots_);
+  split->keepAlive(std::move(limits_owner));
   for (Split::Part& part : split->parts()) {
     batchFor(store, part.slot)->add(part.limits, &part)->keep = split;
   }

@@ -72,8 +72,11 @@ class DecisionBatcher {
   // Queues the decision of one request on `limits` (which must stay as they are until the
   // target is told or the decision cancelled) for `store` (its snapshot's). Null when Valkey
   // takes no calls now (not connected, or not answering): decide by on_error at once.
+  // `limits_owner` keeps the limits' configurations alive: a request split over slots keeps
+  // reading them after its requester cancelled, until its calls end (to take back charges).
   PendingDecision* decide(const std::shared_ptr<valkey::Store>& store,
-                          const std::vector<AppliedLimit>& limits, DecisionTarget* target);
+                          const std::vector<AppliedLimit>& limits, DecisionTarget* target,
+                          std::shared_ptr<const void> limits_owner = nullptr);
   // The target will not be called for this decision. The handle is invalid afterwards.
   void cancel(PendingDecision* pending);
 

@@ -120,8 +120,6 @@ struct Fixture {
     snapshot = std::make_shared<sluice::proxy::Snapshot>();
     snapshot->config = loaded.config;
     snapshot->valkey = store;
-    snapshot->decisions =
-        std::make_shared<sluice::ratelimit::DecisionBatcher>(l.get(), store, stats);
     snapshot->deny_cache = std::make_shared<sluice::ratelimit::DenyCache>();
     snapshot->policy_items = sluice::ratelimit::PolicyItems(*snapshot->config);
     snapshot->tenant_cache = std::make_shared<sluice::identity::TenantCache>();
@@ -143,8 +141,12 @@ struct Fixture {
   void start(const Request& r, const std::string& route_name) {
     admission->start(*snapshot, route(route_name), r.head, r.target, r.client);
   }
-  // One loop iteration: the decisions queued so far go out.
-  void iterate() { uv_run(l.get(), UV_RUN_NOWAIT); }
+  // The worker's end-of-iteration hook: the decisions queued so far go out, then the store
+  // writes them.
+  void iterate() {
+    worker.decisions().flush();
+    store->flush();
+  }
   uint64_t decisions(const char* limit, const char* outcome) {
     const size_t i = sluice::stats::Outcome::index(outcome);
     REQUIRE(i < sluice::stats::Outcome::kSize);

@@ -1,9 +1,8 @@
 // The decision batcher (src/ratelimit/batcher.h) on a real uv loop with a fake store, for what
 // batcher_test.cc leaves out: an error reply, a malformed reply (too short, too long, not an
 // array, a part the script failed), a timeout, a store that refuses the call when the batch is
-// sent, cancels (before the send, from a callback), a batcher destroyed inside a callback and
-// while its calls are in flight, a decision queued from a callback, and a batch split at
-// kMaxRequests.
+// sent, cancels (before the send, from a callback), a batcher destroyed while its calls are in
+// flight, a decision queued from a callback, and a batch split at kMaxRequests.
 
 #include <doctest/doctest.h>
 #include <uv.h>
@@ -86,14 +85,18 @@ Reply errorReply(std::string text) {
 struct Fixture {
   Fixture() {
     store = std::make_shared<FakeStore>();
-    batcher = std::make_unique<DecisionBatcher>(l.get(), store, stats);
+    batcher = std::make_unique<DecisionBatcher>(stats);
   }
   ~Fixture() {
     batcher.reset();
     l.close();
   }
-  // One loop iteration: the batches queued so far go out.
-  void iterate() { uv_run(l.get(), UV_RUN_NOWAIT); }
+  // The worker's end-of-iteration hook: the batches queued so far go out, then the store
+  // writes what they queued.
+  void iterate() {
+    batcher->flush();
+    store->flush();
+  }
 
   sluice::testing::TestLoop l;
   sluice::stats::WorkerStats stats;
@@ -110,8 +113,8 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}")};
     const std::vector<AppliedLimit> two = {applied(a, "1:a:{y}")};
     Recorder r1, r2;
-    REQUIRE(f.batcher->decide(one, &r1));
-    REQUIRE(f.batcher->decide(two, &r2));
+    REQUIRE(f.batcher->decide(f.store, one, &r1));
+    REQUIRE(f.batcher->decide(f.store, two, &r2));
     f.iterate();
     REQUIRE(f.store->calls.size() == 1);  // one slot, one call
     Reply error = errorReply("BUSY Valkey is busy running a script");
@@ -128,7 +131,7 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     LimitConfig a = limitConfig("a");
     const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}")};
     Recorder r;
-    REQUIRE(f.batcher->decide(one, &r));
+    REQUIRE(f.batcher->decide(f.store, one, &r));
     f.iterate();
     REQUIRE(f.store->calls.size() == 1);
     f.store->calls[0]->target->onValkeyFailure(Failure::Timeout);
@@ -142,8 +145,8 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}")};
     const std::vector<AppliedLimit> two = {applied(a, "1:a:{y}")};
     Recorder r1, r2;
-    REQUIRE(f.batcher->decide(one, &r1));
-    REQUIRE(f.batcher->decide(two, &r2));
+    REQUIRE(f.batcher->decide(f.store, one, &r1));
+    REQUIRE(f.batcher->decide(f.store, two, &r2));
     f.iterate();
     REQUIRE(f.store->calls.size() == 1);
     Reply short_reply = decideReply({9, 100, 0, 8});  // the second request's values cut off
@@ -165,9 +168,9 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     const std::vector<AppliedLimit> two = {applied(a, "2:a:{x}")};
     const std::vector<AppliedLimit> three = {applied(a, "3:a:{x}")};
     Recorder r1, r2, r3;
-    REQUIRE(f.batcher->decide(one, &r1));
-    REQUIRE(f.batcher->decide(two, &r2));
-    REQUIRE(f.batcher->decide(three, &r3));
+    REQUIRE(f.batcher->decide(f.store, one, &r1));
+    REQUIRE(f.batcher->decide(f.store, two, &r2));
+    REQUIRE(f.batcher->decide(f.store, three, &r3));
     f.iterate();
     REQUIRE(f.store->calls.size() == 3);
     // Too long: the request was told its decision before the extra values were seen; the call
@@ -194,9 +197,9 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     const std::vector<AppliedLimit> two = {applied(a, "1:a:{y}")};
     const std::vector<AppliedLimit> three = {applied(a, "1:a:{z}")};
     Recorder r1, r2, r3;
-    REQUIRE(f.batcher->decide(one, &r1));
-    REQUIRE(f.batcher->decide(two, &r2));
-    REQUIRE(f.batcher->decide(three, &r3));
+    REQUIRE(f.batcher->decide(f.store, one, &r1));
+    REQUIRE(f.batcher->decide(f.store, two, &r2));
+    REQUIRE(f.batcher->decide(f.store, three, &r3));
     f.iterate();
     REQUIRE(f.store->calls.size() == 1);
     Reply reply = decideReply({9, 100, 0});
@@ -215,19 +218,19 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     CHECK(r3.decision->retry_after_s == 4);
   }
 
-  TEST_CASE("not accepting: decide() says so at once; a refused send fails from the loop") {
+  TEST_CASE("not accepting: decide() says so at once; a refused send fails from the flush") {
     Fixture f;
     LimitConfig a = limitConfig("a");
     const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}")};
     Recorder r;
     f.store->accepts = false;
-    CHECK(f.batcher->decide(one, &r) == nullptr);
-    CHECK(f.batcher->decide({}, &r) == nullptr);
+    CHECK(f.batcher->decide(f.store, one, &r) == nullptr);
+    CHECK(f.batcher->decide(f.store, std::vector<AppliedLimit>{}, &r) == nullptr);
     f.store->accepts = true;
 
     // Accepted when queued, refused when sent (the connection went meanwhile).
     f.store->refuse_calls = 1;
-    REQUIRE(f.batcher->decide(one, &r));
+    REQUIRE(f.batcher->decide(f.store, one, &r));
     CHECK(r.told == 0);  // never inline from decide()
     f.iterate();
     CHECK(f.store->asked == 1);
@@ -242,9 +245,9 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}")};
     const std::vector<AppliedLimit> next = {applied(a, "1:a:{y}")};
     Recorder r, pipelined;
-    r.then = [&] { REQUIRE(f.batcher->decide(next, &pipelined)); };
+    r.then = [&] { REQUIRE(f.batcher->decide(f.store, next, &pipelined)); };
     f.store->refuse_calls = 1;
-    REQUIRE(f.batcher->decide(one, &r));
+    REQUIRE(f.batcher->decide(f.store, one, &r));
     f.iterate();
     CHECK(r.told == 1);
     REQUIRE(f.store->calls.size() == 1);  // the pipelined request's call, not the next time
@@ -261,9 +264,9 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}")};
     const std::vector<AppliedLimit> two = {applied(a, "1:a:{y}")};
     Recorder r1, r2;
-    PendingDecision* p1 = f.batcher->decide(one, &r1);
+    PendingDecision* p1 = f.batcher->decide(f.store, one, &r1);
     REQUIRE(p1);
-    REQUIRE(f.batcher->decide(two, &r2));
+    REQUIRE(f.batcher->decide(f.store, two, &r2));
     f.batcher->cancel(p1);
     f.iterate();
     REQUIRE(f.store->calls.size() == 1);
@@ -280,8 +283,8 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}")};
     const std::vector<AppliedLimit> two = {applied(a, "1:a:{y}")};
     Recorder r1, r2;
-    REQUIRE(f.batcher->decide(one, &r1));
-    PendingDecision* p2 = f.batcher->decide(two, &r2);
+    REQUIRE(f.batcher->decide(f.store, one, &r1));
+    PendingDecision* p2 = f.batcher->decide(f.store, two, &r2);
     REQUIRE(p2);
     r1.then = [&] { f.batcher->cancel(p2); };  // one connection, two pipelined requests
     f.iterate();
@@ -290,40 +293,17 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     CHECK(r2.told == 0);
   }
 
-  TEST_CASE("the batcher destroyed inside a callback of its own flush") {
-    Fixture f;
-    LimitConfig a = limitConfig("a");
-    const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}")};
-    const std::vector<AppliedLimit> two = {applied(a, "2:a:{x}")};
-    Recorder r1, r2;
-    // The last request of a snapshot: telling it releases what owns the batcher.
-    r1.then = [&] { f.batcher.reset(); };
-    f.store->refuse_calls = 1;
-    REQUIRE(f.batcher->decide(one, &r1));
-    REQUIRE(f.batcher->decide(two, &r2));
-    f.iterate();
-    CHECK(r1.told == 1);
-    CHECK(r1.error == "not_connected");
-    CHECK_FALSE(f.batcher);
-    // The batch of slot 2 was taken out of the batcher before: it still goes, and is answered.
-    REQUIRE(f.store->calls.size() == 1);
-    Reply reply = decideReply({9, 100, 0});
-    f.store->calls[0]->target->onValkeyReply(reply);
-    REQUIRE(r2.decision);
-    CHECK(r2.decision->verdict == Decision::Verdict::Allow);
-  }
-
-  TEST_CASE("the batcher destroyed with calls in flight and batches queued") {
+  TEST_CASE("the batcher destroyed (the worker stops) with calls in flight and batches queued") {
     Fixture f;
     LimitConfig a = limitConfig("a");
     const std::vector<AppliedLimit> sent = {applied(a, "1:a:{x}")};
     const std::vector<AppliedLimit> queued = {applied(a, "1:a:{y}")};
     Recorder r_sent, r_queued;
-    REQUIRE(f.batcher->decide(sent, &r_sent));
+    REQUIRE(f.batcher->decide(f.store, sent, &r_sent));
     f.iterate();
-    REQUIRE(f.batcher->decide(queued, &r_queued));
-    f.batcher.reset();  // a reload retired the snapshot
-    f.iterate();
+    REQUIRE(f.batcher->decide(f.store, queued, &r_queued));
+    f.batcher.reset();
+    f.store->flush();
     REQUIRE(f.store->calls.size() == 1);  // the queued batch was dropped, never sent
     CHECK(r_queued.told == 0);
     // The call in flight belongs to itself: its answer still reaches its request.
@@ -343,7 +323,7 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     std::vector<Recorder> recorders(n);
     for (size_t i = 0; i < n; ++i) {
       limits.push_back({applied(a, "1:a:{" + std::to_string(i) + "}")});
-      REQUIRE(f.batcher->decide(limits.back(), &recorders[i]));
+      REQUIRE(f.batcher->decide(f.store, limits.back(), &recorders[i]));
     }
     f.iterate();
     REQUIRE(f.store->calls.size() == 2);

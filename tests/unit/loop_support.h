@@ -16,6 +16,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/uv_handle.h"
+
 namespace sluice::testing {
 
 // Runs `loop` until `done()` holds or `timeout_ms` passed (loop time). Returns done().
@@ -78,6 +80,27 @@ struct TestLoop {
   uv_loop_t* get() { return &loop; }
   // Call once every object on the loop was stopped or destroyed.
   void close() { CHECK(closeLoop(&loop) == 0); }
+};
+
+// The worker's end-of-iteration hook (app/worker.h) for a test's loop: runs `step` every
+// iteration, just before the loop blocks (a Valkey connection writes what it queued only when
+// it is flushed there). Unreferenced: it never keeps the loop running. close() it before the
+// loop is closed.
+class EndOfIteration {
+ public:
+  EndOfIteration(uv_loop_t* loop, std::function<void()> step) : step_(std::move(step)) {
+    REQUIRE(handle_.init(uv_prepare_init, loop, this) == 0);
+    REQUIRE(uv_prepare_start(handle_.get(), onPrepare) == 0);
+    uv_unref(handle_.as<uv_handle_t>());
+  }
+  void close() { handle_.close(); }
+
+ private:
+  static void onPrepare(uv_prepare_t* handle) noexcept {
+    static_cast<EndOfIteration*>(handle->data)->step_();
+  }
+  std::function<void()> step_;
+  sluice::UvHandle<uv_prepare_t> handle_;
 };
 
 // A port on 127.0.0.1 that nothing listens on (bound, then closed): a connect is refused.

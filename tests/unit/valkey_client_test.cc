@@ -77,7 +77,11 @@ uint64_t errors(sluice::stats::WorkerStats& stats, const char* kind) {
 
 // A loop, a fake Valkey and a client of it, connected and ready.
 struct Fixture {
-  explicit Fixture(uint64_t timeout_ms = 50, bool start = true) : valkey(l.get()) {
+  explicit Fixture(uint64_t timeout_ms = 50, bool start = true)
+      : hook(l.get(), [this] {
+          if (client) client->flush();
+        }),
+        valkey(l.get()) {
     client = std::make_unique<Client>(l.get(), options(valkey.peer, timeout_ms), stats);
     if (start) {
       client->start();
@@ -87,11 +91,13 @@ struct Fixture {
   ~Fixture() {
     client.reset();  // stop(): pending calls fail, the connection closes
     valkey.peer.close();
+    hook.close();
     l.close();
   }
   uv_loop_t* loop() { return l.get(); }
 
   TestLoop l;
+  sluice::testing::EndOfIteration hook;  // the worker's: the client writes what it queued
   sluice::stats::WorkerStats stats;
   FakeValkey valkey;
   std::unique_ptr<Client> client;

@@ -78,7 +78,13 @@ std::string slotsReply(const std::vector<Range>& map) {
 struct Fixture {
   using Script = std::function<std::optional<std::string>(const Argv&)>;
 
-  explicit Fixture(uint64_t timeout_ms = 1000) : a(l.get()), b(l.get()) {
+  explicit Fixture(uint64_t timeout_ms = 1000)
+      : hook(l.get(),
+             [this] {
+               if (cluster) cluster->flush();
+             }),
+        a(l.get()),
+        b(l.get()) {
     map = {{0, 8191, a.peer.port()}, {8192, 16383, b.peer.port()}};
     wire(a, a_fcall);
     wire(b, b_fcall);
@@ -99,6 +105,7 @@ struct Fixture {
     cluster.reset();
     a.peer.close();
     b.peer.close();
+    hook.close();
     l.close();
   }
   void wire(FakeValkey& node, Script& script) {
@@ -120,6 +127,7 @@ struct Fixture {
   uv_loop_t* loop() { return l.get(); }
 
   TestLoop l;
+  sluice::testing::EndOfIteration hook;  // the worker's: the nodes write what they queued
   sluice::stats::WorkerStats stats;
   FakeValkey a, b;
   std::vector<Range> map;
