@@ -384,7 +384,10 @@ void ClusterClient::onRetry(RoutedCall* call) {
   if (dispatch(call) == Dispatch::NotSent) fail(call, Failure::NotConnected, nullptr);
 }
 
-void ClusterClient::unsettle() { unsettled_until_ms_ = uv_now(loop_) + kSettleMs; }
+void ClusterClient::unsettle() {
+  // While starting, the map is read often anyway, until every slot's owner is connected.
+  if (was_reachable_) unsettled_until_ms_ = uv_now(loop_) + kSettleMs;
+}
 
 void ClusterClient::refreshSoon() {
   const uint64_t now = uv_now(loop_);
@@ -495,7 +498,9 @@ bool ClusterClient::publishReady() {
 // replica is found within that (plus one round trip and a connection).
 void ClusterClient::armRefreshTimer(bool reachable) {
   if (stopped_) return;
+  // Unreachable after it was reachable: a failover may be under way.
   if (!reachable) unsettle();
+  was_reachable_ = was_reachable_ || reachable;
   const bool settled = uv_now(loop_) >= unsettled_until_ms_;
   refresh_timer_.start(!have_map_ ? kStartTickMs : settled ? kTickMs : kDegradedTickMs);
 }

@@ -134,6 +134,7 @@ class ClusterClient final : public Store, private CallTarget {
   Client* refresh_client_ = nullptr;
   uint64_t last_refresh_ms_ = 0;
   uint64_t unsettled_until_ms_ = 0;
+  bool was_reachable_ = false;  // every slot had a reachable owner once (started)
   bool have_map_ = false;
   bool started_ = false;
   bool stopped_ = false;
