@@ -15,11 +15,11 @@
 
 typedef struct ssl_st SSL;
 typedef struct ssl_session_st SSL_SESSION;
-int SSL_set_session(SSL *ssl, SSL_SESSION *session);
+int SSL_set_session(SSL* ssl, SSL_SESSION* session);
 
-int SSL_clear(SSL *ssl) {
-  static int (*real_clear)(SSL *) = NULL;
-  if (!real_clear) real_clear = (int (*)(SSL *))dlsym(RTLD_NEXT, "SSL_clear");
+int SSL_clear(SSL* ssl) {
+  static int (*real_clear)(SSL*) = NULL;
+  if (!real_clear) real_clear = (int (*)(SSL*))dlsym(RTLD_NEXT, "SSL_clear");
   if (ssl) SSL_set_session(ssl, NULL); /* forget the last session: no resumption */
   return real_clear(ssl);
 }

@@ -16,8 +16,8 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
       : server_(server),
         transport_(std::move(transport)),
         timer_(
-            server.loop_,
-            [](void* self) noexcept { static_cast<Connection*>(self)->close(); }, this),
+            server.loop_, [](void* self) noexcept { static_cast<Connection*>(self)->close(); },
+            this),
         parser_(http::Parser::Type::Request, this, http::ParserLimits{8192, 65536, 64}) {
     transport_->setCallbacks(this);
     next_ = server_.connections_;
@@ -28,8 +28,10 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
   }
 
   ~Connection() override {
-    if (prev_) prev_->next_ = next_;
-    else server_.connections_ = next_;
+    if (prev_)
+      prev_->next_ = next_;
+    else
+      server_.connections_ = next_;
     if (next_) next_->prev_ = prev_;
   }
 
@@ -45,8 +47,8 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
     while (len > 0 && !transport_->isClosing()) {
       const http::Parser::Result r = parser_.execute(data, len);
       if (r.status == http::Parser::Status::Error || r.status == http::Parser::Status::Upgrade) {
-        respond(r.error_status ? r.error_status : 400, "text/plain; charset=utf-8",
-                "bad request\n", false);
+        respond(r.error_status ? r.error_status : 400, "text/plain; charset=utf-8", "bad request\n",
+                false);
         return;
       }
       if (r.status == http::Parser::Status::NeedMore) return;
@@ -77,8 +79,7 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
     }
     AdminResponse response = server_.handler_(path_);
     respond(response.status, response.content_type,
-            method_ == "HEAD" ? std::string() : response.body, keep_alive_,
-            response.body.size());
+            method_ == "HEAD" ? std::string() : response.body, keep_alive_, response.body.size());
   }
 
   void respond(int status, const std::string& type, const std::string& body, bool keep_alive,

@@ -2,7 +2,6 @@
 // unknown flags and the -c/--config pair without hand-written argv handling.
 
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 
 #include "app/server.h"
@@ -14,8 +13,7 @@ int main(int argc, char** argv) {
   std::string config_path = "conf/sluice.toml";
   bool check_config = false;
   bool version = false;
-  cli.add_option("-c,--config", config_path, "configuration file (TOML)")
-      ->capture_default_str();
+  cli.add_option("-c,--config", config_path, "configuration file (TOML)")->capture_default_str();
   cli.add_flag("--check-config", check_config,
                "validate the configuration and exit: 0 and \"configuration OK\", or 1 and "
                "FILE:LINE:COL: what is wrong");
@@ -32,7 +30,8 @@ int main(int argc, char** argv) {
   if (check_config) {
     const sluice::config::LoadResult result = sluice::config::loadConfigFile(config_path);
     if (!result.ok()) {
-      for (const auto& error : result.errors) std::fprintf(stderr, "%s\n", error.toString().c_str());
+      for (const auto& error : result.errors)
+        std::fprintf(stderr, "%s\n", error.toString().c_str());
       return 1;
     }
     std::printf("configuration OK\n");

@@ -3,16 +3,14 @@
 #include <malloc.h>
 #include <netdb.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <thread>
-
-#include <unistd.h>
-
-#include <cerrno>
 
 #include "config/loader.h"
 #include "core/logging.h"
@@ -26,10 +24,18 @@ namespace {
 void configureLog(const config::LogConfig& log) {
   spdlog::level::level_enum level = spdlog::level::info;
   switch (log.level) {
-    case config::LogLevel::Error: level = spdlog::level::err; break;
-    case config::LogLevel::Warn: level = spdlog::level::warn; break;
-    case config::LogLevel::Info: level = spdlog::level::info; break;
-    case config::LogLevel::Debug: level = spdlog::level::debug; break;
+    case config::LogLevel::Error:
+      level = spdlog::level::err;
+      break;
+    case config::LogLevel::Warn:
+      level = spdlog::level::warn;
+      break;
+    case config::LogLevel::Info:
+      level = spdlog::level::info;
+      break;
+    case config::LogLevel::Debug:
+      level = spdlog::level::debug;
+      break;
   }
   logging::configure(level, log.format == config::LogFormat::Json);
 }

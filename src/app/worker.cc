@@ -23,10 +23,12 @@ namespace {
 std::string clusterSignature(const config::UpstreamConfig& u) {
   std::string s = u.name;
   for (const auto& e : u.endpoints) s += "|" + e.text;
-  for (const auto& r : u.resolved) s += "|" + std::string(reinterpret_cast<const char*>(&r), sizeof r);
-  s += "|" + std::to_string(u.connect_timeout.count()) + "|" + std::to_string(u.response_timeout.count()) +
-       "|" + std::to_string(u.idle_timeout.count()) + "|" + std::to_string(u.fail_timeout.count()) +
-       "|" + std::to_string(u.max_idle_connections) + "|" + (u.tls ? "tls" : "plain");
+  for (const auto& r : u.resolved)
+    s += "|" + std::string(reinterpret_cast<const char*>(&r), sizeof r);
+  s += "|" + std::to_string(u.connect_timeout.count()) + "|" +
+       std::to_string(u.response_timeout.count()) + "|" + std::to_string(u.idle_timeout.count()) +
+       "|" + std::to_string(u.fail_timeout.count()) + "|" + std::to_string(u.max_idle_connections) +
+       "|" + (u.tls ? "tls" : "plain");
   return s;
 }
 
@@ -121,8 +123,8 @@ void Worker::run(Generation generation, std::promise<std::pair<int, std::string>
     context_->setSnapshot(nullptr);
     closeLoop();
     finished_.store(true, std::memory_order_release);
-    bound.set_value({rc, std::string(what) + " " + config->server.listen.text + ": " +
-                             uv_strerror(rc)});
+    bound.set_value(
+        {rc, std::string(what) + " " + config->server.listen.text + ": " + uv_strerror(rc)});
     return;
   }
   async_.data = this;
@@ -182,8 +184,8 @@ void Worker::applyConfig(Generation generation) {
   }
   if (old) {
     for (const auto& cluster : old->clusters) {
-      const bool kept = std::find(snapshot->clusters.begin(), snapshot->clusters.end(),
-                                  cluster) != snapshot->clusters.end();
+      const bool kept = std::find(snapshot->clusters.begin(), snapshot->clusters.end(), cluster) !=
+                        snapshot->clusters.end();
       if (!kept) cluster->retire();
     }
   }
@@ -195,8 +197,8 @@ void Worker::applyConfig(Generation generation) {
           &loop_, config->valkey.nodes, clientOptions(config->valkey), stats_);
       snapshot->valkey->start();
     } else {
-      snapshot->valkey = std::make_shared<valkey::Client>(&loop_, clientOptions(config->valkey),
-                                                          stats_);
+      snapshot->valkey =
+          std::make_shared<valkey::Client>(&loop_, clientOptions(config->valkey), stats_);
       snapshot->valkey->start();
     }
   }
@@ -204,8 +206,8 @@ void Worker::applyConfig(Generation generation) {
   snapshot->deny_cache = std::make_shared<ratelimit::DenyCache>();
   snapshot->policy_items = ratelimit::PolicyItems(*config);
   snapshot->tenant_cache = std::make_shared<identity::TenantCache>();
-  const bool listen_changed = old && listener_ &&
-                              old->config->server.listen.text != config->server.listen.text;
+  const bool listen_changed =
+      old && listener_ && old->config->server.listen.text != config->server.listen.text;
   snapshot->config = std::move(config);
   snapshot->resolveStats(stats_);
   context_->setSnapshot(std::move(snapshot));

@@ -12,7 +12,7 @@
 namespace sluice::config {
 
 struct SocketAddress {
-  std::string host;       // IP literal or DNS name, without brackets; empty for unix
+  std::string host;  // IP literal or DNS name, without brackets; empty for unix
   uint16_t port = 0;
   std::string unix_path;  // set for "unix:/path"
   std::string text;       // as written

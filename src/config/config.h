@@ -32,14 +32,14 @@ struct TlsCertificate {
 };
 
 struct ServerTlsConfig {
-  TlsCertificate default_certificate;         // [server.tls] cert / key
+  TlsCertificate default_certificate;            // [server.tls] cert / key
   std::vector<TlsCertificate> sni_certificates;  // [[server.tls.certificates]], chosen by SNI
   Duration handshake_timeout{Duration(10000)};
 };
 
 struct ServerConfig {
-  SocketAddress listen;             // listen = "0.0.0.0:8080"
-  int workers = 0;                  // 0 = one per core (resolved when the server starts)
+  SocketAddress listen;  // listen = "0.0.0.0:8080"
+  int workers = 0;       // 0 = one per core (resolved when the server starts)
   size_t max_request_header_bytes = 16384;
   size_t max_request_body_bytes = 10485760;
   Duration request_header_timeout{Duration(10000)};
@@ -74,7 +74,7 @@ struct IdentityConfig {
   std::string api_key_header = "X-API-Key";
   std::string session_cookie = "session";
   bool reject_unknown_api_keys = false;
-  bool valkey_tenants = true;             // resolve API keys not in the TOML from Valkey
+  bool valkey_tenants = true;  // resolve API keys not in the TOML from Valkey
   Duration tenant_cache_ttl{Duration(10000)};
   // Tenants of API keys that are not in the TOML: hash "<tenant_key_prefix>:<api key>" with
   // fields tenant and plan.
@@ -160,9 +160,9 @@ struct RouteConfig {
   std::string name;
   RouteMatch match;
   std::string upstream;
-  size_t upstream_index = 0;           // index into Config::upstreams
+  size_t upstream_index = 0;  // index into Config::upstreams
   std::vector<std::string> limits;
-  std::vector<size_t> limit_indices;   // indices into Config::limits, same order
+  std::vector<size_t> limit_indices;      // indices into Config::limits, same order
   size_t max_buffered_body_bytes = 8192;  // form:/json: key parts read at most this much body
 };
 

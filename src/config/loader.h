@@ -13,8 +13,8 @@ namespace sluice::config {
 
 struct ConfigError {
   std::string file;
-  int line = 0;    // 1-based; 0 when the error has no position (file unreadable)
-  int column = 0;  // 1-based
+  int line = 0;     // 1-based; 0 when the error has no position (file unreadable)
+  int column = 0;   // 1-based
   std::string key;  // dotted path, e.g. "server.listen" or "route[1].upstream"; may be empty
   std::string message;
 
@@ -23,7 +23,7 @@ struct ConfigError {
 };
 
 struct LoadResult {
-  ConfigPtr config;  // null when errors is not empty
+  ConfigPtr config;                 // null when errors is not empty
   std::vector<ConfigError> errors;  // sorted by line, then column
 
   bool ok() const { return errors.empty(); }

@@ -99,8 +99,6 @@ bool Cidr::contains(const IpAddress& address) const {
   return candidate.masked(bits_) == network_;
 }
 
-std::string Cidr::toString() const {
-  return network_.toString() + "/" + std::to_string(bits_);
-}
+std::string Cidr::toString() const { return network_.toString() + "/" + std::to_string(bits_); }
 
 }  // namespace sluice

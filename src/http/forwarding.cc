@@ -75,9 +75,8 @@ Field classify(std::string_view name) {
 }
 
 bool hopByHop(Field f) {
-  return f == Field::Connection || f == Field::KeepAlive || f == Field::Te ||
-         f == Field::Trailer || f == Field::TransferEncoding || f == Field::Upgrade ||
-         f == Field::Proxy;
+  return f == Field::Connection || f == Field::KeepAlive || f == Field::Te || f == Field::Trailer ||
+         f == Field::TransferEncoding || f == Field::Upgrade || f == Field::Proxy;
 }
 
 bool listed(const std::vector<std::string>& names, std::string_view name) {
@@ -116,8 +115,7 @@ std::vector<std::string> connectionOptions(const HeaderMap& headers) {
     forEachListElement(field.value, [&](std::string_view token) {
       // A Connection header may name only optional fields; framing and Host stay.
       const Field kind = classify(token);
-      if (kind == Field::Host || kind == Field::ContentLength ||
-          kind == Field::TransferEncoding) {
+      if (kind == Field::Host || kind == Field::ContentLength || kind == Field::TransferEncoding) {
         return;
       }
       out.push_back(toLower(token));

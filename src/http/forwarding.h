@@ -28,13 +28,13 @@ bool isHopByHop(std::string_view name);
 std::vector<std::string> connectionOptions(const HeaderMap& headers);
 
 struct UpstreamRequestContext {
-  std::string_view target;             // origin-form target to send (normalized path + query)
-  std::string_view forwarded_for;      // complete X-Forwarded-For value to send
-  std::string_view real_ip;            // X-Real-IP: the resolved client (replaces the client's)
-  std::string_view scheme;             // "http" / "https"
-  bool trusted_peer = false;           // keep a trusted peer's X-Forwarded-Proto / -Host
-  bool tunnel = false;                 // keep Upgrade and send Connection: upgrade
-  Framing body = Framing::None;        // None, ContentLength or Chunked
+  std::string_view target;         // origin-form target to send (normalized path + query)
+  std::string_view forwarded_for;  // complete X-Forwarded-For value to send
+  std::string_view real_ip;        // X-Real-IP: the resolved client (replaces the client's)
+  std::string_view scheme;         // "http" / "https"
+  bool trusted_peer = false;       // keep a trusted peer's X-Forwarded-Proto / -Host
+  bool tunnel = false;             // keep Upgrade and send Connection: upgrade
+  Framing body = Framing::None;    // None, ContentLength or Chunked
   // Host to send when the client sent none, as HTTP/1.0 may: an HTTP/1.1 request needs one
   // (RFC 9112 3.2). The authority of an absolute-form target, else the upstream endpoint's
   // (upstreamAuthority()).

@@ -13,7 +13,7 @@ namespace sluice::http {
 bool iequals(std::string_view a, std::string_view b);
 std::string toLower(std::string_view text);
 std::string_view trim(std::string_view text);  // spaces and tabs at both ends
-int hexDigit(char c);                            // 0..15, or -1
+int hexDigit(char c);                          // 0..15, or -1
 
 // Calls fn(element) for each comma-separated element of a list-valued field, trimmed, skipping
 // empty ones (RFC 9110 section 5.6.1).

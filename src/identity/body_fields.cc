@@ -1,8 +1,7 @@
 #include "identity/body_fields.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "http/headers.h"

@@ -62,7 +62,8 @@ std::optional<IpAddress> parseForwardedEntry(std::string_view entry) {
     return std::nullopt;
   }
   std::string_view port = entry.substr(colon + 1);
-  if (port.empty() || !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+  if (port.empty() ||
+      !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return std::nullopt;
   }
   auto address = IpAddress::parse(entry.substr(0, colon));

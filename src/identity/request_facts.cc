@@ -14,7 +14,8 @@ bool forEachPair(std::string_view text, char separator, Fn&& fn) {
     const auto end = text.find(separator);
     std::string_view pair = text.substr(0, end);
     const auto eq = pair.find('=');
-    if (fn(pair.substr(0, eq), eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1))) {
+    if (fn(pair.substr(0, eq),
+           eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1))) {
       return true;
     }
     if (end == std::string_view::npos) break;
@@ -34,7 +35,8 @@ std::string formDecode(std::string_view text) {
       out.push_back(' ');
     } else if (c == '%' && i + 2 < text.size() && http::hexDigit(text[i + 1]) >= 0 &&
                http::hexDigit(text[i + 2]) >= 0) {
-      out.push_back(static_cast<char>(http::hexDigit(text[i + 1]) * 16 + http::hexDigit(text[i + 2])));
+      out.push_back(
+          static_cast<char>(http::hexDigit(text[i + 1]) * 16 + http::hexDigit(text[i + 2])));
       i += 2;
     } else {
       out.push_back(c);

@@ -56,8 +56,7 @@ const sockaddr* TcpTransport::peerAddress() const {
 
 int TcpTransport::connect(const sockaddr* address, ConnectCallback done) {
   if (closing_) return UV_ECANCELED;
-  const socklen_t len =
-      address->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  const socklen_t len = address->sa_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   std::memcpy(&peer_, address, len);
   connect_req_.data = this;
   const int rc = uv_tcp_connect(&connect_req_, tcp(), address, onConnectCb);
@@ -87,8 +86,8 @@ void TcpTransport::writev(const std::string_view* parts, size_t count) {
     uv_buf_t bufs[16];
     const size_t n = count < 16 ? count : 16;
     for (size_t i = 0; i < n; ++i) {
-      bufs[i] = uv_buf_init(const_cast<char*>(parts[i].data()),
-                            static_cast<unsigned>(parts[i].size()));
+      bufs[i] =
+          uv_buf_init(const_cast<char*>(parts[i].data()), static_cast<unsigned>(parts[i].size()));
     }
     const int rc = uv_try_write(stream(), bufs, static_cast<unsigned>(n));
     if (rc > 0) written = static_cast<size_t>(rc);

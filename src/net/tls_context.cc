@@ -26,8 +26,8 @@ bool baseSetup(SSL_CTX* ctx, std::string* error) {
     *error = "cannot set TLS versions or ciphers: " + opensslErrors();
     return false;
   }
-  SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION |
-                               SSL_OP_CIPHER_SERVER_PREFERENCE);
+  SSL_CTX_set_options(
+      ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
   SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
   return true;
 }
@@ -64,8 +64,8 @@ std::vector<std::string> certificateNames(SSL_CTX* ctx) {
   std::vector<std::string> names;
   X509* cert = SSL_CTX_get0_certificate(ctx);
   if (!cert) return names;
-  auto* sans = static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr,
-                                                              nullptr));
+  auto* sans =
+      static_cast<GENERAL_NAMES*>(X509_get_ext_d2i(cert, NID_subject_alt_name, nullptr, nullptr));
   if (sans) {
     for (int i = 0; i < sk_GENERAL_NAME_num(sans); ++i) {
       const GENERAL_NAME* name = sk_GENERAL_NAME_value(sans, i);
@@ -181,8 +181,7 @@ std::shared_ptr<TlsClientContext> TlsClientContext::create(const config::Upstrea
   } else {
     SSL_CTX_set_verify(ctx, SSL_VERIFY_NONE, nullptr);
   }
-  if (!tls.client_cert.empty() &&
-      !loadCertificate(ctx, tls.client_cert, tls.client_key, error)) {
+  if (!tls.client_cert.empty() && !loadCertificate(ctx, tls.client_cert, tls.client_key, error)) {
     *error = where + *error;
     return nullptr;
   }

@@ -15,8 +15,8 @@ namespace sluice::proxy {
 
 struct AccessRecord {
   std::string_view request_id;
-  std::string client;      // the address the limits used (after trusted proxies)
-  std::string peer;        // the TCP peer
+  std::string client;  // the address the limits used (after trusted proxies)
+  std::string peer;    // the TCP peer
   std::string_view tenant;
   std::string api_key_id;  // a fingerprint, never the key itself
   std::string_view method;

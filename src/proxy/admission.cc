@@ -71,7 +71,8 @@ void Admission::start(Snapshot& snapshot, const config::RouteConfig& route,
   facts_.client_key = client.address.isV4()
                           ? client.text
                           : identity::clientKeyText(client.address, config.identity.ipv6_prefix);
-  identity::FieldValue api_key = identity::headerField(head.headers, config.identity.api_key_header);
+  identity::FieldValue api_key =
+      identity::headerField(head.headers, config.identity.api_key_header);
   if (api_key.ambiguous) {
     refuse(http::problemResponse(400, "several different API keys in one request"));
     return;
@@ -163,8 +164,8 @@ void Admission::decide() {
   std::string ambiguous;
   ratelimit::appliedLimits(config, *route_, facts_, &ambiguous, &applied_);
   if (!ambiguous.empty()) {
-    refuse(http::problemResponse(400, "several different values for " + ambiguous +
-                                          ", which a rate limit is keyed on"));
+    refuse(http::problemResponse(
+        400, "several different values for " + ambiguous + ", which a rate limit is keyed on"));
     return;
   }
   if (applied_.empty()) {

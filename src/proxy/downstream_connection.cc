@@ -44,8 +44,7 @@ DownstreamConnection::DownstreamConnection(WorkerContext& worker,
       transport_(std::move(transport)),
       timer_(worker.loop(), onTimer, this),
       after_response_(worker.loop(), onAfterResponse, this),
-      parser_(http::Parser::Type::Request, this,
-              requestLimits(worker.snapshot()->config->server)),
+      parser_(http::Parser::Type::Request, this, requestLimits(worker.snapshot()->config->server)),
       exchange_(*this) {
   transport_->setCallbacks(this);
   if (const sockaddr* peer = transport_->peerAddress()) {
@@ -68,8 +67,8 @@ DownstreamConnection::~DownstreamConnection() {
 void DownstreamConnection::start() {
   transport_->readStart();
   timer_role_ = TimerRole::Header;
-  timer_.start(static_cast<uint64_t>(
-      worker_.snapshot()->config->server.request_header_timeout.count()));
+  timer_.start(
+      static_cast<uint64_t>(worker_.snapshot()->config->server.request_header_timeout.count()));
 }
 
 void DownstreamConnection::armIdleTimer() {
@@ -107,8 +106,8 @@ void DownstreamConnection::process(const char* data, size_t len) {
   if (request_ == Request::None && !parser_.inMessage() && timer_role_ != TimerRole::Header) {
     // The first byte of a new request: from now on the head has request_header_timeout.
     timer_role_ = TimerRole::Header;
-    timer_.start(static_cast<uint64_t>(
-        worker_.snapshot()->config->server.request_header_timeout.count()));
+    timer_.start(
+        static_cast<uint64_t>(worker_.snapshot()->config->server.request_header_timeout.count()));
   }
   in_parser_ = true;
   const http::Parser::Result result = parser_.execute(data, len);

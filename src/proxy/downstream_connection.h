@@ -116,7 +116,7 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   bool in_parser_ = false;
   bool keep_alive_ = true;
   bool paused_by_exchange_ = false;
-  bool paused_full_ = false;       // pending_ is full
+  bool paused_full_ = false;  // pending_ is full
   bool client_eof_ = false;
   bool close_when_drained_ = false;
   bool draining_ = false;

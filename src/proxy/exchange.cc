@@ -5,14 +5,14 @@
 #include "core/ip_address.h"
 #include "core/logging.h"
 #include "identity/request_facts.h"
+#include "identity/tenant_cache.h"
+#include "proxy/access_record.h"
 #include "proxy/downstream_connection.h"
 #include "ratelimit/applied_limits.h"
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/headers.h"
 #include "ratelimit/keys.h"
-#include "proxy/access_record.h"
 #include "stats/access_log.h"
-#include "identity/tenant_cache.h"
 #include "stats/stats.h"
 #include "upstream/cluster.h"
 
@@ -272,7 +272,8 @@ void Exchange::sendRequestHead() {
   upstream_->expectResponse(head_request_, cluster_->responseTimeoutMs());
   std::string_view parts[3] = {head, body_buffer_, {}};
   size_t count = 2;
-  if (request_complete_ && request_framing_ == http::Framing::Chunked) parts[count++] = http::kLastChunk;
+  if (request_complete_ && request_framing_ == http::Framing::Chunked)
+    parts[count++] = http::kLastChunk;
   upstream_->writev(parts, count);
   std::string().swap(body_buffer_);
   upstream_sent_ns_ = uv_hrtime();
@@ -376,8 +377,8 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
     return 0;
   }
   response_framing_ = http::responseFraming(head, head_request_, context.client_http10);
-  keep_alive_ = clientKeepAlive() && !wants_upgrade_ &&
-                response_framing_ != http::Framing::CloseDelimited;
+  keep_alive_ =
+      clientKeepAlive() && !wants_upgrade_ && response_framing_ != http::Framing::CloseDelimited;
   context.keep_alive = keep_alive_;
   context.framing = response_framing_;
   context.extra_headers = admission_.rateLimitHeaders();
@@ -419,9 +420,8 @@ void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_star
     conn_.abortConnection();
     return;
   }
-  const bool nothing_sent =
-      error == upstream::UpstreamError::ConnectFailed ||
-      error == upstream::UpstreamError::ConnectTimeout;
+  const bool nothing_sent = error == upstream::UpstreamError::ConnectFailed ||
+                            error == upstream::UpstreamError::ConnectTimeout;
   // A request the upstream closed on before answering is sent again when that cannot do harm:
   // no body (so nothing was consumed from the client) and an idempotent method. A pooled
   // connection the upstream had closed gets one extra, fresh try; an endpoint that died gets

@@ -11,10 +11,10 @@
 #include <string>
 
 #include "http/forwarding.h"
-#include "identity/client_address.h"
-#include "proxy/admission.h"
 #include "http/message.h"
 #include "http/responses.h"
+#include "identity/client_address.h"
+#include "proxy/admission.h"
 #include "proxy/router.h"
 #include "proxy/worker_context.h"
 #include "upstream/upstream_connection.h"

@@ -10,8 +10,8 @@ namespace sluice::proxy {
 namespace {
 
 bool unreserved(unsigned char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '-' || c == '.' || c == '_' || c == '~';
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+         c == '.' || c == '_' || c == '~';
 }
 
 // Decodes %XX of unreserved characters (RFC 3986 6.2.2.2); other escapes stay as sent, with

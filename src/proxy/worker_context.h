@@ -22,7 +22,7 @@ class AccessLog;
 namespace sluice::upstream {
 class Cluster;
 enum class UpstreamError;
-}
+}  // namespace sluice::upstream
 
 namespace sluice::valkey {
 class Store;
@@ -31,7 +31,7 @@ class Store;
 namespace sluice::ratelimit {
 class DecisionBatcher;
 class DenyCache;
-}
+}  // namespace sluice::ratelimit
 
 namespace sluice::identity {
 class TenantCache;

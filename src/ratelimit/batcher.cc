@@ -15,7 +15,7 @@ struct Entry final : PendingDecision {
   DecisionTarget* target = nullptr;  // null once told or cancelled
   // The requester's limits, valid until it is told or cancels.
   const std::vector<AppliedLimit>* limits = nullptr;
-  size_t count = 0;  // limits->size(), to read past a cancelled entry
+  size_t count = 0;            // limits->size(), to read past a cancelled entry
   std::shared_ptr<void> keep;  // a split request lives as long as its parts' entries
 
  private:
@@ -43,8 +43,7 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
   // Sends it; on a refusal, every request decides by on_error now (from flush(), never
   // inline from a decide()).
   void send() {
-    if (!store_->callDecide(script_.command(store_->decideFunction()), script_.firstKey(),
-                            this)) {
+    if (!store_->callDecide(script_.command(store_->decideFunction()), script_.firstKey(), this)) {
       failAll("not_connected");
     }
   }
@@ -73,8 +72,7 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
           break;
         case ReplyPart::Failed:
           if (!e.target) break;
-          SLUICE_LOG_WARN("valkey: the decision of a request failed: {}",
-                          logging::sanitize(error));
+          SLUICE_LOG_WARN("valkey: the decision of a request failed: {}", logging::sanitize(error));
           take(e)->onDecisionError("error in the script");
           break;
         case ReplyPart::Malformed:
@@ -89,9 +87,7 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     delete this;
   }
 
-  void onValkeyFailure(valkey::Failure failure) override {
-    failAll(valkey::toString(failure));
-  }
+  void onValkeyFailure(valkey::Failure failure) override { failAll(valkey::toString(failure)); }
 
  private:
   static DecisionTarget* take(Entry& e) {
@@ -140,9 +136,10 @@ class DecisionBatcher::Compensation final : public valkey::CallTarget {
   explicit Compensation(stats::WorkerStats& stats) : stats_(stats) {}
   void failed(std::string_view why) {
     stats_.valkey_compensations[stats::CompensationResult::Failed].inc();
-    SLUICE_LOG_WARN("valkey: could not take back the charges of a refused request ({}); they "
-                    "stay until their keys expire",
-                    logging::sanitize(why));
+    SLUICE_LOG_WARN(
+        "valkey: could not take back the charges of a refused request ({}); they "
+        "stay until their keys expire",
+        logging::sanitize(why));
     delete this;
   }
 
@@ -180,8 +177,8 @@ class DecisionBatcher::Split final : public PendingDecision {
       : target_(target), store_(std::move(store)), stats_(stats), count_(limits.size()) {
     for (size_t i = 0; i < limits.size(); ++i) {
       const unsigned slot = slots[i];
-      auto it = std::find_if(parts_.begin(), parts_.end(),
-                             [&](const Part& p) { return p.slot == slot; });
+      auto it =
+          std::find_if(parts_.begin(), parts_.end(), [&](const Part& p) { return p.slot == slot; });
       if (it == parts_.end()) {
         it = parts_.emplace(parts_.end());
         it->split = this;
@@ -259,7 +256,7 @@ class DecisionBatcher::Split final : public PendingDecision {
   std::shared_ptr<const void> limits_owner_;
   std::shared_ptr<valkey::Store> store_;
   stats::WorkerStats& stats_;
-  size_t count_;  // the request's limits
+  size_t count_;            // the request's limits
   std::deque<Part> parts_;  // (a deque: parts stay where they are, targets of entries)
   size_t waiting_ = 0;
   std::string why_;  // of the last part that failed
@@ -294,9 +291,8 @@ PendingDecision* DecisionBatcher::decide(const std::shared_ptr<valkey::Store>& s
 
 DecisionBatcher::Batch* DecisionBatcher::batchFor(const std::shared_ptr<valkey::Store>& store,
                                                   unsigned slot) {
-  auto it = std::find_if(open_.begin(), open_.end(), [&](const Open& o) {
-    return o.slot == slot && o.store == store.get();
-  });
+  auto it = std::find_if(open_.begin(), open_.end(),
+                         [&](const Open& o) { return o.slot == slot && o.store == store.get(); });
   if (it != open_.end() && it->batch->requests() < kMaxRequests) return it->batch;
   Batch* batch = new Batch(store);
   queued_.push_back(batch);

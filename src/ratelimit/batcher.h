@@ -99,7 +99,7 @@ class DecisionBatcher {
   stats::WorkerStats& stats_;
   std::vector<Batch*> queued_;   // not sent yet, in order
   std::vector<Batch*> sending_;  // (reused by flush())
-  struct Open {  // the batch of a store's slot that takes requests
+  struct Open {                  // the batch of a store's slot that takes requests
     const valkey::Store* store;
     unsigned slot;
     Batch* batch;

@@ -3,16 +3,20 @@
 #include <algorithm>
 #include <charconv>
 
-
 namespace sluice::ratelimit {
 
 const char* toString(Outcome outcome) {
   switch (outcome) {
-    case Outcome::Allowed: return "allowed";
-    case Outcome::Denied: return "denied";
-    case Outcome::ErrorAllowed: return "error_allowed";
-    case Outcome::ErrorDenied: return "error_denied";
-    case Outcome::ShadowDenied: return "shadow_denied";
+    case Outcome::Allowed:
+      return "allowed";
+    case Outcome::Denied:
+      return "denied";
+    case Outcome::ErrorAllowed:
+      return "error_allowed";
+    case Outcome::ErrorDenied:
+      return "error_denied";
+    case Outcome::ShadowDenied:
+      return "shadow_denied";
   }
   return "unknown";
 }

@@ -35,8 +35,8 @@ bool cacheable(const config::LimitConfig& limit) { return !limit.shadow && !limi
 
 }  // namespace
 
-bool refusalFromCache(DenyCache& cache, const std::vector<AppliedLimit>& limits,
-                      uint64_t now_ms, Decision* decision) {
+bool refusalFromCache(DenyCache& cache, const std::vector<AppliedLimit>& limits, uint64_t now_ms,
+                      Decision* decision) {
   if (cache.empty()) return false;  // (no key built)
   for (const AppliedLimit& l : limits) {
     if (l.config->count_denied && !l.config->shadow) return false;  // Valkey records it

@@ -39,8 +39,8 @@ class DenyCache {
 
 // Refusal of a request from the cache, when one of its limits is held there (false: ask
 // Valkey). Fills *decision.
-bool refusalFromCache(DenyCache& cache, const std::vector<AppliedLimit>& limits,
-                      uint64_t now_ms, Decision* decision);
+bool refusalFromCache(DenyCache& cache, const std::vector<AppliedLimit>& limits, uint64_t now_ms,
+                      Decision* decision);
 
 // Remembers the limits that Valkey refused in `decision` (of the request on `limits`, asked at
 // `asked_ms`): each until asked_ms + its wait, never longer than Valkey's own answer.

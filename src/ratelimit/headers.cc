@@ -149,8 +149,8 @@ http::LocalResponse quotaExceededResponse(config::RateLimitHeaders mode, const D
 }
 
 http::LocalResponse limiterUnavailableResponse(const Decision& decision) {
-  http::LocalResponse response =
-      http::problemResponse(503, "the rate limiter could not decide in time and this limit fails closed");
+  http::LocalResponse response = http::problemResponse(
+      503, "the rate limiter could not decide in time and this limit fails closed");
   response.extra_headers =
       "Retry-After: " + std::to_string(std::max<int64_t>(1, decision.retry_after_s)) + "\r\n";
   return response;

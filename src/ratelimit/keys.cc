@@ -7,9 +7,8 @@ namespace sluice::ratelimit {
 namespace {
 
 bool safeByte(unsigned char c, bool allow_colon) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-         c == '.' || c == '_' || c == '-' || c == '@' || c == '+' || c == '/' ||
-         (allow_colon && c == ':');
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+         c == '_' || c == '-' || c == '@' || c == '+' || c == '/' || (allow_colon && c == ':');
 }
 
 }  // namespace

@@ -11,10 +11,14 @@ namespace {
 
 const char* algorithmName(config::Algorithm algorithm) {
   switch (algorithm) {
-    case config::Algorithm::FixedWindow: return "fixed_window";
-    case config::Algorithm::SlidingLog: return "sliding_log";
-    case config::Algorithm::SlidingWindow: return "sliding_window";
-    case config::Algorithm::TokenBucket: return "token_bucket";
+    case config::Algorithm::FixedWindow:
+      return "fixed_window";
+    case config::Algorithm::SlidingLog:
+      return "sliding_log";
+    case config::Algorithm::SlidingWindow:
+      return "sliding_window";
+    case config::Algorithm::TokenBucket:
+      return "token_bucket";
   }
   return "";
 }
@@ -83,8 +87,8 @@ std::string ScriptBatch::command(std::string_view function) const {
   std::string out;
   out.reserve(64 + function.size() + keys_resp_.size() + definitions_resp_.size() +
               parts_resp_.size());
-  valkey::appendArrayHeader(out, 4 + keys_.size() + kDefinitionFields * definitions_.size() +
-                                     parts_);
+  valkey::appendArrayHeader(out,
+                            4 + keys_.size() + kDefinitionFields * definitions_.size() + parts_);
   valkey::appendBulk(out, "FCALL");
   valkey::appendBulk(out, function);
   appendBulkNumber(out, static_cast<int64_t>(keys_.size()));
@@ -95,8 +99,7 @@ std::string ScriptBatch::command(std::string_view function) const {
   return out;
 }
 
-DecisionReader::DecisionReader(const std::vector<valkey::Reply>& elements)
-    : elements_(elements) {
+DecisionReader::DecisionReader(const std::vector<valkey::Reply>& elements) : elements_(elements) {
   if (!elements.empty() && elements[0].type == valkey::Reply::Type::Integer &&
       elements[0].integer >= 0) {
     time_us_ = elements[0].integer;

@@ -9,7 +9,7 @@
 namespace sluice::ratelimit {
 
 struct EmbeddedScript {
-  std::string_view name;    // file name without ".lua"
+  std::string_view name;  // file name without ".lua"
   std::string_view source;
 };
 

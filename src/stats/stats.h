@@ -34,7 +34,9 @@ namespace sluice::stats {
 class Counter {
  public:
   static constexpr const char* kType = "counter";
-  void inc(uint64_t n = 1) { value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  void inc(uint64_t n = 1) {
+    value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   uint64_t value() const { return value_.load(std::memory_order_relaxed); }
 
  private:
@@ -44,7 +46,9 @@ class Counter {
 class Gauge {
  public:
   static constexpr const char* kType = "gauge";
-  void add(int64_t n) { value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed); }
+  void add(int64_t n) {
+    value_.store(value_.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
   int64_t value() const { return value_.load(std::memory_order_relaxed); }
 
  private:
@@ -55,9 +59,8 @@ class Gauge {
 class Histogram {
  public:
   static constexpr const char* kType = "histogram";
-  static constexpr std::array<double, 14> kBounds = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                                     0.05,   0.1,   0.25,   0.5,   1,    2.5,
-                                                     5,      10};
+  static constexpr std::array<double, 14> kBounds = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
   void observeMicros(uint64_t micros);
   uint64_t bucket(size_t i) const { return buckets_[i].value(); }  // not cumulative
   uint64_t count() const { return count_.value(); }
@@ -100,15 +103,10 @@ class Indexed {
     return items_[i];
   }
   template <typename E>
-    requires std::is_enum_v<E>
-  T& operator[](E e) {
-    return (*this)[static_cast<size_t>(e)];
-  }
+  requires std::is_enum_v<E> T& operator[](E e) { return (*this)[static_cast<size_t>(e)]; }
   template <typename E>
-    requires std::is_enum_v<E>
-  const T& operator[](E e) const {
-    return (*this)[static_cast<size_t>(e)];
-  }
+  requires std::is_enum_v<E>
+  const T& operator[](E e) const { return (*this)[static_cast<size_t>(e)]; }
 
  private:
   std::array<T, L::kSize> items_{};
@@ -178,10 +176,18 @@ std::string labelValue(std::string_view value);
 // ---- Labels ---------------------------------------------------------------------------------
 
 // Named by the configuration (resolved when it is loaded) or by the runtime (when first seen).
-struct Route { static constexpr const char* kName = "route"; };  // "" when no route matched
-struct Limit { static constexpr const char* kName = "limit"; };
-struct Upstream { static constexpr const char* kName = "upstream"; };
-struct Node { static constexpr const char* kName = "node"; };  // a Valkey Cluster node, host:port
+struct Route {
+  static constexpr const char* kName = "route";
+};  // "" when no route matched
+struct Limit {
+  static constexpr const char* kName = "limit";
+};
+struct Upstream {
+  static constexpr const char* kName = "upstream";
+};
+struct Node {
+  static constexpr const char* kName = "node";
+};  // a Valkey Cluster node, host:port
 
 // An HTTP status: llhttp reads three digits at most, the gateway's own are below 600.
 struct Status {

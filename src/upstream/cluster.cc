@@ -39,10 +39,9 @@ size_t Cluster::pickEndpoint() {
     if (endpoints_[index].down_until <= now) return index;
   }
   // Every endpoint failed recently: try the one that comes back first rather than none.
-  auto soonest = std::min_element(endpoints_.begin(), endpoints_.end(),
-                                  [](const Endpoint& a, const Endpoint& b) {
-                                    return a.down_until < b.down_until;
-                                  });
+  auto soonest = std::min_element(
+      endpoints_.begin(), endpoints_.end(),
+      [](const Endpoint& a, const Endpoint& b) { return a.down_until < b.down_until; });
   return static_cast<size_t>(soonest - endpoints_.begin());
 }
 
@@ -64,8 +63,7 @@ Cluster::Acquired Cluster::acquire(UpstreamCallbacks* owner, bool fresh) {
   const int rc = connection->connect(reinterpret_cast<const sockaddr*>(&endpoint.address),
                                      connect_timeout_ms_, tls_, endpoint.host);
   if (rc != 0) {
-    SLUICE_LOG_WARN("upstream {}: cannot connect to {}: {}", name_, endpoint.name,
-                    uv_strerror(rc));
+    SLUICE_LOG_WARN("upstream {}: cannot connect to {}: {}", name_, endpoint.name, uv_strerror(rc));
     reportFailure(index);
     connection->abort();
     return out;

@@ -17,11 +17,16 @@ constexpr http::ParserLimits kResponseLimits{64 * 1024, 0, 256};
 
 const char* toString(UpstreamError error) {
   switch (error) {
-    case UpstreamError::ConnectFailed: return "connect_failed";
-    case UpstreamError::ConnectTimeout: return "connect_timeout";
-    case UpstreamError::Reset: return "reset";
-    case UpstreamError::ResponseTimeout: return "response_timeout";
-    case UpstreamError::BadResponse: return "bad_response";
+    case UpstreamError::ConnectFailed:
+      return "connect_failed";
+    case UpstreamError::ConnectTimeout:
+      return "connect_timeout";
+    case UpstreamError::Reset:
+      return "reset";
+    case UpstreamError::ResponseTimeout:
+      return "response_timeout";
+    case UpstreamError::BadResponse:
+      return "bad_response";
   }
   return "unknown";
 }

@@ -114,8 +114,8 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
   std::shared_ptr<Cluster> cluster_;  // keeps a retired cluster alive while this lives
   size_t endpoint_;
   uv_loop_t* loop_;
-  net::TcpTransport* tcp_;        // the socket; owned by transport_
-  net::Transport* transport_;     // tcp_, or TLS over it; owned, deleted after its onClosed
+  net::TcpTransport* tcp_;     // the socket; owned by transport_
+  net::Transport* transport_;  // tcp_, or TLS over it; owned, deleted after its onClosed
   std::shared_ptr<const net::TlsClientContext> tls_;
   std::string host_;
   uint64_t connect_timeout_ms_ = 0;

@@ -33,15 +33,18 @@ struct Call final : PendingCall {
   std::string command;  // in RESP; kept for the retry after "Function not found"
   bool is_script = false;
   bool asking = false;  // send ASKING first (and again on a retry)
-  bool done = false;  // the target was told, or cancelled
+  bool done = false;    // the target was told, or cancelled
   bool retried = false;
 };
 
 const char* toString(Failure failure) {
   switch (failure) {
-    case Failure::NotConnected: return "not_connected";
-    case Failure::Timeout: return "timeout";
-    case Failure::Disconnected: return "disconnected";
+    case Failure::NotConnected:
+      return "not_connected";
+    case Failure::Timeout:
+      return "timeout";
+    case Failure::Disconnected:
+      return "disconnected";
   }
   return "unknown";
 }
@@ -49,9 +52,12 @@ const char* toString(Failure failure) {
 namespace {
 stats::ValkeyError::Value errorKind(Failure failure) {
   switch (failure) {
-    case Failure::NotConnected: return stats::ValkeyError::NotConnected;
-    case Failure::Timeout: return stats::ValkeyError::Timeout;
-    case Failure::Disconnected: return stats::ValkeyError::Disconnected;
+    case Failure::NotConnected:
+      return stats::ValkeyError::NotConnected;
+    case Failure::Timeout:
+      return stats::ValkeyError::Timeout;
+    case Failure::Disconnected:
+      return stats::ValkeyError::Disconnected;
   }
   return stats::ValkeyError::Error;
 }
@@ -173,8 +179,7 @@ void Client::onInternalReply(redisAsyncContext*, void* reply, void* privdata) no
   auto* self = static_cast<Client*>(privdata);
   if (!reply || self->handshake_pending_ <= 0) return;
   const Reply* r = replyOf(reply);
-  if (r->isError() &&
-      !(self->options_.replica_ok && r->text.rfind("READONLY", 0) == 0)) {
+  if (r->isError() && !(self->options_.replica_ok && r->text.rfind("READONLY", 0) == 0)) {
     self->onHandshakeReply(false, r->text);
     return;
   }
@@ -266,8 +271,9 @@ PendingCall* Client::command(std::vector<std::string> argv, CallTarget* target) 
 
 bool Client::refuseCall() {
   if (state_ == State::Ready && !suspect_) return false;
-  stats_.valkey_errors[suspect_ && state_ == State::Ready ? stats::ValkeyError::Unresponsive
-                                                          : stats::ValkeyError::NotConnected]
+  stats_
+      .valkey_errors[suspect_ && state_ == State::Ready ? stats::ValkeyError::Unresponsive
+                                                        : stats::ValkeyError::NotConnected]
       .inc();
   return true;
 }
@@ -369,8 +375,7 @@ void Client::onReply(redisAsyncContext*, void* raw, void* privdata) noexcept {
     return;
   }
   if (reply->isError() && call->is_script && !call->retried &&
-      reply->text.find("Function not found") != std::string::npos &&
-      self->state_ == State::Ready) {
+      reply->text.find("Function not found") != std::string::npos && self->state_ == State::Ready) {
     // The server lost the library (a restart without persistence, FUNCTION FLUSH): load it and
     // retry at once. Both go out on this connection in order, so the retry finds it.
     call->retried = true;

@@ -12,18 +12,18 @@ namespace sluice::valkey {
 namespace {
 
 constexpr unsigned kSlots = 16384;
-constexpr uint64_t kTickMs = 1000;            // readiness is re-published this often
-constexpr uint64_t kRefreshEveryMs = 10000;   // and the slot map read again this often,
-constexpr uint64_t kDegradedTickMs = 300;     // or this often while a slot has no reachable owner
-constexpr uint64_t kStartTickMs = 100;        // until the first map
-constexpr uint64_t kMinRefreshGapMs = 200;    // after a redirection or a lost node
+constexpr uint64_t kTickMs = 1000;           // readiness is re-published this often
+constexpr uint64_t kRefreshEveryMs = 10000;  // and the slot map read again this often,
+constexpr uint64_t kDegradedTickMs = 300;    // or this often while a slot has no reachable owner
+constexpr uint64_t kStartTickMs = 100;       // until the first map
+constexpr uint64_t kMinRefreshGapMs = 200;   // after a redirection or a lost node
 // After an unsettled moment (a slot without a reachable owner, a lost node, a redirection, an
 // owner that changed) the map stays read every kDegradedTickMs this long: the nodes' views
 // differ for a while after a failover (a map read from a node that had not heard of the
 // promotion yet, a dead primary restarted that still names itself the owner).
 constexpr uint64_t kSettleMs = 5000;
-constexpr int kMaxRedirects = 3;              // MOVED and ASK, per call
-constexpr uint64_t kTryAgainFirstMs = 2;      // TRYAGAIN: wait 2, 4, 8, 16, 20, 20... ms
+constexpr int kMaxRedirects = 3;          // MOVED and ASK, per call
+constexpr uint64_t kTryAgainFirstMs = 2;  // TRYAGAIN: wait 2, 4, 8, 16, 20, 20... ms
 constexpr uint64_t kTryAgainMaxMs = 20;
 
 uint16_t crc16(std::string_view data) {
@@ -230,14 +230,14 @@ void ClusterClient::wake(Node& n, bool hurry) {
 
 PendingCall* ClusterClient::callDecide(std::string command, std::string_view first_key,
                                        CallTarget* target) {
-  return route(std::make_unique<RoutedCall>(*this, target, std::move(command), true,
-                                            keySlot(first_key)));
+  return route(
+      std::make_unique<RoutedCall>(*this, target, std::move(command), true, keySlot(first_key)));
 }
 
 PendingCall* ClusterClient::callUndo(std::string command, std::string_view first_key,
                                      CallTarget* target) {
-  auto call = std::make_unique<RoutedCall>(*this, target, std::move(command), true,
-                                           keySlot(first_key));
+  auto call =
+      std::make_unique<RoutedCall>(*this, target, std::move(command), true, keySlot(first_key));
   call->undo_ = true;
   return route(std::move(call));
 }
@@ -342,9 +342,15 @@ void ClusterClient::onRoutedFailure(RoutedCall* call, Failure failure) {
 void ClusterClient::fail(RoutedCall* call, Failure failure, Node* blame) {
   if (blame) {
     switch (failure) {
-      case Failure::NotConnected: blame->stats.not_connected->inc(); break;
-      case Failure::Timeout: blame->stats.timeout->inc(); break;
-      case Failure::Disconnected: blame->stats.disconnected->inc(); break;
+      case Failure::NotConnected:
+        blame->stats.not_connected->inc();
+        break;
+      case Failure::Timeout:
+        blame->stats.timeout->inc();
+        break;
+      case Failure::Disconnected:
+        blame->stats.disconnected->inc();
+        break;
     }
   }
   CallTarget* target = call->target_;
@@ -376,7 +382,7 @@ bool ClusterClient::scheduleRetry(RoutedCall* call) {
 void ClusterClient::onRetry(RoutedCall* call) {
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), call), waiting_.end());
   call->waiting_ = false;
-  call->redirects_ = 0;  // a new round: the deadline bounds the rounds
+  call->redirects_ = 0;   // a new round: the deadline bounds the rounds
   if (call->expired()) {  // the timer ran late
     fail(call, Failure::Timeout, call->node_);
     return;

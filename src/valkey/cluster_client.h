@@ -81,7 +81,7 @@ class ClusterClient final : public Store, private CallTarget {
     stats::Counter* compensations = nullptr;
   };
   struct Node {
-    std::string name;  // "host:port"
+    std::string name;                // "host:port"
     std::unique_ptr<Client> client;  // lives as long as the ClusterClient
     NodeStats stats;
     bool seed = false;
@@ -127,8 +127,8 @@ class ClusterClient final : public Store, private CallTarget {
   ClientOptions node_options_;
   stats::WorkerStats& stats_;
   std::vector<std::unique_ptr<Node>> nodes_;  // append-only
-  std::vector<int> slots_;  // slot -> index into nodes_, -1 when unknown
-  std::vector<RoutedCall*> waiting_;  // calls waiting to resend after TRYAGAIN
+  std::vector<int> slots_;                    // slot -> index into nodes_, -1 when unknown
+  std::vector<RoutedCall*> waiting_;          // calls waiting to resend after TRYAGAIN
   Timer refresh_timer_;
   PendingCall* refresh_call_ = nullptr;
   Client* refresh_client_ = nullptr;

@@ -92,8 +92,8 @@ void exerciseRequest(const http::MessageHead& head, std::string_view body) {
   std::string error;
   auto target = proxy::parseTarget(head.target, &error);
   if (!target) return;
-  const std::string host = proxy::normalizeHost(head.headers.get("host") ? *head.headers.get("host")
-                                                                          : std::string());
+  const std::string host =
+      proxy::normalizeHost(head.headers.get("host") ? *head.headers.get("host") : std::string());
   const config::RouteConfig* route = proxy::matchRoute(config, head.method, host, target->path);
   const IpAddress peer = *IpAddress::parse("10.1.2.3");
   identity::ClientAddress client =

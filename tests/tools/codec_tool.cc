@@ -232,8 +232,12 @@ json decode(const json& in) {
           }
           break;
         }
-        case sluice::ratelimit::ReplyPart::Failed: part["failed"] = error; break;
-        case sluice::ratelimit::ReplyPart::Malformed: malformed = true; break;
+        case sluice::ratelimit::ReplyPart::Failed:
+          part["failed"] = error;
+          break;
+        case sluice::ratelimit::ReplyPart::Malformed:
+          malformed = true;
+          break;
       }
     }
     if (malformed) part["malformed"] = true;

@@ -5,6 +5,8 @@
 // reaches nobody), and a reset inside the owner's callback followed by the next request on the
 // same admission (a keep-alive connection's next request).
 
+#include "proxy/admission.h"
+
 #include <doctest/doctest.h>
 #include <uv.h>
 
@@ -19,7 +21,6 @@
 #include "identity/client_address.h"
 #include "identity/tenant_cache.h"
 #include "loop_support.h"
-#include "proxy/admission.h"
 #include "proxy/router.h"
 #include "proxy/worker_context.h"
 #include "ratelimit/batcher.h"

@@ -3,21 +3,21 @@
 // allowed charged, when another part refuses or fails, and flush() (the worker's
 // end-of-iteration hook) answering a refused batch and sending what its targets queue.
 
+#include "ratelimit/batcher.h"
+
 #include <doctest/doctest.h>
 
 #include <functional>
-
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "config/config.h"
-#include "ratelimit/batcher.h"
 #include "ratelimit/script_codec.h"
+#include "replies.h"
 #include "stats/stats.h"
 #include "valkey/resp.h"
-#include "replies.h"
 
 using namespace sluice::ratelimit;
 using sluice::config::Algorithm;

@@ -62,9 +62,11 @@ window = "0s")") == "t.toml:5:10: limit[0].window: must be greater than zero");
     CHECK(errorsOf("[valkey]\naddress = \"unix:run/valkey.sock\"\n") ==
           "t.toml:2:11: valkey.address: bad address 'unix:run/valkey.sock': expected "
           "unix:/absolute/path");
-    CHECK(errorsOf("[valkey]\nnodes = [\"10.0.0.1:7000\", \"[10.0.0.2]:7000\"]\nkey_prefix = \"{x}\"\n") ==
-          "t.toml:2:27: valkey.nodes[1]: bad address '[10.0.0.2]:7000': not an IPv6 address "
-          "inside [ ]");
+    CHECK(
+        errorsOf(
+            "[valkey]\nnodes = [\"10.0.0.1:7000\", \"[10.0.0.2]:7000\"]\nkey_prefix = \"{x}\"\n") ==
+        "t.toml:2:27: valkey.nodes[1]: bad address '[10.0.0.2]:7000': not an IPv6 address "
+        "inside [ ]");
     CHECK(errorsOf("[valkey]\naddress = \"10.0.0.1:0\"\n") ==
           "t.toml:2:11: valkey.address: bad address '10.0.0.1:0': port 0 cannot be connected to");
   }
@@ -329,8 +331,7 @@ api_keys = []
           "t.toml:3:6: limit[0].by: must name at least one key part, such as [\"ip\"]");
     // Cluster mode needs no hash tag in key_prefix: each key's parts are its tag (a tag in the
     // prefix is allowed, and puts every key in its slot).
-    CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\n"))->valkey.key_prefix ==
-          "rl:v1");
+    CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\n"))->valkey.key_prefix == "rl:v1");
     CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\nkey_prefix = \"{rl}:v1\"\n"))
               ->valkey.key_prefix == "{rl}:v1");
     CHECK(errorsOf("[valkey]\nnodes = []\n") ==

@@ -23,7 +23,8 @@ size_t replay(const std::string& name, Target target) {
     for (const auto& entry : std::filesystem::directory_iterator(dir)) {
       if (!entry.is_regular_file()) continue;
       std::ifstream in(entry.path(), std::ios::binary);
-      const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const std::string bytes((std::istreambuf_iterator<char>(in)),
+                              std::istreambuf_iterator<char>());
       INFO("input: " << entry.path().string());
       target(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
       ++count;

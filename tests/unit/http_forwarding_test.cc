@@ -15,7 +15,6 @@
 
 using namespace sluice::http;
 
-
 namespace {
 
 struct Serialized {
@@ -165,9 +164,9 @@ TEST_SUITE("http headers") {
 
 TEST_SUITE("http forwarding: hop-by-hop") {
   TEST_CASE("isHopByHop") {
-    for (const char* name : {"Connection", "keep-alive", "TE", "Trailer", "transfer-encoding",
-                             "UPGRADE", "Proxy-Authorization", "proxy-connection",
-                             "Proxy-Authenticate"}) {
+    for (const char* name :
+         {"Connection", "keep-alive", "TE", "Trailer", "transfer-encoding", "UPGRADE",
+          "Proxy-Authorization", "proxy-connection", "Proxy-Authenticate"}) {
       INFO(std::string(name));
       CHECK(isHopByHop(name));
     }
@@ -183,8 +182,7 @@ TEST_SUITE("http forwarding: hop-by-hop") {
     m.add("Connection", "Keep-Alive, X-Hop-One");
     m.add("X-Other", "a, b");
     m.add("connection", " x-hop-TWO ,Host, content-length, Transfer-Encoding,,");
-    CHECK(connectionOptions(m) ==
-          std::vector<std::string>{"keep-alive", "x-hop-one", "x-hop-two"});
+    CHECK(connectionOptions(m) == std::vector<std::string>{"keep-alive", "x-hop-one", "x-hop-two"});
     CHECK(connectionOptions(HeaderMap{}).empty());
   }
 }
@@ -220,10 +218,9 @@ TEST_SUITE("http forwarding: upstream request head") {
         {"X-Keep", "yes"},
     });
     const Serialized s = split(buildUpstreamRequestHead(req, upstreamContext()));
-    for (const char* name :
-         {"Connection", "Keep-Alive", "TE", "Trailer", "Transfer-Encoding", "Upgrade",
-          "Proxy-Authorization", "Proxy-Connection", "X-Custom-Hop", "X-Lower-Hop",
-          "X-Second-Connection"}) {
+    for (const char* name : {"Connection", "Keep-Alive", "TE", "Trailer", "Transfer-Encoding",
+                             "Upgrade", "Proxy-Authorization", "Proxy-Connection", "X-Custom-Hop",
+                             "X-Lower-Hop", "X-Second-Connection"}) {
       INFO(std::string(name));
       CHECK(values(s, name) == kNone);
     }
@@ -245,11 +242,8 @@ TEST_SUITE("http forwarding: upstream request head") {
   }
 
   TEST_CASE("forwarded fields keep their order, names and values") {
-    const MessageHead req = requestHead({{"Host", "h"},
-                                         {"x-b", "2"},
-                                         {"Set-Thing", "a"},
-                                         {"X-A", "1, 2"},
-                                         {"set-thing", "b"}});
+    const MessageHead req = requestHead(
+        {{"Host", "h"}, {"x-b", "2"}, {"Set-Thing", "a"}, {"X-A", "1, 2"}, {"set-thing", "b"}});
     const Serialized s = split(buildUpstreamRequestHead(req, upstreamContext()));
     REQUIRE(s.fields.size() >= 5);
     CHECK(s.fields[0].name == "Host");
@@ -263,9 +257,8 @@ TEST_SUITE("http forwarding: upstream request head") {
   }
 
   TEST_CASE("X-Forwarded-For is the given value, whatever the client sent") {
-    const MessageHead req = requestHead({{"Host", "h"},
-                                         {"X-Forwarded-For", "1.1.1.1"},
-                                         {"x-forwarded-for", "2.2.2.2"}});
+    const MessageHead req = requestHead(
+        {{"Host", "h"}, {"X-Forwarded-For", "1.1.1.1"}, {"x-forwarded-for", "2.2.2.2"}});
     UpstreamRequestContext c = upstreamContext();
     c.forwarded_for = "198.51.100.1, 10.0.0.2";
     for (bool trusted : {false, true}) {
@@ -277,9 +270,8 @@ TEST_SUITE("http forwarding: upstream request head") {
   }
 
   TEST_CASE("X-Real-IP is the resolved client, never the client's own") {
-    const MessageHead req = requestHead({{"Host", "h"},
-                                         {"X-Real-IP", "6.6.6.6"},
-                                         {"x-real-ip", "7.7.7.7"}});
+    const MessageHead req =
+        requestHead({{"Host", "h"}, {"X-Real-IP", "6.6.6.6"}, {"x-real-ip", "7.7.7.7"}});
     UpstreamRequestContext c = upstreamContext();
     c.real_ip = "198.51.100.1";
     for (bool trusted : {false, true}) {
@@ -343,8 +335,8 @@ TEST_SUITE("http forwarding: upstream request head") {
     UpstreamRequestContext c = upstreamContext();
     c.default_host = "127.0.0.1:9000";
     SUBCASE("absent: added first, and not as X-Forwarded-Host") {
-      const Serialized s = split(
-          buildUpstreamRequestHead(requestHead({{"Accept", "*/*"}, {"X-A", "1"}}, 0), c));
+      const Serialized s =
+          split(buildUpstreamRequestHead(requestHead({{"Accept", "*/*"}, {"X-A", "1"}}, 0), c));
       CHECK(s.start_line == "POST /target?x HTTP/1.1");
       REQUIRE(s.fields.size() >= 3);
       CHECK(s.fields[0].name == "Host");
@@ -402,8 +394,8 @@ TEST_SUITE("http forwarding: upstream request head") {
   }
 
   TEST_CASE("body framing upstream") {
-    MessageHead req = requestHead(
-        {{"Host", "h"}, {"Content-Length", "999"}, {"Transfer-Encoding", "chunked"}});
+    MessageHead req =
+        requestHead({{"Host", "h"}, {"Content-Length", "999"}, {"Transfer-Encoding", "chunked"}});
     req.content_length = 42;
     UpstreamRequestContext c = upstreamContext();
     SUBCASE("Content-Length: the message's, once") {
@@ -587,7 +579,8 @@ TEST_SUITE("http forwarding: responses") {
   TEST_CASE("extra headers are included and Via is appended with the upstream's version") {
     const MessageHead h = responseHead(200, {{"Via", "1.1 app"}, {"Content-Length", "0"}}, 0);
     ClientResponseContext c;
-    c.extra_headers = "RateLimit-Policy: \"per_ip\";q=100;w=60\r\nRateLimit: \"per_ip\";r=99;t=60\r\n";
+    c.extra_headers =
+        "RateLimit-Policy: \"per_ip\";q=100;w=60\r\nRateLimit: \"per_ip\";r=99;t=60\r\n";
     const std::string out = buildClientResponseHead(h, c);
     const Serialized s = split(out);
     CHECK(values(s, "RateLimit-Policy") == one("\"per_ip\";q=100;w=60"));
@@ -672,10 +665,8 @@ TEST_SUITE("http responses") {
 
   TEST_CASE("renderLocalResponse: Connection close / keep-alive") {
     const LocalResponse r = problemResponse(400, "bad");
-    CHECK(values(split(renderLocalResponse(r, false, false, false)), "Connection") ==
-          one("close"));
-    CHECK(values(split(renderLocalResponse(r, false, false, true)), "Connection") ==
-          one("close"));
+    CHECK(values(split(renderLocalResponse(r, false, false, false)), "Connection") == one("close"));
+    CHECK(values(split(renderLocalResponse(r, false, false, true)), "Connection") == one("close"));
     CHECK(values(split(renderLocalResponse(r, true, false, true)), "Connection") ==
           one("keep-alive"));
     CHECK(values(split(renderLocalResponse(r, true, false, false)), "Connection") == kNone);

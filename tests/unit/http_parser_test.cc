@@ -56,12 +56,12 @@ struct Run {
   std::vector<Message> messages;
   std::vector<size_t> done_at;  // absolute offsets right after each MessageDone
   Parser::Status last = Parser::Status::NeedMore;
-  size_t upgrade_at = kNone;    // absolute offset where the tunnel bytes start
+  size_t upgrade_at = kNone;  // absolute offset where the tunnel bytes start
   int error_status = 0;
   std::string error_reason;
   std::optional<Parser::Status> finish_status;
   int finish_error_status = 0;
-  bool consumed_ok = true;      // NeedMore always consumed the whole piece
+  bool consumed_ok = true;  // NeedMore always consumed the whole piece
 };
 
 struct Options {
@@ -104,8 +104,7 @@ Run run(Parser::Type type, std::string_view input, size_t step, const Options& o
     out.error_reason = r.error_reason;
     break;
   }
-  if (options.finish && out.last != Parser::Status::Error &&
-      out.last != Parser::Status::Upgrade) {
+  if (options.finish && out.last != Parser::Status::Error && out.last != Parser::Status::Upgrade) {
     const Parser::Result r = parser.finish();
     out.finish_status = r.status;
     out.finish_error_status = r.error_status;
@@ -156,8 +155,8 @@ std::string describe(const Run& r, bool with_bodies = true) {
   }
   out += "done_at:";
   for (size_t d : r.done_at) out += " " + std::to_string(d);
-  out += "\nlast=" + std::to_string(static_cast<int>(r.last)) +
-         " upgrade_at=" + (r.upgrade_at == kNone ? std::string("-") : std::to_string(r.upgrade_at)) +
+  out += "\nlast=" + std::to_string(static_cast<int>(r.last)) + " upgrade_at=" +
+         (r.upgrade_at == kNone ? std::string("-") : std::to_string(r.upgrade_at)) +
          " error=" + std::to_string(r.error_status) + " (" + r.error_reason + ")";
   if (r.finish_status) {
     out += " finish=" + std::to_string(static_cast<int>(*r.finish_status)) + "/" +
@@ -452,9 +451,8 @@ TEST_SUITE("http parser: request errors") {
     Options options;
     options.limits.max_head_bytes = 256;
     SUBCASE("one long value") {
-      const Run r = request("GET / HTTP/1.1\r\nHost: h\r\nX-Big: " + std::string(300, 'a') +
-                                "\r\n\r\n",
-                            options);
+      const Run r = request(
+          "GET / HTTP/1.1\r\nHost: h\r\nX-Big: " + std::string(300, 'a') + "\r\n\r\n", options);
       checkError(r, 431);
       CHECK(r.messages.empty());
     }
@@ -498,8 +496,7 @@ TEST_SUITE("http parser: request errors") {
     Options options;
     options.limits.max_body_bytes = 10;
     SUBCASE("Content-Length") {
-      const Run r =
-          request("POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789", options);
+      const Run r = request("POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789", options);
       INFO(describe(r));
       CHECK(r.last == Parser::Status::MessageDone);
       REQUIRE(r.messages.size() == 1);
@@ -507,7 +504,8 @@ TEST_SUITE("http parser: request errors") {
     }
     SUBCASE("chunked") {
       const Run r = request(
-          "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n01234\r\n5\r\n56789\r\n0\r\n\r\n",
+          "POST / HTTP/1.1\r\nTransfer-Encoding: "
+          "chunked\r\n\r\n5\r\n01234\r\n5\r\n56789\r\n0\r\n\r\n",
           options);
       INFO(describe(r));
       CHECK(r.last == Parser::Status::MessageDone);
@@ -521,7 +519,8 @@ TEST_SUITE("http parser: request errors") {
     options.limits.max_body_bytes = 10;
     SUBCASE("one big chunk") {
       const Run r = request(
-          "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n",
+          "POST / HTTP/1.1\r\nTransfer-Encoding: "
+          "chunked\r\n\r\n10\r\n0123456789abcdef\r\n0\r\n\r\n",
           options);
       checkError(r, 413);
     }
@@ -571,8 +570,9 @@ TEST_SUITE("http parser: request errors") {
                  400);
     }
     SUBCASE("a bad chunk size") {
-      checkError(request("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n"),
-                 400);
+      checkError(
+          request("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n"),
+          400);
     }
     SUBCASE("chunk data longer than its size") {
       checkError(
@@ -619,12 +619,12 @@ TEST_SUITE("http parser: request errors") {
       checkError(request("GET / HTTP/1.1\r\nHost: h\r\n\n"), 400);
     }
     SUBCASE("bare LF after a chunk size") {
-      checkError(request("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\nabc\r\n0\r\n\r\n"),
-                 400);
+      checkError(
+          request("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\nabc\r\n0\r\n\r\n"), 400);
     }
     SUBCASE("bare LF after the last chunk") {
-      checkError(request("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\n"),
-                 400);
+      checkError(
+          request("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\n"), 400);
     }
     SUBCASE("an unknown HTTP version") {
       checkError(request("GET / HTTP/3.7\r\nHost: h\r\n\r\n"), 400);
@@ -826,8 +826,7 @@ TEST_SUITE("http parser: responses") {
   TEST_CASE("finish() in the middle of a chunked body is an error") {
     Options options;
     options.finish = true;
-    const Run r =
-        response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", options);
+    const Run r = response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab", options);
     REQUIRE(r.finish_status.has_value());
     CHECK(*r.finish_status == Parser::Status::Error);
     CHECK(r.finish_error_status == 502);
@@ -850,15 +849,13 @@ TEST_SUITE("http parser: responses") {
       checkError(response("HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"),
                  502);
     }
-    SUBCASE("a bad status line") {
-      checkError(response("HTTP/1.1 abc OK\r\n\r\n"), 502);
-    }
+    SUBCASE("a bad status line") { checkError(response("HTTP/1.1 abc OK\r\n\r\n"), 502); }
     SUBCASE("a head over the cap") {
       Options options;
       options.limits.max_head_bytes = 64;
-      checkError(response("HTTP/1.1 200 OK\r\nX-Big: " + std::string(100, 'b') + "\r\n\r\n",
-                          options),
-                 502);
+      checkError(
+          response("HTTP/1.1 200 OK\r\nX-Big: " + std::string(100, 'b') + "\r\n\r\n", options),
+          502);
     }
     SUBCASE("too many header fields") {
       Options options;

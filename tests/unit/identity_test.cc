@@ -78,11 +78,11 @@ TEST_SUITE("identity: forwarded entries") {
   }
 
   TEST_CASE("anything else is not an address") {
-    for (const char* text : {"", "\"\"", "unknown", "_hidden", "_obf:80", "example.com",
-                             "192.0.2.1:", "192.0.2.1:http", "192.0.2.1:80:90", "192.0.2",
-                             "[192.0.2.1]", "[2001:db8::1", "[2001:db8::1]x", "[2001:db8::1]:",
-                             "[2001:db8::1]:4a", "2001:db8::1:80x", "\"192.0.2.1",
-                             "256.0.0.1", "1.2.3.4/32"}) {
+    for (const char* text :
+         {"", "\"\"", "unknown", "_hidden", "_obf:80", "example.com",
+          "192.0.2.1:", "192.0.2.1:http", "192.0.2.1:80:90", "192.0.2", "[192.0.2.1]",
+          "[2001:db8::1", "[2001:db8::1]x", "[2001:db8::1]:", "[2001:db8::1]:4a", "2001:db8::1:80x",
+          "\"192.0.2.1", "256.0.0.1", "1.2.3.4/32"}) {
       INFO("'" << std::string(text) << "'");
       CHECK(entry(text) == "-");
     }
@@ -91,8 +91,8 @@ TEST_SUITE("identity: forwarded entries") {
 
 TEST_SUITE("identity: client address") {
   TEST_CASE("an untrusted peer is the client, whatever it claims") {
-    const HeaderMap h = headers({{"X-Forwarded-For", "198.51.100.7"},
-                                 {"Forwarded", "for=198.51.100.8"}});
+    const HeaderMap h =
+        headers({{"X-Forwarded-For", "198.51.100.7"}, {"Forwarded", "for=198.51.100.8"}});
     const ClientAddress c = resolveClientAddress(ip("203.0.113.9"), h, proxies());
     CHECK(c.address.toString() == "203.0.113.9");
     CHECK_FALSE(c.peer_trusted);
@@ -113,8 +113,8 @@ TEST_SUITE("identity: client address") {
       CHECK(c.address.toString() == "198.51.100.7");
     }
     SUBCASE("through trusted hops; the spoofed left part is never used") {
-      CHECK(clientOf("10.0.0.1",
-                     headers({{"X-Forwarded-For", "6.6.6.6, 198.51.100.7, 10.0.0.2, 127.0.0.1"}})) ==
+      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For",
+                                           "6.6.6.6, 198.51.100.7, 10.0.0.2, 127.0.0.1"}})) ==
             "198.51.100.7");
     }
     SUBCASE("an untrusted hop stops the walk even if a trusted one is left of it") {
@@ -128,15 +128,14 @@ TEST_SUITE("identity: client address") {
     SUBCASE("several X-Forwarded-For fields are one list") {
       CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "6.6.6.6, 198.51.100.7"},
                                           {"Accept", "*/*"},
-                                          {"x-forwarded-for", "10.0.0.2"}})) ==
-            "198.51.100.7");
+                                          {"x-forwarded-for", "10.0.0.2"}})) == "198.51.100.7");
       // And the split between the fields does not matter.
       CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "198.51.100.7, 6.6.6.6"},
                                           {"X-Forwarded-For", "10.0.0.2"}})) == "6.6.6.6");
     }
     SUBCASE("entries with ports") {
-      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "198.51.100.7:5555, 10.0.0.2:80"}})) ==
-            "198.51.100.7");
+      CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For",
+                                           "198.51.100.7:5555, 10.0.0.2:80"}})) == "198.51.100.7");
       CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "[2001:db8:1::5]:443"}})) ==
             "2001:db8:1::5");
     }
@@ -154,8 +153,7 @@ TEST_SUITE("identity: client address") {
   }
 
   TEST_CASE("a malformed entry stops the walk; the last good hop is the client") {
-    CHECK(clientOf("10.0.0.1",
-                   headers({{"X-Forwarded-For", "198.51.100.7, garbage, 10.0.0.2"}})) ==
+    CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "198.51.100.7, garbage, 10.0.0.2"}})) ==
           "10.0.0.2");
     CHECK(clientOf("10.0.0.1", headers({{"X-Forwarded-For", "198.51.100.7, unknown"}})) ==
           "10.0.0.1");
@@ -166,7 +164,8 @@ TEST_SUITE("identity: client address") {
   TEST_CASE("Forwarded (RFC 7239) when there is no X-Forwarded-For") {
     SUBCASE("for= with other parameters, any case") {
       CHECK(clientOf("10.0.0.1",
-                     headers({{"Forwarded", "for=6.6.6.6, proto=https;For=198.51.100.7;by=10.0.0.1"}})) ==
+                     headers({{"Forwarded",
+                               "for=6.6.6.6, proto=https;For=198.51.100.7;by=10.0.0.1"}})) ==
             "198.51.100.7");
     }
     SUBCASE("quoted IPv6 with a port") {
@@ -176,8 +175,7 @@ TEST_SUITE("identity: client address") {
     }
     SUBCASE("through trusted hops, several fields") {
       CHECK(clientOf("10.0.0.1", headers({{"Forwarded", "for=6.6.6.6, for=198.51.100.7"},
-                                          {"forwarded", "for=10.0.0.2"}})) ==
-            "198.51.100.7");
+                                          {"forwarded", "for=10.0.0.2"}})) == "198.51.100.7");
     }
     SUBCASE("obfuscated and unknown entries stop the walk at the last good hop") {
       CHECK(clientOf("10.0.0.1",
@@ -193,12 +191,10 @@ TEST_SUITE("identity: client address") {
     }
     SUBCASE("X-Forwarded-For wins over Forwarded") {
       CHECK(clientOf("10.0.0.1", headers({{"Forwarded", "for=198.51.100.8"},
-                                          {"X-Forwarded-For", "198.51.100.7"}})) ==
-            "198.51.100.7");
+                                          {"X-Forwarded-For", "198.51.100.7"}})) == "198.51.100.7");
     }
     SUBCASE("an untrusted peer's Forwarded is ignored") {
-      CHECK(clientOf("203.0.113.9", headers({{"Forwarded", "for=198.51.100.8"}})) ==
-            "203.0.113.9");
+      CHECK(clientOf("203.0.113.9", headers({{"Forwarded", "for=198.51.100.8"}})) == "203.0.113.9");
     }
   }
 
@@ -238,7 +234,8 @@ TEST_SUITE("identity: client address") {
       CHECK(c.forwarded_for == "6.6.6.6, 198.51.100.7, 10.0.0.2, 10.0.0.1");
     }
     SUBCASE("an IPv4-mapped peer is appended as IPv4") {
-      const ClientAddress c = resolveClientAddress(ip("::ffff:203.0.113.9"), headers({}), proxies());
+      const ClientAddress c =
+          resolveClientAddress(ip("::ffff:203.0.113.9"), headers({}), proxies());
       CHECK(c.forwarded_for == "203.0.113.9");
     }
     SUBCASE("blank X-Forwarded-For: just the peer") {
@@ -267,8 +264,7 @@ TEST_SUITE("identity: client key text") {
 TEST_SUITE("identity: request facts") {
   TEST_CASE("cookieValue") {
     CHECK(cookieValue(headers({{"Cookie", "a=1; session=abc; b=2"}}), "session") == "abc");
-    CHECK(cookieValue(headers({{"Cookie", "a=1"}, {"cookie", "session=xyz"}}), "session") ==
-          "xyz");
+    CHECK(cookieValue(headers({{"Cookie", "a=1"}, {"cookie", "session=xyz"}}), "session") == "xyz");
     CHECK(cookieValue(headers({{"Cookie", "  session = abc  ;b=2"}}), "session") == "abc");
     CHECK(cookieValue(headers({{"Cookie", "session=\"quoted value\""}}), "session") ==
           "quoted value");

@@ -42,13 +42,15 @@ inline bool runUntil(uv_loop_t* loop, const std::function<bool()>& done,
 
 // Runs `loop` for `ms` (to see that something does not happen).
 inline void runFor(uv_loop_t* loop, uint64_t ms) {
-  runUntil(loop, [] { return false; }, ms);
+  runUntil(
+      loop, [] { return false; }, ms);
 }
 
 // Handles of `loop`, open or closing.
 inline size_t liveHandles(uv_loop_t* loop) {
   size_t n = 0;
-  uv_walk(loop, [](uv_handle_t*, void* arg) { ++*static_cast<size_t*>(arg); }, &n);
+  uv_walk(
+      loop, [](uv_handle_t*, void* arg) { ++*static_cast<size_t*>(arg); }, &n);
   return n;
 }
 
@@ -57,7 +59,8 @@ inline size_t liveHandles(uv_loop_t* loop) {
 // so that one failure does not hang or leak into the next test.
 inline int closeLoop(uv_loop_t* loop) {
   // The guard timer of runUntil is one of the handles: done when it is the only one.
-  runUntil(loop, [loop] { return liveHandles(loop) <= 1 && loop->active_reqs.count == 0; }, 2000);
+  runUntil(
+      loop, [loop] { return liveHandles(loop) <= 1 && loop->active_reqs.count == 0; }, 2000);
   uv_run(loop, UV_RUN_NOWAIT);  // the guard's close
   const int rc = uv_loop_close(loop);
   if (rc != 0) {
@@ -170,8 +173,7 @@ class FakePeer {
     sockaddr_in addr;
     uv_ip4_addr("127.0.0.1", 0, &addr);
     REQUIRE(uv_tcp_bind(&listener_->handle, reinterpret_cast<const ::sockaddr*>(&addr), 0) == 0);
-    REQUIRE(uv_listen(reinterpret_cast<uv_stream_t*>(&listener_->handle), 16, onConnection) ==
-            0);
+    REQUIRE(uv_listen(reinterpret_cast<uv_stream_t*>(&listener_->handle), 16, onConnection) == 0);
     sockaddr_in bound;
     int len = sizeof bound;
     uv_tcp_getsockname(&listener_->handle, reinterpret_cast<::sockaddr*>(&bound), &len);

@@ -14,9 +14,9 @@
 #include "ratelimit/decision.h"
 #include "ratelimit/script_codec.h"
 #include "ratelimit/scripts.h"
+#include "replies.h"
 #include "valkey/reply.h"
 #include "valkey/resp.h"
-#include "replies.h"
 
 using namespace sluice::ratelimit;
 using sluice::config::Algorithm;
@@ -94,17 +94,13 @@ TEST_SUITE("ratelimit: decide codec") {
     CHECK(batch.requests() == 4);
     CHECK(batch.firstKey() == "rl:a:{1}");
     const std::vector<std::string> expected = {
-        "FCALL", kFunction, "7",
-        "rl:a:{1}", "rl:b:{2}", "rl:c:{3}", "rl:d:{4}", "rl:c:{9}", "rl:a:{9}", "rl:b:{7}",
-        "5",
-        "token_bucket", "20", "60000", "15", "1", "0", "20",
-        "sliding_log", "5", "1000", "5", "0", "1", "5",
-        "fixed_window", "1", "86400000", "1", "0", "0", "1",
-        "sliding_window", "2", "500", "2", "0", "0", "2",
-        "token_bucket", "10", "60000", "10", "1", "0", "10",
-        "1:2,2:1,3:1,4:1",
-        "3:1,5:3",
-        "2:1,3:1@3",
+        "FCALL",    kFunction,  "7",        "rl:a:{1}", "rl:b:{2}",        "rl:c:{3}", "rl:d:{4}",
+        "rl:c:{9}", "rl:a:{9}", "rl:b:{7}", "5",        "token_bucket",    "20",       "60000",
+        "15",       "1",        "0",        "20",       "sliding_log",     "5",        "1000",
+        "5",        "0",        "1",        "5",        "fixed_window",    "1",        "86400000",
+        "1",        "0",        "0",        "1",        "sliding_window",  "2",        "500",
+        "2",        "0",        "0",        "2",        "token_bucket",    "10",       "60000",
+        "10",       "1",        "0",        "10",       "1:2,2:1,3:1,4:1", "3:1,5:3",  "2:1,3:1@3",
         "3:1@5"};
     // formatCommand is checked byte for byte against hiredis's formatter (valkey_resp_test).
     CHECK(batch.command(kFunction) == formatCommand(expected));
@@ -119,12 +115,13 @@ TEST_SUITE("ratelimit: decide codec") {
     batch.add({applied(many, "b:many"), applied(one, "b:one")});
     batch.add({applied(many, "b:many"), applied(log, "b:log")});
     batch.add({applied(log, "b:log")});
-    CHECK(batch.command(kFunction) ==
-          formatCommand({"FCALL", kFunction, "3", "b:many", "b:one", "b:log", "3",
-                         "fixed_window", "10", "60000", "10", "0", "0", "10",
-                         "fixed_window", "1", "60000", "1", "0", "0", "1",
-                         "sliding_log", "10", "60000", "10", "0", "0", "10",
-                         "1:1,2:1", "1:1@1,2:1@2", "1:1@1,3:1", "3:1@3"}));
+    CHECK(
+        batch.command(kFunction) ==
+        formatCommand({"FCALL",        kFunction,     "3",         "b:many", "b:one", "b:log", "3",
+                       "fixed_window", "10",          "60000",     "10",     "0",     "0",     "10",
+                       "fixed_window", "1",           "60000",     "1",      "0",     "0",     "1",
+                       "sliding_log",  "10",          "60000",     "10",     "0",     "0",     "10",
+                       "1:1,2:1",      "1:1@1,2:1@2", "1:1@1,3:1", "3:1@3"}));
   }
 
   TEST_CASE("ScriptBatch: keep is the largest limit of every quota on the limit's keys") {
@@ -142,12 +139,13 @@ TEST_SUITE("ratelimit: decide codec") {
     batch.add(free_request);
     batch.add(pro_request);
     CHECK(batch.command(kFunction) ==
-          formatCommand({"FCALL", kFunction, "2", "rl:log:{1}", "rl:b:{1}", "4",
-                         "sliding_log", "5", "60000", "5", "1", "0", "60",
-                         "token_bucket", "5", "3600000", "5", "0", "0", "50",
-                         "sliding_log", "60", "60000", "5", "1", "0", "60",
-                         "token_bucket", "50", "3600000", "50", "0", "0", "50",
-                         "1:1,2:1", "3:1@1,4:1@2"}));
+          formatCommand(
+              {"FCALL",      kFunction, "2",  "rl:log:{1}", "rl:b:{1}", "4",  "sliding_log",
+               "5",          "60000",   "5",  "1",          "0",        "60", "token_bucket",
+               "5",          "3600000", "5",  "0",          "0",        "50", "sliding_log",
+               "60",         "60000",   "5",  "1",          "0",        "60", "token_bucket",
+               "50",         "3600000", "50", "0",          "0",        "50", "1:1,2:1",
+               "3:1@1,4:1@2"}));
   }
 
   TEST_CASE("ScriptBatch: an algorithm without a name is written empty (the script refuses it)") {
@@ -155,8 +153,8 @@ TEST_SUITE("ratelimit: decide codec") {
     const LimitConfig odd = limitConfig(static_cast<Algorithm>(-1), 1, 1000);
     ScriptBatch batch;
     batch.add({applied(odd, "k")});
-    CHECK(batch.command("fn") == formatCommand({"FCALL", "fn", "1", "k", "1", "", "1", "1000",
-                                                "1", "0", "0", "1", "1:1"}));
+    CHECK(batch.command("fn") == formatCommand({"FCALL", "fn", "1", "k", "1", "", "1", "1000", "1",
+                                                "0", "0", "1", "1:1"}));
   }
 
   TEST_CASE("undoCommand: KEYS, then algorithm, limit, window_ms, cost and T per key") {
@@ -175,14 +173,13 @@ TEST_SUITE("ratelimit: decide codec") {
     lb.limit = 20;  // a plan's: the undo takes back cost * window / this limit
     CHECK(undoCommand(kFunction, {&lw, &lb}, kCallTime) ==
           formatCommand({"FCALL", kFunction + "_undo", "2", "rl:w:{1}", "rl:b:{1}",
-                         "sliding_window", "100", "60000", "1", "1764600000123456",
-                         "token_bucket", "20", "1000", "3", "1764600000123456"}));
+                         "sliding_window", "100", "60000", "1", "1764600000123456", "token_bucket",
+                         "20", "1000", "3", "1764600000123456"}));
   }
 
   TEST_CASE("DecisionReader: decided and failed parts, one after the other") {
     // the call's time, then remaining, reset_ms, retry_ms per limit (retry 0: allows)
-    Reply reply = integers({kCallTime,
-                            9, 800, 0,               // one limit: allowed
+    Reply reply = integers({kCallTime, 9, 800, 0,    // one limit: allowed
                             9, 800, 0, 0, 300, 300,  // two: the second refuses
                             0,                       // (a string: this one failed)
                             8, 800, 0});             // one: allowed

@@ -22,8 +22,8 @@
 #include "ratelimit/headers.h"
 #include "ratelimit/keys.h"
 #include "ratelimit/script_codec.h"
-#include "valkey/reply.h"
 #include "replies.h"
+#include "valkey/reply.h"
 
 using namespace sluice::ratelimit;
 using sluice::config::Algorithm;
@@ -76,9 +76,9 @@ std::string field(const std::string& lines, std::string_view name) {
     const auto colon = line.find(':');
     if (colon == std::string::npos) continue;
     std::string n = line.substr(0, colon);
-    if (n.size() == name.size() &&
-        std::equal(n.begin(), n.end(), name.begin(),
-                   [](char a, char b) { return std::tolower(a) == std::tolower(b); })) {
+    if (n.size() == name.size() && std::equal(n.begin(), n.end(), name.begin(), [](char a, char b) {
+          return std::tolower(a) == std::tolower(b);
+        })) {
       return line.substr(colon + 2);
     }
   }
@@ -132,15 +132,15 @@ TEST_SUITE("ratelimit: applied limits") {
 
     Fixture() {
       config.valkey.key_prefix = "rl:v1";
-      config.limits.push_back(limitConfig("per_ip", Algorithm::SlidingWindow,
-                                          {part(KeyPartKind::Ip)}, 100, 60000));
+      config.limits.push_back(
+          limitConfig("per_ip", Algorithm::SlidingWindow, {part(KeyPartKind::Ip)}, 100, 60000));
       LimitConfig per_key = limitConfig("per_key", Algorithm::TokenBucket,
                                         {part(KeyPartKind::ApiKey)}, 1000, 3600000);
       per_key.burst = 50;
       per_key.burst_explicit = true;
       config.limits.push_back(per_key);
-      LimitConfig implicit = limitConfig("implicit", Algorithm::TokenBucket,
-                                         {part(KeyPartKind::ApiKey)}, 10, 1000);
+      LimitConfig implicit =
+          limitConfig("implicit", Algorithm::TokenBucket, {part(KeyPartKind::ApiKey)}, 10, 1000);
       implicit.cost = 3;
       config.limits.push_back(implicit);
       config.limits.push_back(limitConfig(
@@ -250,13 +250,13 @@ TEST_SUITE("ratelimit: applied limits") {
     f.facts.api_key = "key_abc";
     f.facts.plan = &f.plan;
     auto limits = f.run();
-    REQUIRE(limits.size() == 4);  // per_ip, per_key, implicit, composite
+    REQUIRE(limits.size() == 4);    // per_ip, per_key, implicit, composite
     CHECK(limits[0].limit == 100);  // not in the plan
     CHECK(limits[0].burst == 100);
     CHECK(limits[1].limit == 10000);
-    CHECK(limits[1].burst == 50);    // explicit: kept
+    CHECK(limits[1].burst == 50);  // explicit: kept
     CHECK(limits[2].limit == 40);
-    CHECK(limits[2].burst == 40);    // implicit: follows
+    CHECK(limits[2].burst == 40);  // implicit: follows
     CHECK(limits[2].cost == 3);
     CHECK(limits[3].limit == 5);
 
@@ -356,10 +356,8 @@ TEST_SUITE("ratelimit: decision") {
     LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
     LimitConfig b = limitConfig("b", Algorithm::TokenBucket, {}, 10, 1000);
     LimitConfig c = limitConfig("c", Algorithm::FixedWindow, {}, 10, 1000);
-    const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(b, "kb"),
-                                              applied(c, "kc")};
-    const auto d = decisionFromReply(
-        limits, integers({50, 1000, 0, 0, 30000, 2500, 0, 900, 1200}));
+    const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(b, "kb"), applied(c, "kc")};
+    const auto d = decisionFromReply(limits, integers({50, 1000, 0, 0, 30000, 2500, 0, 900, 1200}));
     REQUIRE(d.has_value());
     CHECK(d->verdict == Decision::Verdict::Deny);
     REQUIRE(d->limits.size() == 3);
@@ -645,10 +643,10 @@ TEST_SUITE("ratelimit: headers") {
     LimitConfig c = limitConfig("login", Algorithm::FixedWindow, {}, 5, 3600000);
     LimitConfig s = limitConfig("trial", Algorithm::FixedWindow, {}, 1, 60000);
     s.shadow = true;
-    const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(b, "kb"),
-                                              applied(c, "kc"), applied(s, "ks")};
-    const auto d = decisionFromReply(limits, integers({50, 1000, 0,       //
-                                                       0, 900, 2500,      //
+    const std::vector<AppliedLimit> limits = {applied(a, "ka"), applied(b, "kb"), applied(c, "kc"),
+                                              applied(s, "ks")};
+    const auto d = decisionFromReply(limits, integers({50, 1000, 0,        //
+                                                       0, 900, 2500,       //
                                                        0, 3000000, 60001,  //
                                                        0, 59000, 59000}));
     REQUIRE(d.has_value());

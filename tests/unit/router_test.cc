@@ -1,13 +1,14 @@
 // Request-target normalization and route matching (src/proxy/router.h): the path that a route
 // matches is the path that is forwarded, so no spelling of /login dodges a limit on /login.
 
+#include "proxy/router.h"
+
 #include <doctest/doctest.h>
 
 #include <string>
 #include <string_view>
 
 #include "config/loader.h"
-#include "proxy/router.h"
 
 using sluice::config::Config;
 using sluice::config::RouteConfig;
@@ -134,10 +135,10 @@ TEST_SUITE("router: parseTarget") {
 
   TEST_CASE("other forms are refused") {
     refused("");
-    refused("*");                        // OPTIONS *
-    refused("example.com:443");          // authority-form (CONNECT)
+    refused("*");                // OPTIONS *
+    refused("example.com:443");  // authority-form (CONNECT)
     refused("a/b");
-    refused("ftp://example.com/file");   // not http(s)
+    refused("ftp://example.com/file");  // not http(s)
     refused("http:///no-authority");
     refused("http://user:pass@example.com/");  // userinfo
   }
@@ -155,7 +156,7 @@ TEST_SUITE("router: parseTarget") {
     CHECK(path("/a/./../b/./c/") == "/b/c/");
     CHECK(path("/a/.../b") == "/a/.../b");  // not a dot-segment
     CHECK(path("/a/..b/c") == "/a/..b/c");
-    CHECK(path("//a//b") == "//a//b");      // empty segments are kept
+    CHECK(path("//a//b") == "//a//b");  // empty segments are kept
   }
 
   TEST_CASE("a path that climbs above the root is refused") {
@@ -264,7 +265,8 @@ TEST_SUITE("router: matchRoute") {
     CHECK(routeName(c, "GET", "example.com", "/api/v1/users") == "api-read");
     CHECK(routeName(c, "HEAD", "example.com", "/api/") == "api-read");
     CHECK(routeName(c, "DELETE", "example.com", "/api/v1/users") == "api-any");
-    CHECK(routeName(c, "get", "example.com", "/api/v1") == "api-any");  // methods are case-sensitive
+    CHECK(routeName(c, "get", "example.com", "/api/v1") ==
+          "api-any");  // methods are case-sensitive
     CHECK(routeName(c, "GET", "example.com", "/api") == "-");
     CHECK(routeName(c, "GET", "example.com", "/apix/") == "-");
     CHECK(routeName(c, "GET", "", "/static/app.js") == "static");

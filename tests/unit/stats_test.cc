@@ -2,6 +2,8 @@
 // when a configuration is loaded (proxy::Snapshot) and their Prometheus text exposition, summed
 // over workers (src/admin/metrics.h).
 
+#include "stats/stats.h"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -19,7 +21,6 @@
 #include "config/loader.h"
 #include "proxy/worker_context.h"
 #include "ratelimit/decision.h"
-#include "stats/stats.h"
 #include "upstream/upstream_connection.h"
 #include "valkey/store.h"
 
@@ -93,7 +94,8 @@ Exposition parseExposition(const std::string& text) {
           out.problems.push_back("bad TYPE: " + line);
         }
         if (out.types.count(name)) out.problems.push_back("TYPE twice: " + name);
-        if (families_with_samples.count(name)) out.problems.push_back("TYPE after samples: " + name);
+        if (families_with_samples.count(name))
+          out.problems.push_back("TYPE after samples: " + name);
         out.types[name] = arg;
       }
       current_family = name;
@@ -124,9 +126,12 @@ Exposition parseExposition(const std::string& text) {
           if (line[i] == '\\') {
             if (i + 1 >= line.size()) break;
             const char e = line[++i];
-            if (e == 'n') value += '\n';
-            else if (e == '\\' || e == '"') value += e;
-            else out.problems.push_back("bad escape in: " + line);
+            if (e == 'n')
+              value += '\n';
+            else if (e == '\\' || e == '"')
+              value += e;
+            else
+              out.problems.push_back("bad escape in: " + line);
           } else if (line[i] == '"') {
             closed = true;
             break;
@@ -212,7 +217,8 @@ double valueOf(const Exposition& e, const std::string& name,
 // Checks one histogram series: buckets cumulative in increasing `le`, ending with +Inf equal
 // to _count; returns the buckets by le.
 std::vector<std::pair<double, double>> checkHistogram(
-    const Exposition& e, const std::string& name, const std::map<std::string, std::string>& labels) {
+    const Exposition& e, const std::string& name,
+    const std::map<std::string, std::string>& labels) {
   std::vector<std::pair<double, double>> buckets;
   for (const Sample& s : find(e, name + "_bucket", labels)) {
     auto it = s.labels.find("le");
@@ -265,8 +271,8 @@ TEST_SUITE("stats") {
     h.observeMicros(10000001);  // +Inf only
     h.observeMicros(3600000000ULL);
     CHECK(h.count() == 10);
-    CHECK(h.sumMicros() == 0 + 500 + 501 + 1000 + 2500 + 250000 + 1000000 + 10000000 + 10000001 +
-                               3600000000ULL);
+    CHECK(h.sumMicros() ==
+          0 + 500 + 501 + 1000 + 2500 + 250000 + 1000000 + 10000000 + 10000001 + 3600000000ULL);
     const std::vector<uint64_t> expected = {2, 2, 1, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 1};
     uint64_t in_buckets = 0;
     for (size_t i = 0; i < Histogram::kBounds.size(); ++i) {
@@ -292,7 +298,8 @@ TEST_SUITE("stats") {
     CHECK(&f.resolve("b") == &b);
     CHECK(&f.resolve("a") != &b);
     std::vector<std::pair<std::string, uint64_t>> seen;
-    f.forEach([&](const std::string& name, const Counter& c) { seen.emplace_back(name, c.value()); });
+    f.forEach(
+        [&](const std::string& name, const Counter& c) { seen.emplace_back(name, c.value()); });
     REQUIRE(seen.size() == 2);
     CHECK(seen[0].first == "b");  // names are kept raw: escaped only when exposed
     CHECK(seen[0].second == 5);
@@ -388,8 +395,8 @@ TEST_SUITE("admin metrics") {
     CHECK_FALSE(parseExposition("# HELP a A.\n# TYPE a counter\n# HELP b B.\n# TYPE b gauge\n"
                                 "b 1\na 1\n")
                     .problems.empty());  // a sample away from its family
-    CHECK_FALSE(parseExposition("# HELP a A.\n# TYPE a counter\n# TYPE a counter\na 1\n")
-                    .problems.empty());
+    CHECK_FALSE(
+        parseExposition("# HELP a A.\n# TYPE a counter\n# TYPE a counter\na 1\n").problems.empty());
   }
 
   TEST_CASE("no worker: still valid text with every family declared") {
@@ -469,7 +476,7 @@ TEST_SUITE("admin metrics") {
 
   TEST_CASE("a series appears once it has counted, except those shown from the start") {
     WorkerStats w;
-    w.requests.resolve("api");           // resolved by a configuration, nothing answered yet
+    w.requests.resolve("api");  // resolved by a configuration, nothing answered yet
     w.decisions.resolve("per_ip");
     w.upstream_latency.resolve("app");
     w.upstream_errors.resolve("app");
@@ -520,10 +527,10 @@ TEST_SUITE("admin metrics") {
                     "# HELP sluice_valkey_calls_total ") != std::string::npos);
     ProcessStats process;
     process.config_reloads[ReloadResult::Failure] = 2;
-    CHECK(renderMetrics({}, process).find("# TYPE sluice_config_reloads_total counter\n"
-                                          "sluice_config_reloads_total{result=\"success\"} 0\n"
-                                          "sluice_config_reloads_total{result=\"failure\"} 2\n") !=
-          std::string::npos);
+    CHECK(renderMetrics({}, process)
+              .find("# TYPE sluice_config_reloads_total counter\n"
+                    "sluice_config_reloads_total{result=\"success\"} 0\n"
+                    "sluice_config_reloads_total{result=\"failure\"} 2\n") != std::string::npos);
   }
 
   TEST_CASE("workers are summed; label sets of different workers are merged") {
@@ -595,7 +602,7 @@ TEST_SUITE("admin metrics") {
 
   TEST_CASE("histograms: summed per label set, cumulative buckets, +Inf equals _count") {
     WorkerStats w1, w2;
-    w1.upstream_latency.resolve("app").observeMicros(400);       // le 0.0005
+    w1.upstream_latency.resolve("app").observeMicros(400);  // le 0.0005
     w2.upstream_latency.resolve("app").observeMicros(400);
     w2.upstream_latency.resolve("app").observeMicros(30000);     // le 0.05
     w1.upstream_latency.resolve("app").observeMicros(20000000);  // +Inf

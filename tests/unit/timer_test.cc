@@ -1,14 +1,14 @@
 // Timer (src/core/timer.h) on a real libuv loop: restarts and stops only record the due time,
 // and the callback still runs exactly when a started timer is due, once.
 
+#include "core/timer.h"
+
 #include <doctest/doctest.h>
 #include <uv.h>
 
 #include <cstdint>
 #include <memory>
 #include <vector>
-
-#include "core/timer.h"
 
 using sluice::Timer;
 
@@ -49,12 +49,15 @@ struct Later {
     auto* l = new Later{{}, fn, arg};
     uv_timer_init(loop, &l->handle);
     l->handle.data = l;
-    uv_timer_start(&l->handle, [](uv_timer_t* h) {
-      auto* self = static_cast<Later*>(h->data);
-      self->fn(self->arg);
-      uv_close(reinterpret_cast<uv_handle_t*>(h),
-               [](uv_handle_t* c) { delete static_cast<Later*>(c->data); });
-    }, ms, 0);
+    uv_timer_start(
+        &l->handle,
+        [](uv_timer_t* h) {
+          auto* self = static_cast<Later*>(h->data);
+          self->fn(self->arg);
+          uv_close(reinterpret_cast<uv_handle_t*>(h),
+                   [](uv_handle_t* c) { delete static_cast<Later*>(c->data); });
+        },
+        ms, 0);
   }
 };
 
@@ -69,7 +72,8 @@ TEST_SUITE("core: timer") {
       const uint64_t start = uv_now(&l.loop);
       t.start(30);
       CHECK(t.active());
-      Later::schedule(&l.loop, 10, [](void* p) { static_cast<Timer*>(p)->start(60); }, &t);
+      Later::schedule(
+          &l.loop, 10, [](void* p) { static_cast<Timer*>(p)->start(60); }, &t);
       uv_run(&l.loop, UV_RUN_DEFAULT);
       REQUIRE(fired.at.size() == 1);
       CHECK(fired.at[0] >= start + 70);  // 10 ms + 60 ms, not 30

@@ -51,8 +51,8 @@ struct Endpoint final : sluice::net::TransportCallbacks {
   TlsTransport* wrap(SSL* ssl, std::shared_ptr<const void> context, uv_loop_t* loop,
                      uint64_t handshake_timeout_ms) {
     auto* tcp = static_cast<TcpTransport*>(transport.release());
-    auto* tls = new TlsTransport(std::unique_ptr<TcpTransport>(tcp), ssl, std::move(context),
-                                 loop, handshake_timeout_ms);
+    auto* tls = new TlsTransport(std::unique_ptr<TcpTransport>(tcp), ssl, std::move(context), loop,
+                                 handshake_timeout_ms);
     transport.reset(tls);
     tls->setCallbacks(this);
     return tls;
@@ -152,6 +152,5 @@ inline std::shared_ptr<TlsClientContext> clientContext(const std::string& server
   REQUIRE(context);
   return context;
 }
-
 
 }  // namespace sluice::testing::tls

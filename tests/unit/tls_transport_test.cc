@@ -5,6 +5,8 @@
 // does not trust the name, plain HTTP and garbage sent to the TLS server, and a client that
 // never starts the handshake.
 
+#include "net/tls_transport.h"
+
 #include <doctest/doctest.h>
 #include <uv.h>
 
@@ -14,10 +16,9 @@
 
 #include "config/config.h"
 #include "loop_support.h"
-#include "tls_support.h"
 #include "net/tcp_transport.h"
 #include "net/tls_context.h"
-#include "net/tls_transport.h"
+#include "tls_support.h"
 
 using sluice::net::TcpTransport;
 using sluice::net::TlsClientContext;
@@ -36,7 +37,8 @@ namespace {
 
 struct Fixture {
   explicit Fixture(uint64_t handshake_ms = 1000)
-      : server(l.get(), serverContext(handshake_ms), handshake_ms), client_context(clientContext()) {}
+      : server(l.get(), serverContext(handshake_ms), handshake_ms),
+        client_context(clientContext()) {}
   ~Fixture() {
     // Close what is still open; destroy each transport only after its onClosed.
     std::vector<Endpoint*> all;
@@ -65,8 +67,7 @@ struct Fixture {
     auto tcp = std::make_unique<TcpTransport>(loop());
     tcp->setCallbacks(&e);
     int connected = 1;
-    REQUIRE(tcp->connect(server.address(), [&connected](int status) { connected = status; }) ==
-            0);
+    REQUIRE(tcp->connect(server.address(), [&connected](int status) { connected = status; }) == 0);
     e.transport = std::move(tcp);
     REQUIRE(runUntil(loop(), [&] { return connected != 1; }));
     REQUIRE(connected == 0);
@@ -204,7 +205,8 @@ TEST_SUITE("net: the TLS transport on loopback") {
     client.transport->close();
     REQUIRE(f.server.accepted.size() == 1);
     Endpoint& server = *f.server.accepted[0];
-    CHECK(runUntil(f.loop(), [&] { return server.closed == 1; }, 300));
+    CHECK(runUntil(
+        f.loop(), [&] { return server.closed == 1; }, 300));
   }
 
   TEST_CASE("garbage instead of a ClientHello: the handshake fails, the server closes") {

@@ -5,6 +5,8 @@
 // response, a refused connection; and over TLS (tls_support.h): ready only once the
 // certificate is verified, and ConnectFailed when it does not name the upstream.
 
+#include "upstream/upstream_connection.h"
+
 #include <doctest/doctest.h>
 #include <uv.h>
 
@@ -18,7 +20,6 @@
 #include "loop_support.h"
 #include "tls_support.h"
 #include "upstream/cluster.h"
-#include "upstream/upstream_connection.h"
 
 using sluice::testing::FakePeer;
 using sluice::testing::runFor;
@@ -84,8 +85,8 @@ struct Fixture {
       c.in.erase(0, end + 4);
       if (on_request) on_request(c);
     };
-    cluster = std::make_shared<Cluster>(l.get(), upstreamConfig(upstream.port(), response_timeout_ms),
-                                        nullptr);
+    cluster = std::make_shared<Cluster>(
+        l.get(), upstreamConfig(upstream.port(), response_timeout_ms), nullptr);
   }
   ~Fixture() {
     cluster->retire();
@@ -144,9 +145,7 @@ TEST_SUITE("upstream: a connection against a fake upstream") {
     CHECK(again.ready);
     CHECK(again.connection == c);
     CHECK(again.connection->reused() == false);  // one request so far
-    f.on_request = [](FakePeer::Conn& c) {
-      c.send("HTTP/1.1 204 No Content\r\n\r\n");
-    };
+    f.on_request = [](FakePeer::Conn& c) { c.send("HTTP/1.1 204 No Content\r\n\r\n"); };
     f.send(again.connection);
     REQUIRE(runUntil(f.loop(), [&] { return second.complete == 1; }));
     CHECK(second.status == 204);
@@ -313,8 +312,8 @@ TEST_SUITE("upstream: a connection against a fake upstream") {
       // The endpoint is named "localhost": the name TLS verifies and sends as SNI.
       auto config = upstreamConfig(ntohs(sin->sin_port), 1000, "localhost");
       config.tls.emplace();
-      auto cluster = std::make_shared<Cluster>(l.get(), config,
-                                               sluice::testing::tls::clientContext());
+      auto cluster =
+          std::make_shared<Cluster>(l.get(), config, sluice::testing::tls::clientContext());
       Owner owner;
       Cluster::Acquired a = cluster->acquire(&owner, false);
       REQUIRE(a.connection);
@@ -346,8 +345,8 @@ TEST_SUITE("upstream: a connection against a fake upstream") {
       const auto* sin = reinterpret_cast<const sockaddr_in*>(server.address());
       auto config = upstreamConfig(ntohs(sin->sin_port), 1000);
       config.tls.emplace();
-      auto cluster = std::make_shared<Cluster>(
-          l.get(), config, sluice::testing::tls::clientContext("api.internal"));
+      auto cluster = std::make_shared<Cluster>(l.get(), config,
+                                               sluice::testing::tls::clientContext("api.internal"));
       Owner owner;
       Cluster::Acquired a = cluster->acquire(&owner, false);
       REQUIRE(a.connection);

@@ -3,12 +3,12 @@
 // callback runs from the loop and never inline, a failed init leaves nothing behind, and a
 // callback that destroyed its owner learns it from uv_is_closing().
 
+#include "core/uv_handle.h"
+
 #include <doctest/doctest.h>
 #include <uv.h>
 
 #include <memory>
-
-#include "core/uv_handle.h"
 
 using sluice::UvHandle;
 

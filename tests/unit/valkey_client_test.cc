@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "config/address.h"
+#include "fake_valkey.h"
 #include "loop_support.h"
 #include "stats/stats.h"
 #include "valkey/client.h"
 #include "valkey/resp.h"
-#include "fake_valkey.h"
 
 using sluice::testing::Argv;
 using sluice::testing::FakePeer;
@@ -78,9 +78,10 @@ uint64_t errors(sluice::stats::WorkerStats& stats, const char* kind) {
 // A loop, a fake Valkey and a client of it, connected and ready.
 struct Fixture {
   explicit Fixture(uint64_t timeout_ms = 50, bool start = true)
-      : hook(l.get(), [this] {
-          if (client) client->flush();
-        }),
+      : hook(l.get(),
+             [this] {
+               if (client) client->flush();
+             }),
         valkey(l.get()) {
     client = std::make_unique<Client>(l.get(), options(valkey.peer, timeout_ms), stats);
     if (start) {

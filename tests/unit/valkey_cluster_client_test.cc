@@ -109,8 +109,7 @@ struct Fixture {
     l.close();
   }
   void wire(FakeValkey& node, Script& script) {
-    node.answer = [this, &script](const Argv& argv,
-                                  FakePeer::Conn&) -> std::optional<std::string> {
+    node.answer = [this, &script](const Argv& argv, FakePeer::Conn&) -> std::optional<std::string> {
       if (argv[0] == "CLUSTER") return slotsReply(map);
       if (argv[0] == "FCALL" && script) return script(argv);
       return std::nullopt;

@@ -18,8 +18,8 @@ std::string hiredisFormat(const std::vector<std::string>& argv) {
     lens.push_back(a.size());
   }
   char* out = nullptr;
-  const int n = redisFormatCommandArgv(&out, static_cast<int>(argv.size()), ptrs.data(),
-                                       lens.data());
+  const int n =
+      redisFormatCommandArgv(&out, static_cast<int>(argv.size()), ptrs.data(), lens.data());
   REQUIRE(n > 0);
   std::string s(out, static_cast<size_t>(n));
   redisFreeCommand(out);
@@ -32,9 +32,9 @@ TEST_CASE("formatCommand writes what hiredis writes") {
   const std::vector<std::vector<std::string>> cases = {
       {"PING"},
       {"HGETALL", "sluice:apikey:key_abc"},
-      {"SET", "k", ""},                                   // empty argument
-      {"SET", "bin", std::string("a\0b\r\n$*", 7)},       // NUL, CR LF, RESP markers
-      {"SET", "big", std::string(100000, 'x')},           // a long value
+      {"SET", "k", ""},                              // empty argument
+      {"SET", "bin", std::string("a\0b\r\n$*", 7)},  // NUL, CR LF, RESP markers
+      {"SET", "big", std::string(100000, 'x')},      // a long value
   };
   for (const auto& argv : cases) CHECK(sluice::valkey::formatCommand(argv) == hiredisFormat(argv));
   CHECK(sluice::valkey::formatCommand({"PING"}) == "*1\r\n$4\r\nPING\r\n");
