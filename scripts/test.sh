@@ -2,12 +2,15 @@
 # Installs what is missing, builds, and runs every test: doctest unit tests, then the
 # integration tests (real redis-server, real upstreams, the real binary on loopback ports),
 # first on the normal build, then on the AddressSanitizer + UBSan build (leak checks on), and
-# last the libFuzzer targets for a bounded time (scripts/fuzz.sh).
+# last the libFuzzer targets for a bounded time (scripts/fuzz.sh). Before building, the C++
+# sources must be as clang-format-14 writes them (scripts/format.sh --check).
 #   SLUICE_SKIP_ASAN=1 scripts/test.sh   -> without the sanitizer build
 #   SLUICE_SKIP_FUZZ=1 scripts/test.sh   -> without fuzzing
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+echo "== clang-format (scripts/format.sh --check)"
+scripts/format.sh --check
 
 run_suite() {
   local dir=$1
