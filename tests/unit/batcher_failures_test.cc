@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "batcher_support.h"
 #include "config/config.h"
 #include "fake_store.h"
 #include "loop_support.h"
@@ -30,50 +31,11 @@ using sluice::valkey::Reply;
 
 namespace {
 
-constexpr int64_t kTime = 1764600000123456;
-
-struct Recorder : DecisionTarget {
-  void onDecision(const Decision& d) override {
-    decision = d;
-    ++told;
-    if (then) then();
-  }
-  void onDecisionError(std::string_view why) override {
-    error = std::string(why);
-    ++told;
-    if (then) then();
-  }
-  std::optional<Decision> decision;
-  std::string error;
-  int told = 0;
-  std::function<void()> then;  // runs inside the callback
-};
-
-LimitConfig limitConfig(std::string name, OnError on_error = OnError::Allow) {
-  LimitConfig l;
-  l.name = std::move(name);
-  l.algorithm = Algorithm::FixedWindow;
-  l.limit = l.burst = 10;
-  l.window = std::chrono::milliseconds(60000);
-  l.on_error = on_error;
-  return l;
-}
-
-AppliedLimit applied(const LimitConfig& config, std::string key, int64_t cost = 1) {
-  AppliedLimit a;
-  a.config = &config;
-  a.key = std::move(key);
-  a.limit = config.limit;
-  a.burst = config.burst;
-  a.cost = cost;
-  return a;
-}
-
-// A decide reply: the call's time, then remaining, reset_ms, retry_ms per limit.
-Reply decideReply(std::vector<int64_t> values) {
-  values.insert(values.begin(), kTime);
-  return sluice::testing::integers(values);
-}
+using sluice::testing::applied;
+using sluice::testing::decideReply;
+using sluice::testing::limitConfig;
+using sluice::testing::Recorder;
+constexpr int64_t kTime = sluice::testing::kDecideTime;
 
 Reply errorReply(std::string text) {
   Reply r;

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "batcher_support.h"
 #include "config/config.h"
+#include "fake_store.h"
 #include "ratelimit/script_codec.h"
 #include "replies.h"
 #include "stats/stats.h"
@@ -27,93 +29,13 @@ using sluice::valkey::Reply;
 
 namespace {
 
-constexpr int64_t kTime = 1764600000123456;
-
-// A store whose slots are the keys' first characters ("1:..." is in slot 1); it keeps every
-// call it is asked for, for the test to answer.
-class FakeStore final : public sluice::valkey::Store {
- public:
-  struct Call final : sluice::valkey::PendingCall {
-    std::string command;
-    std::string first_key;
-    sluice::valkey::CallTarget* target = nullptr;
-  };
-
-  void start() override {}
-  void stop() override {}
-  sluice::valkey::PendingCall* callDecide(std::string command, std::string_view first_key,
-                                          sluice::valkey::CallTarget* target) override {
-    if (refuse) return nullptr;
-    auto call = std::make_unique<Call>();
-    call->command = std::move(command);
-    call->first_key = std::string(first_key);
-    call->target = target;
-    calls.push_back(std::move(call));
-    return calls.back().get();
-  }
-  const std::string& decideFunction() const override { return function_; }
-  unsigned slotOf(std::string_view key) const override {
-    return static_cast<unsigned>(key.front() - '0');
-  }
-  bool accepting() override { return true; }
-  void flush() override {}
-  sluice::valkey::PendingCall* command(std::vector<std::string>,
-                                       sluice::valkey::CallTarget*) override {
-    return nullptr;
-  }
-  void cancel(sluice::valkey::PendingCall*) override {}
-
-  std::vector<std::unique_ptr<Call>> calls;
-  bool refuse = false;
-
- private:
-  std::string function_ = "decide_f";
-};
-
-struct Recorder final : DecisionTarget {
-  void onDecision(const Decision& d) override {
-    decision = d;
-    ++told;
-    if (then) then();
-  }
-  void onDecisionError(std::string_view why) override {
-    error = std::string(why);
-    ++told;
-    if (then) then();
-  }
-  std::optional<Decision> decision;
-  std::string error;
-  int told = 0;
-  std::function<void()> then;  // runs once told (a pipelined request's next decision)
-};
-
-LimitConfig limitConfig(std::string name, OnError on_error = OnError::Allow) {
-  LimitConfig l;
-  l.name = std::move(name);
-  l.algorithm = Algorithm::FixedWindow;
-  l.limit = l.burst = 10;
-  l.window = std::chrono::milliseconds(60000);
-  l.on_error = on_error;
-  return l;
-}
-
-AppliedLimit applied(const LimitConfig& config, std::string key, int64_t cost = 1) {
-  AppliedLimit a;
-  a.config = &config;
-  a.key = std::move(key);
-  a.limit = config.limit;
-  a.burst = config.burst;
-  a.cost = cost;
-  return a;
-}
-
+using sluice::testing::applied;
+using sluice::testing::decideReply;
+using sluice::testing::FakeStore;
 using sluice::testing::integer;
-
-// A decide reply: the call's time, then remaining, reset_ms, retry_ms per limit.
-Reply decideReply(std::vector<int64_t> values) {
-  values.insert(values.begin(), kTime);
-  return sluice::testing::integers(values);
-}
+using sluice::testing::limitConfig;
+using sluice::testing::Recorder;
+constexpr int64_t kTime = sluice::testing::kDecideTime;
 
 using Result = sluice::stats::CompensationResult;
 
@@ -258,7 +180,7 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     f.iterate();
     Reply allowed = decideReply({9, 100, 0});
     f.store->calls[0]->target->onValkeyReply(allowed);
-    f.store->refuse = true;  // the node is gone
+    f.store->refuse_calls = 1 << 30;  // the node is gone
     Reply refused = decideReply({0, 100, 100});
     f.store->calls[1]->target->onValkeyReply(refused);
     CHECK(r.decision->verdict == Decision::Verdict::Deny);
@@ -296,7 +218,7 @@ TEST_SUITE("ratelimit: the decision batcher, flushed by the worker's hook") {
   TEST_CASE("a refused batch is answered in flush(); what its targets queue goes out in it too") {
     Fixture f;
     auto refusing = std::make_shared<FakeStore>();
-    refusing->refuse = true;
+    refusing->refuse_calls = 1 << 30;
     LimitConfig a = limitConfig("a");
     const std::vector<AppliedLimit> first = {applied(a, "1:a:{x}")};
     const std::vector<AppliedLimit> next = {applied(a, "1:a:{y}")};

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "loop_support.h"
+#include "valkey/reply.h"
+#include "valkey/store.h"
 
 namespace sluice::testing {
 
@@ -87,6 +89,21 @@ struct FakeValkey {
   Answer answer;
   bool hold_handshake = false;
   std::vector<Received> received;
+};
+
+// A call's target that records what it is told.
+struct CallRecorder final : valkey::CallTarget {
+  void onValkeyReply(valkey::Reply& reply) override {
+    ++told;
+    replies.push_back(reply);
+  }
+  void onValkeyFailure(valkey::Failure failure) override {
+    ++told;
+    failures.push_back(failure);
+  }
+  int told = 0;
+  std::vector<valkey::Reply> replies;
+  std::vector<valkey::Failure> failures;
 };
 
 }  // namespace sluice::testing

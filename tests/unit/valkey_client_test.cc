@@ -36,19 +36,7 @@ using sluice::valkey::Reply;
 
 namespace {
 
-struct Target final : sluice::valkey::CallTarget {
-  void onValkeyReply(Reply& reply) override {
-    ++told;
-    replies.push_back(reply);
-  }
-  void onValkeyFailure(Failure failure) override {
-    ++told;
-    failures.push_back(failure);
-  }
-  int told = 0;
-  std::vector<Reply> replies;
-  std::vector<Failure> failures;
-};
+using Target = sluice::testing::CallRecorder;
 
 constexpr const char* kLibrary = "#!lua name=sluice\nredis.register_function('decide', ...)";
 
