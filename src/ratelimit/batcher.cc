@@ -271,7 +271,7 @@ DecisionBatcher::~DecisionBatcher() {
 PendingDecision* DecisionBatcher::decide(const std::shared_ptr<valkey::Store>& store,
                                          const std::vector<AppliedLimit>& limits,
                                          DecisionTarget* target,
-                                         std::shared_ptr<const void> limits_owner) {
+                                         const std::shared_ptr<const void>& limits_owner) {
   if (limits.empty() || !store->accepting()) return nullptr;
   // Each key's slot, computed once (a CRC16 of its hash tag on a cluster).
   slots_.clear();
@@ -282,7 +282,7 @@ PendingDecision* DecisionBatcher::decide(const std::shared_ptr<valkey::Store>& s
   }
   if (one_slot) return batchFor(store, slots_.front())->add(limits, target);
   auto split = std::make_shared<Split>(target, store, stats_, limits, slots_);
-  split->keepAlive(std::move(limits_owner));
+  split->keepAlive(limits_owner);  // copied for a split only, not on every decision
   for (Split::Part& part : split->parts()) {
     batchFor(store, part.slot)->add(part.limits, &part)->keep = split;
   }

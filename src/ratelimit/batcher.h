@@ -76,7 +76,7 @@ class DecisionBatcher {
   // reading them after its requester cancelled, until its calls end (to take back charges).
   PendingDecision* decide(const std::shared_ptr<valkey::Store>& store,
                           const std::vector<AppliedLimit>& limits, DecisionTarget* target,
-                          std::shared_ptr<const void> limits_owner = nullptr);
+                          const std::shared_ptr<const void>& limits_owner = nullptr);
   // The target will not be called for this decision. The handle is invalid afterwards.
   void cancel(PendingDecision* pending);
 

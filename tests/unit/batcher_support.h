@@ -1,7 +1,7 @@
 #pragma once
 
-// What the tests of the decision batcher share: a target that records what it is told, limit
-// configurations and applied limits, and decide replies.
+// What the tests of the decision path share (batcher, codec, decisions): a target that records
+// what it is told, limit configurations and applied limits, and decide replies.
 
 #include <chrono>
 #include <cstdint>
@@ -48,14 +48,15 @@ inline config::LimitConfig limitConfig(std::string name,
   return l;
 }
 
+// `cost`: the limit's own when not given.
 inline ratelimit::AppliedLimit applied(const config::LimitConfig& config, std::string key,
-                                       int64_t cost = 1) {
+                                       std::optional<int64_t> cost = std::nullopt) {
   ratelimit::AppliedLimit a;
   a.config = &config;
   a.key = std::move(key);
   a.limit = config.limit;
   a.burst = config.burst;
-  a.cost = cost;
+  a.cost = cost.value_or(config.cost);
   return a;
 }
 

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "batcher_support.h"
 #include "config/config.h"
 #include "ratelimit/decision.h"
 #include "ratelimit/script_codec.h"
@@ -36,15 +37,7 @@ LimitConfig limitConfig(Algorithm algorithm, int64_t limit, int64_t window_ms) {
   return l;
 }
 
-AppliedLimit applied(const LimitConfig& config, std::string key) {
-  AppliedLimit a;
-  a.config = &config;
-  a.key = std::move(key);
-  a.limit = config.limit;
-  a.burst = config.burst;
-  a.cost = config.cost;
-  return a;
-}
+using sluice::testing::applied;
 
 constexpr int64_t kCallTime = 1764600000123456;  // server microseconds
 const std::string kFunction = "sluice_decide_0123456789abcdef";

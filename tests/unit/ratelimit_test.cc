@@ -13,6 +13,7 @@
 #include <string_view>
 #include <vector>
 
+#include "batcher_support.h"
 #include "config/config.h"
 #include "http/message.h"
 #include "identity/request_facts.h"
@@ -57,15 +58,7 @@ KeyPart part(KeyPartKind kind, std::string name = {}) { return KeyPart{kind, std
 
 using sluice::testing::integers;
 
-AppliedLimit applied(const LimitConfig& config, std::string key) {
-  AppliedLimit a;
-  a.config = &config;
-  a.key = std::move(key);
-  a.limit = config.limit;
-  a.burst = config.burst;
-  a.cost = config.cost;
-  return a;
-}
+using sluice::testing::applied;
 
 // The value of the first "Name: value" line of serialized fields, or "-".
 std::string field(const std::string& lines, std::string_view name) {
