@@ -11,7 +11,11 @@
 --                      sliding_log keeps)
 --   then per request   its limits as "<definition>:<cost>" joined by "," ("1:1,2:3"); each
 --                      takes the next key not used before, or, written
---                      "<definition>:<cost>@<i>", KEYS[i]
+--                      "<definition>:<cost>@<i>", KEYS[i]. A cost followed by "~" is
+--                      checked but not charged (cost_from: charged later); by "!", charged
+--                      whether it fits or not (that later charge; the limit may go into
+--                      debt). Then one ARGV per concurrency limit of the request, in order:
+--                      the name of the slot it takes (a lease, unique per request)
 --   reply              the call's time T (server microseconds; every charge of the call is of
 --                      that time), then per request, in order: remaining, reset_ms, retry_ms
 --                      per limit (retry_ms 0: the limit allows, at least 1: it refuses; the
@@ -19,8 +23,16 @@
 --                      deciding it failed, one string: the error
 --   undo               function <decide function>_undo, which takes back a call's charges (a
 --                      request refused in another slot): KEYS the keys, ARGV 5 per key:
---                      algorithm, limit, window_ms, cost, T of the call that charged it;
---                      reply: how many keys it changed
+--                      algorithm, limit, window_ms, cost, T of the call that charged it (a
+--                      concurrency limit: the name of the slot); reply: how many keys it
+--                      changed
+--   lease              function <decide function>_lease, on concurrency slots: KEYS the keys,
+--                      ARGV[1] "renew" or "release", then 2 per key: the slot's name, the
+--                      lease (ms). renew: a slot still held is held for the lease from now
+--                      (one that expired stays free); release: frees it. Reply: how many
+--                      slots it found
+--   (a concurrency limit's window_ms is its lease; its key is a sorted set: slot names
+--   scored with the server time, in microseconds, when their lease ends)
 --
 -- decide: the rate limits of a batch of requests in one atomic script (all that one gateway
 -- worker asked in one loop iteration). Each request is decided on its own, all or nothing: its
@@ -43,17 +55,20 @@
 -- A module keeps each key's state by the key's index for the whole call (several requests of a
 -- batch may meet one key) and writes each changed key once:
 --   start()           a new call begins: every key index's state is stale
---   check(k, key, value, p, now_us) -> allowed
+--   check(k, key, value, p, now_us, slot) -> allowed
 --                     reads KEYS[k] = key, whose value (fetched with every other key by one
 --                     MGET; false when absent) it reads the first time, and says whether this
 --                     request fits limit p (algorithm, limit, window, burst, cost,
---                     count_denied, shadow, keep)
---   settle(k, p, allowed, charge)             makes this request count (charge) or not
+--                     count_denied, shadow, keep; later: charge nothing now; forced: charge
+--                     even if it does not fit); slot: a concurrency limit's slot name
+--   settle(k, p, allowed, charge, slot)       makes this request count (charge) or not
 --   report(k, p, allowed, out, pos) -> pos    writes its 3 reply values after out[pos]
 --   finish()                                  writes every key the call changed
 --   undo(key, limit, window_ms, cost, at_us, now_us) -> 1 if it changed the key
 --                     takes back `cost` charged at at_us (the time of an earlier call), as
 --                     exactly as the key allows (see each module), reading and writing the key
+--                     (concurrency: at_us is the slot's name, which it frees)
+--   lease(op, key, slot, lease_ms, now_us) -> 1 if it found the slot   (concurrency only)
 -- (A key of another type reads as absent, and the write replaces it.)
 
 -- Every module, by algorithm name, built by the first call (while a library loads, its code
@@ -104,24 +119,26 @@ end
 
 -- (Numbers are read with `+ 0`: on Valkey's Lua, half the cost of tonumber.)
 local function params_of(ref)
-  local j, cost = string.match(ref, '^(%d+):(%d+)$')
+  local j, cost, mode = string.match(ref, '^(%d+):(%d+)([~!]?)$')
   j = j and j + 0
   if j == nil or j < 1 or 7 * j > #definitions then error('no limit definition in ' .. ref) end
   local a = 7 * (j - 1)
   local p = {algorithm = definitions[a + 1], limit = definitions[a + 2] + 0,
              window = definitions[a + 3] + 0, burst = definitions[a + 4] + 0, cost = cost + 0,
              count_denied = definitions[a + 5] == '1', shadow = definitions[a + 6] == '1',
-             keep = definitions[a + 7] + 0,
+             keep = definitions[a + 7] + 0, later = mode == '~', forced = mode == '!',
+             slots = definitions[a + 1] == 'concurrency',
              module = false}  -- (every field in the constructor: one added resizes the table)
   params[ref] = p
   return p
 end
 
--- A request's limits, by their text: the parameters of each (shared, read-only) and where its
--- key is (`at`: a key index, or false for the next new key). Modules are found when deciding,
--- so an unknown algorithm fails only its requests.
+-- A request's limits, by their text: the parameters of each (shared, read-only), where its
+-- key is (`at`: a key index, or false for the next new key) and how many slot names follow
+-- the text (`slots`: its concurrency limits). Modules are found when deciding, so an unknown
+-- algorithm fails only its requests.
 local function limits_of(text)
-  local list = {n = 0, fresh = 0, at = {}}
+  local list = {n = 0, fresh = 0, slots = 0, at = {}}
   local from = 1
   while true do
     local comma = string.find(text, ',', from, true)
@@ -136,7 +153,9 @@ local function limits_of(text)
       list.fresh = list.fresh + 1
       list.at[i] = false
     end
-    list[i] = params[ref] or params_of(ref)
+    local p = params[ref] or params_of(ref)
+    list[i] = p
+    if p.slots then list.slots = list.slots + 1 end
     list.n = i
     if not comma then break end
     from = comma + 1
@@ -146,19 +165,20 @@ local function limits_of(text)
   return list
 end
 
-local indices, fits = {}, {}
--- Decides one request whose new keys follow KEYS[k]; writes its reply after reply[pos].
--- Returns the new end of the reply.
-local function decide(list, k, pos)
+local indices, fits, names = {}, {}, {}
+-- Decides one request whose new keys follow KEYS[k] and whose slot names (if any) start at
+-- ARGV[s]; writes its reply after reply[pos]. Returns the new end of the reply.
+local function decide(list, k, pos, ARGV, s)
   local n, at = list.n, list.at
-  if n == 1 then
+  if n == 1 and not list[1].forced then
     -- Alone, a limit is charged when it allows or counts denied requests: the rule below,
     -- for one (if it refuses, so does the request, unless it is a shadow).
     local p = list[1]
     local m = p.module or module_of(p)
     local i = at[1] or k + 1
-    local allowed = m.check(i, keys[i], values[i], p, now)
-    m.settle(i, p, allowed, allowed or p.count_denied)
+    local slot = p.slots and ARGV[s]
+    local allowed = m.check(i, keys[i], values[i], p, now, slot)
+    m.settle(i, p, allowed, (allowed or p.count_denied) and not p.later, slot)
     return m.report(i, p, allowed, reply, pos)
   end
   local refused = false
@@ -170,8 +190,14 @@ local function decide(list, k, pos)
       fresh = fresh + 1
       i = fresh
     end
-    local allowed = (p.module or module_of(p)).check(i, keys[i], values[i], p, now)
-    indices[j], fits[j] = i, allowed
+    local slot = false
+    if p.slots then
+      slot = ARGV[s]
+      s = s + 1
+    end
+    local allowed = (p.module or module_of(p)).check(i, keys[i], values[i], p, now, slot)
+    if p.forced then allowed = true end  -- charged whatever is left: into debt if need be
+    indices[j], fits[j], names[j] = i, allowed, slot
     if not allowed and not p.shadow then refused = true end
   end
   for j = 1, n do
@@ -182,7 +208,7 @@ local function decide(list, k, pos)
     else
       charge = allowed or p.count_denied
     end
-    p.module.settle(i, p, allowed, charge)
+    p.module.settle(i, p, allowed, charge and not p.later, names[j])
     pos = p.module.report(i, p, allowed, reply, pos)
   end
   return pos
@@ -210,7 +236,8 @@ local function decide_batch(KEYS, ARGV)
     local text = ARGV[cursor]
     local list = parsed[text] or limits_of(text)
     cursor = cursor + 1
-    local ok, result = pcall(decide, list, k, pos)
+    local ok, result = pcall(decide, list, k, pos, ARGV, cursor)
+    cursor = cursor + list.slots
     if ok then
       pos = result
     else
@@ -236,11 +263,29 @@ local function undo_batch(KEYS, ARGV)
     local a = 5 * (i - 1)
     local module = modules[ARGV[a + 1]]
     if module == nil then error('unknown algorithm ' .. tostring(ARGV[a + 1])) end
+    local at = ARGV[a + 5]  -- a time, or a concurrency slot's name
+    if ARGV[a + 1] ~= 'concurrency' then at = at + 0 end
     changed = changed + module.undo(KEYS[i], ARGV[a + 2] + 0, ARGV[a + 3] + 0, ARGV[a + 4] + 0,
-                                    ARGV[a + 5] + 0, now_us)
+                                    at, now_us)
   end
   return changed
 end
 
+-- Renews or frees concurrency slots (the lease layout above).
+local function lease_batch(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local now_us = t[1] * 1000000 + t[2]
+  build_modules()
+  local op = ARGV[1]
+  if op ~= 'renew' and op ~= 'release' then error('unknown lease operation ' .. tostring(op)) end
+  local found = 0
+  for i = 1, #KEYS do
+    found = found + modules.concurrency.lease(op, KEYS[i], ARGV[2 * i], ARGV[2 * i + 1] + 0,
+                                              now_us)
+  end
+  return found
+end
+
 redis.register_function(FUNCTION_NAME, decide_batch)
 redis.register_function(FUNCTION_NAME .. '_undo', undo_batch)
+redis.register_function(FUNCTION_NAME .. '_lease', lease_batch)

@@ -10,6 +10,7 @@
 #include "proxy/downstream_connection.h"
 #include "ratelimit/batcher.h"
 #include "ratelimit/deny_cache.h"
+#include "ratelimit/leases.h"
 #include "ratelimit/scripts.h"
 #include "upstream/cluster.h"
 #include "valkey/client.h"
@@ -153,6 +154,9 @@ void Worker::onEndOfIteration(uv_prepare_t* handle) noexcept {
   valkey::Store* store = snapshot ? snapshot->valkey.get() : nullptr;
   do {
     decisions.flush();
+    // Releases after the decisions: one freed by a request that left follows the call that
+    // took it on the same connection.
+    self->context_->leases().flush();
     if (store) store->flush();
   } while (decisions.queued());
 }

@@ -104,7 +104,9 @@ struct UpstreamConfig {
   std::vector<sockaddr_storage> resolved;
 };
 
-enum class Algorithm { FixedWindow, SlidingLog, SlidingWindow, TokenBucket };
+// Concurrency: requests in flight per key (no window; each slot is a lease renewed while its
+// request lasts).
+enum class Algorithm { FixedWindow, SlidingLog, SlidingWindow, TokenBucket, Concurrency };
 
 enum class KeyPartKind {
   Ip,
@@ -142,6 +144,12 @@ struct LimitConfig {
   bool count_denied = false;  // default true for sliding_log, false otherwise
   OnError on_error = OnError::Allow;
   bool shadow = false;
+  // concurrency: how long a slot outlives a gateway that stopped renewing it (it died).
+  Duration lease{30000};
+  // cost_from = "response_header:NAME": NAME in lower case, empty when the limit charges
+  // `cost` at admission. Set, the request is admitted while the limit has anything left and
+  // charged the integer in that response header (else `cost`) when the response head arrives.
+  std::string cost_from_header;
   // The largest `limit` of this limit and of every plan's override of it: the quotas that
   // share its keys (one client with and without a plan's API key). A sliding_log keeps that
   // many entries, so that no request trims what a larger quota still counts. Filled by

@@ -13,9 +13,11 @@ void Loader::loadLimit(TableReader& r) {
   if (auto v = r.enumeration<Algorithm>("algorithm", {{"fixed_window", Algorithm::FixedWindow},
                                                       {"sliding_log", Algorithm::SlidingLog},
                                                       {"sliding_window", Algorithm::SlidingWindow},
-                                                      {"token_bucket", Algorithm::TokenBucket}})) {
+                                                      {"token_bucket", Algorithm::TokenBucket},
+                                                      {"concurrency", Algorithm::Concurrency}})) {
     l.algorithm = *v;
   }
+  const bool concurrency = l.algorithm == Algorithm::Concurrency;
   if (auto items = r.strings("by")) {
     if (r.node("by")->as_array()->empty()) {
       r.error("by", "must name at least one key part, such as [\"ip\"]");
@@ -27,8 +29,27 @@ void Loader::loadLimit(TableReader& r) {
   const auto limit = r.integer("limit", 1, kMaxCount);
   if (limit) l.limit = *limit;
   if (!r.has("limit")) r.missing("limit");
-  if (auto v = r.duration("window", false)) l.window = *v;
-  if (!r.has("window")) r.missing("window");
+  if (concurrency) {
+    // No window: a slot is held while its request lasts. Its lease is what the script keeps
+    // as the window of the limit's definition.
+    for (const char* key : {"window", "burst", "count_denied", "cost"}) {
+      if (r.has(key)) {
+        r.error(key, std::string("does not apply to algorithm = \"concurrency\" (a slot is held "
+                                 "while its request lasts; see lease)"));
+      }
+    }
+    if (auto v = r.duration("lease", false)) l.lease = *v;
+    if (l.lease.count() < 1000) {
+      r.error("lease", "must be at least 1s (the gateway renews it a few times per lease)");
+    }
+    l.window = l.lease;
+  } else {
+    if (r.has("lease")) {
+      r.error("lease", "applies only to algorithm = \"concurrency\"");
+    }
+    if (auto v = r.duration("window", false)) l.window = *v;
+    if (!r.has("window")) r.missing("window");
+  }
   const auto burst = r.integer("burst", 1, kMaxCount);
   l.burst = burst.value_or(l.limit);
   // Written, even if wrong: a plan then leaves the capacity to this burst, and loadPlan()
@@ -37,12 +58,13 @@ void Loader::loadLimit(TableReader& r) {
   const auto cost = r.integer("cost", 1, kMaxCount);
   if (cost) l.cost = *cost;
   l.count_denied = l.algorithm == Algorithm::SlidingLog;
-  if (auto v = r.boolean("count_denied")) l.count_denied = *v;
+  if (auto v = r.boolean("count_denied"); v && !concurrency) l.count_denied = *v;
   if (auto v = r.enumeration<OnError>("on_error",
                                       {{"allow", OnError::Allow}, {"deny", OnError::Deny}})) {
     l.on_error = *v;
   }
   if (auto v = r.boolean("shadow")) l.shadow = *v;
+  if (auto v = r.string("cost_from")) readCostFrom(r, *v, l);
 
   // Known only when both values were read without error, to avoid a second, derived error.
   const bool bucket = l.algorithm == Algorithm::TokenBucket;
@@ -53,6 +75,24 @@ void Loader::loadLimit(TableReader& r) {
                                 : "limit = " + std::to_string(l.limit)) +
                         "): no request could ever pass");
   }
+}
+
+// cost_from = "response_header:NAME" (the only source so far).
+void Loader::readCostFrom(TableReader& r, const std::string& text, LimitConfig& l) {
+  static constexpr std::string_view kPrefix = "response_header:";
+  if (text.rfind(kPrefix, 0) != 0 || !isToken(text.substr(kPrefix.size()))) {
+    r.error("cost_from",
+            "expected \"response_header:NAME\" (NAME: a header field name), got " + quoted(text));
+    return;
+  }
+  if (l.algorithm != Algorithm::FixedWindow && l.algorithm != Algorithm::SlidingWindow &&
+      l.algorithm != Algorithm::TokenBucket) {
+    r.error("cost_from",
+            "applies to fixed_window, sliding_window and token_bucket (a cost known only after "
+            "the response cannot be kept in a log or as slots)");
+    return;
+  }
+  l.cost_from_header = lowerCase(text.substr(kPrefix.size()));
 }
 
 void Loader::readKeyPart(const StringItem& item, LimitConfig& l) {

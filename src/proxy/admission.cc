@@ -45,7 +45,11 @@ void Admission::reset() {
   if (decision_) {
     worker_.decisions().cancel(decision_);
     decision_ = nullptr;
+    keepSlots(nullptr);  // what its call takes is freed right after it
   }
+  for (ratelimit::LeaseKeeper::Id id : slots_) worker_.leases().release(id);
+  slots_.clear();
+  slots_asked_ = false;
   snapshot_ = nullptr;
   route_ = nullptr;
   facts_ = identity::RequestFacts{};
@@ -180,9 +184,16 @@ void Admission::decide() {
   }
   sent_ms_ = now;
   sent_ns_ = uv_hrtime();
+  bool slots = false;
+  for (ratelimit::AppliedLimit& l : applied_) {
+    if (l.config->algorithm != config::Algorithm::Concurrency) continue;
+    l.lease = worker_.leases().newName();
+    slots = true;
+  }
   decision_ = snapshot_->valkey
                   ? worker_.decisions().decide(snapshot_->valkey, applied_, this, snapshot_->config)
                   : nullptr;
+  slots_asked_ = slots && decision_;
   if (!decision_) apply(ratelimit::decisionOnError(applied_));
 }
 
@@ -210,6 +221,7 @@ void Admission::onDecision(const ratelimit::Decision& decision) {
   valkey_ns_ = uv_hrtime() - sent_ns_;
   ratelimit::rememberRefusals(*snapshot_->deny_cache, applied_, decision, sent_ms_,
                               uv_now(worker_.loop()));
+  keepSlots(&decision);
   apply(decision);
 }
 
@@ -217,7 +229,64 @@ void Admission::onDecisionError(std::string_view why) {
   decision_ = nullptr;
   valkey_ns_ = uv_hrtime() - sent_ns_;
   SLUICE_LOG_DEBUG("valkey: no decision ({}), on_error decides", logging::sanitize(why));
+  keepSlots(nullptr);
   apply(ratelimit::decisionOnError(applied_));
+}
+
+void Admission::keepSlots(const ratelimit::Decision* decision) {
+  if (!slots_asked_) return;
+  slots_asked_ = false;
+  ratelimit::LeaseKeeper& leases = worker_.leases();
+  for (size_t i = 0; i < applied_.size(); ++i) {
+    const ratelimit::AppliedLimit& l = applied_[i];
+    if (l.config->algorithm != config::Algorithm::Concurrency) continue;
+    const int64_t lease_ms = l.config->lease.count();
+    if (decision && i < decision->limits.size()) {
+      const ratelimit::LimitResult& r = decision->limits[i];
+      if (decision->verdict == ratelimit::Decision::Verdict::Allow &&
+          r.outcome == ratelimit::Outcome::Allowed) {
+        slots_.push_back(leases.hold(snapshot_->valkey, l.key, l.lease, lease_ms));
+        continue;
+      }
+      if (r.known()) continue;  // Valkey refused it (or the request): no slot was taken
+    }
+    // Late, failed, or nobody waits: the call may have taken the slot.
+    leases.release(snapshot_->valkey, l.key, l.lease, lease_ms);
+  }
+}
+
+namespace {
+
+// The cost a response reports in `field`: a non-negative integer; else (absent, repeated with
+// different values, not a number, too large) nullopt.
+std::optional<int64_t> reportedCost(const http::MessageHead& response, const std::string& field) {
+  const identity::FieldValue value = identity::headerField(response.headers, field);
+  if (value.ambiguous || !value.value) return std::nullopt;
+  const std::string& text = *value.value;
+  if (text.empty() || text.size() > 15) return std::nullopt;  // (below 10^15: exact in Lua)
+  int64_t n = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return std::nullopt;
+    n = n * 10 + (c - '0');
+  }
+  return n;
+}
+
+}  // namespace
+
+void Admission::chargeFromResponse(const http::MessageHead& response) {
+  if (!snapshot_ || !snapshot_->valkey) return;
+  for (size_t i = 0; i < applied_.size() && i < results_.size(); ++i) {
+    const ratelimit::AppliedLimit& l = applied_[i];
+    const std::string& field = l.config->cost_from_header;
+    // Charged when Valkey decided the request (a limit it could not ask charges nothing).
+    if (field.empty() || !results_[i].known()) continue;
+    const int64_t cost = reportedCost(response, field).value_or(l.config->cost);
+    if (cost == 0) continue;
+    ratelimit::AppliedLimit charge = l;
+    charge.cost = cost;
+    worker_.decisions().charge(snapshot_->valkey, std::move(charge));
+  }
 }
 
 void Admission::apply(const ratelimit::Decision& decision) {

@@ -20,6 +20,7 @@
 #include "proxy/worker_context.h"
 #include "ratelimit/batcher.h"
 #include "ratelimit/decision.h"
+#include "ratelimit/leases.h"
 #include "valkey/store.h"
 
 namespace sluice::proxy {
@@ -46,11 +47,17 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   // Request body bytes, while waiting for them; refuses a body over max_buffered_body_bytes.
   void onBody(const char* data, size_t len);
   void onBodyComplete();
-  // Cancels what is pending and forgets the request.
+  // Cancels what is pending and forgets the request; frees the concurrency slots it took.
   void reset();
+  // The upstream's response head arrived: each cost_from limit is charged the integer in its
+  // header (else its cost), into debt if need be.
+  void chargeFromResponse(const http::MessageHead& response);
   bool pending() const { return state_ != State::Idle && state_ != State::Done; }
   // Waiting for the rest of the body, which it needs to decide.
   bool readsBody() const { return pending() && needs_body_ && !body_complete_; }
+
+  // The request holds (or is taking) concurrency slots.
+  bool holdsSlots() const { return !slots_.empty() || slots_asked_; }
 
   // For the response and the access log.
   const std::string& rateLimitHeaders() const { return rate_headers_; }
@@ -80,6 +87,9 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   void onTenantReply(valkey::Reply& reply);
   void continueAfterTenant();
   void decide();
+  // After a decision (null: none came, or nobody waits for it): the concurrency slots it took
+  // are held until reset(); those it may have taken are freed.
+  void keepSlots(const ratelimit::Decision* decision);
   void apply(const ratelimit::Decision& decision);
   void refuse(const http::LocalResponse& response);
   void admit();
@@ -95,7 +105,9 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   std::string rate_headers_;
   valkey::PendingCall* call_ = nullptr;  // the tenant lookup
   ratelimit::PendingDecision* decision_ = nullptr;
-  uint64_t sent_ms_ = 0;  // loop time when the decision was asked, for the deny cache
+  std::vector<ratelimit::LeaseKeeper::Id> slots_;  // concurrency slots held
+  bool slots_asked_ = false;  // the pending decision may take concurrency slots
+  uint64_t sent_ms_ = 0;      // loop time when the decision was asked, for the deny cache
   uint64_t sent_ns_ = 0;
   uint64_t valkey_ns_ = 0;
   State state_ = State::Idle;

@@ -318,7 +318,11 @@ void DownstreamConnection::onReadEnd(int status) {
   }
   client_eof_ = true;
   // A client may half-close after sending a complete request; it still gets its response.
-  if ((request_ == Request::Received || request_ == Request::Answered) && !close_when_drained_) {
+  // Unless the request holds concurrency slots: a half-close and a client that left look the
+  // same, and slots must not wait for a response nobody reads (nginx takes every end of the
+  // client's side as a client abort).
+  if ((request_ == Request::Received || request_ == Request::Answered) && !close_when_drained_ &&
+      !exchange_.holdsSlots()) {
     return;
   }
   closeNow();

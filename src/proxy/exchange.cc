@@ -356,6 +356,7 @@ bool Exchange::clientKeepAlive() const {
 
 int Exchange::onUpstreamHead(http::MessageHead& head) {
   if (head.status == 101 && !wants_upgrade_) return 502;
+  admission_.chargeFromResponse(head);  // cost_from limits (the field goes on unchanged)
   status_ = head.status;
   state_ = State::Responding;
   const uint64_t now = uv_hrtime();

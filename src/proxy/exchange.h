@@ -45,6 +45,8 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   bool refuse(int status, const char* why);
   // Back to empty between two requests (frees per-request memory).
   void reset();
+  // The request holds concurrency slots: a client that ends its side is taken as gone.
+  bool holdsSlots() const { return admission_.holdsSlots(); }
   // A status line went to the client (from the upstream or ours).
   bool responseStarted() const { return status_ != 0; }
 

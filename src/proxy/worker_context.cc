@@ -5,12 +5,16 @@
 
 #include "proxy/downstream_connection.h"
 #include "ratelimit/batcher.h"
+#include "ratelimit/leases.h"
 #include "stats/stats.h"
 
 namespace sluice::proxy {
 
 WorkerContext::WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats)
-    : loop_(loop), stats_(stats), decisions_(std::make_unique<ratelimit::DecisionBatcher>(*stats)) {
+    : loop_(loop),
+      stats_(stats),
+      decisions_(std::make_unique<ratelimit::DecisionBatcher>(*stats)),
+      leases_(std::make_unique<ratelimit::LeaseKeeper>(loop, *stats)) {
   std::random_device random;
   char buf[24];
   std::snprintf(buf, sizeof buf, "%08x%08x", random(), random());

@@ -31,6 +31,7 @@ class Store;
 namespace sluice::ratelimit {
 class DecisionBatcher;
 class DenyCache;
+class LeaseKeeper;
 }  // namespace sluice::ratelimit
 
 namespace sluice::identity {
@@ -84,6 +85,9 @@ class WorkerContext {
   // store). It lives as long as this context, so longer than any request; the worker's
   // end-of-iteration hook flushes it.
   ratelimit::DecisionBatcher& decisions() const { return *decisions_; }
+  // The concurrency slots its requests hold (renewed, freed when they end); flushed by the
+  // same hook, after the batcher.
+  ratelimit::LeaseKeeper& leases() const { return *leases_; }
 
   const std::shared_ptr<Snapshot>& snapshot() const { return snapshot_; }
   void setSnapshot(std::shared_ptr<Snapshot> snapshot) { snapshot_ = std::move(snapshot); }
@@ -105,6 +109,7 @@ class WorkerContext {
   uv_loop_t* loop_;
   stats::WorkerStats* stats_;
   std::unique_ptr<ratelimit::DecisionBatcher> decisions_;
+  std::unique_ptr<ratelimit::LeaseKeeper> leases_;
   std::shared_ptr<Snapshot> snapshot_;
   bool draining_ = false;
   std::string request_id_prefix_;

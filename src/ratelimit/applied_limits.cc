@@ -41,6 +41,11 @@ void appliedLimits(const config::Config& config, const config::RouteConfig& rout
     applied.limit = limit.limit;
     applied.burst = limit.burst;
     applied.cost = limit.cost;
+    applied.charge = Charge::Now;
+    if (!limit.cost_from_header.empty()) {
+      applied.cost = 1;  // admitted while anything is left; charged from the response
+      applied.charge = Charge::Later;
+    }
     if (facts.plan) {
       auto it = facts.plan->limits.find(limit.name);
       if (it != facts.plan->limits.end()) {

@@ -15,8 +15,9 @@ struct Entry final : PendingDecision {
   DecisionTarget* target = nullptr;  // null once told or cancelled
   // The requester's limits, valid until it is told or cancels.
   const std::vector<AppliedLimit>* limits = nullptr;
-  size_t count = 0;            // limits->size(), to read past a cancelled entry
-  std::shared_ptr<void> keep;  // a split request lives as long as its parts' entries
+  size_t count = 0;               // limits->size(), to read past a cancelled entry
+  std::shared_ptr<void> keep;     // a split request lives as long as its parts' entries
+  std::vector<AppliedLimit> own;  // a charge's limit (nobody waits for its answer)
 
  private:
   void cancel() override { target = nullptr; }
@@ -37,6 +38,14 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     e.limits = &limits;
     e.count = limits.size();
     return &e;
+  }
+  // A charge of one limit that nobody waits for.
+  void addCharge(AppliedLimit limit) {
+    Entry& e = entries_.emplace_back();
+    e.own.push_back(std::move(limit));
+    script_.add(e.own);
+    e.limits = &e.own;
+    e.count = 1;
   }
   size_t requests() const { return entries_.size(); }
 
@@ -241,6 +250,7 @@ class DecisionBatcher::Split final : public PendingDecision {
       if (!p.answered || p.decision.verdict != Decision::Verdict::Allow) continue;
       charged.clear();
       for (size_t j = 0; j < p.limits.size(); ++j) {
+        if (p.limits[j].charge == Charge::Later) continue;  // (charged nothing yet)
         if (p.decision.limits[j].outcome == Outcome::Allowed || p.limits[j].config->count_denied) {
           charged.push_back(&p.limits[j]);
         }
@@ -287,6 +297,17 @@ PendingDecision* DecisionBatcher::decide(const std::shared_ptr<valkey::Store>& s
     batchFor(store, part.slot)->add(part.limits, &part)->keep = split;
   }
   return split.get();
+}
+
+void DecisionBatcher::charge(const std::shared_ptr<valkey::Store>& store, AppliedLimit limit) {
+  if (!store->accepting()) {  // (counted as a refused call)
+    SLUICE_LOG_DEBUG("valkey: not connected; the cost from a response of {} is not charged",
+                     limit.config->name);
+    return;
+  }
+  limit.charge = Charge::Forced;
+  const unsigned slot = store->slotOf(limit.key);
+  batchFor(store, slot)->addCharge(std::move(limit));
 }
 
 DecisionBatcher::Batch* DecisionBatcher::batchFor(const std::shared_ptr<valkey::Store>& store,

@@ -79,6 +79,10 @@ class DecisionBatcher {
                           const std::shared_ptr<const void>& limits_owner = nullptr);
   // The target will not be called for this decision. The handle is invalid afterwards.
   void cancel(PendingDecision* pending);
+  // Charges `limit` its cost (the cost_from of a response) whether it fits or not: the limit
+  // may go into debt. Goes with the next flush, like a decision; nobody waits for the answer
+  // (a failure is counted and logged, and the cost is not charged).
+  void charge(const std::shared_ptr<valkey::Store>& store, AppliedLimit limit);
 
   // Sends every batch queued so far, each to its store (which queues the command in the
   // store's connection: Store::flush() writes it). A batch its store refuses tells its targets

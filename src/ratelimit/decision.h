@@ -15,6 +15,14 @@ namespace sluice::ratelimit {
 enum class Outcome { Allowed, Denied, ErrorAllowed, ErrorDenied, ShadowDenied };
 const char* toString(Outcome outcome);
 
+// How a limit's cost is charged in a decision.
+enum class Charge {
+  Now,     // `cost`, when the request fits (the usual case)
+  Later,   // nothing now: the request fits while the limit has `cost` (1) left; the cost of a
+           // cost_from limit is charged when the response head arrives
+  Forced,  // `cost`, whether it fits or not (that charge, into debt if need be)
+};
+
 // One limit as it applies to one request (plan overrides already applied).
 struct AppliedLimit {
   const config::LimitConfig* config = nullptr;
@@ -22,6 +30,8 @@ struct AppliedLimit {
   int64_t limit = 0;
   int64_t burst = 0;
   int64_t cost = 1;
+  Charge charge = Charge::Now;
+  std::string lease;  // concurrency: the name of the slot this request takes (its lease)
 };
 
 struct LimitResult {

@@ -30,8 +30,10 @@ uint64_t DenyCache::remaining(const std::string& key, uint64_t now_ms) {
 namespace {
 
 // Limits the cache may answer for: a refusal of theirs is the same whether Valkey sees it
-// or not.
-bool cacheable(const config::LimitConfig& limit) { return !limit.shadow && !limit.count_denied; }
+// or not, and lasts its whole wait (a concurrency slot may be freed at any moment).
+bool cacheable(const config::LimitConfig& limit) {
+  return !limit.shadow && !limit.count_denied && limit.algorithm != config::Algorithm::Concurrency;
+}
 
 }  // namespace
 

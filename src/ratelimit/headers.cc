@@ -55,6 +55,7 @@ void appendPolicyItem(std::string& out, const config::LimitConfig& config, int64
   appendQuoted(out, config.name);
   out += ";q=";
   appendDecimal(out, limit);
+  if (config.algorithm == config::Algorithm::Concurrency) return;  // slots: no window
   out += ";w=";
   appendDecimal(out, windowSeconds(config));
 }

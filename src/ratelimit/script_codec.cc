@@ -19,6 +19,8 @@ const char* algorithmName(config::Algorithm algorithm) {
       return "sliding_window";
     case config::Algorithm::TokenBucket:
       return "token_bucket";
+    case config::Algorithm::Concurrency:
+      return "concurrency";
   }
   return "";
 }
@@ -69,6 +71,8 @@ void ScriptBatch::add(const std::vector<AppliedLimit>& limits) {
     appendDecimal(part_, static_cast<int64_t>(definition(l) + 1));
     part_ += ':';
     appendDecimal(part_, l.cost);
+    if (l.charge == Charge::Later) part_ += '~';
+    if (l.charge == Charge::Forced) part_ += '!';
     const size_t hash = hasher(l.key);
     if (const size_t index = knownKey(l.key, hash)) {
       part_ += '@';
@@ -81,14 +85,19 @@ void ScriptBatch::add(const std::vector<AppliedLimit>& limits) {
     valkey::appendBulk(keys_resp_, l.key);
   }
   valkey::appendBulk(parts_resp_, part_);
+  for (const AppliedLimit& l : limits) {
+    if (l.config->algorithm != config::Algorithm::Concurrency) continue;
+    valkey::appendBulk(parts_resp_, l.lease);
+    ++leases_;
+  }
 }
 
 std::string ScriptBatch::command(std::string_view function) const {
   std::string out;
   out.reserve(64 + function.size() + keys_resp_.size() + definitions_resp_.size() +
               parts_resp_.size());
-  valkey::appendArrayHeader(out,
-                            4 + keys_.size() + kDefinitionFields * definitions_.size() + parts_);
+  valkey::appendArrayHeader(
+      out, 4 + keys_.size() + kDefinitionFields * definitions_.size() + parts_ + leases_);
   valkey::appendBulk(out, "FCALL");
   valkey::appendBulk(out, function);
   appendBulkNumber(out, static_cast<int64_t>(keys_.size()));
@@ -142,7 +151,29 @@ std::string undoCommand(std::string_view decide_function,
     appendBulkNumber(out, l->limit);
     appendBulkNumber(out, l->config->window.count());
     appendBulkNumber(out, l->cost);
-    appendBulkNumber(out, time_us);
+    if (l->config->algorithm == config::Algorithm::Concurrency) {
+      valkey::appendBulk(out, l->lease);  // the slot this request took
+    } else {
+      appendBulkNumber(out, time_us);
+    }
+  }
+  return out;
+}
+
+std::string leaseCommand(std::string_view decide_function, LeaseOp op,
+                         const std::vector<LeaseItem>& items) {
+  std::string out;
+  valkey::appendArrayHeader(out, 4 + items.size() * 3);
+  valkey::appendBulk(out, "FCALL");
+  std::string function(decide_function);
+  function += "_lease";
+  valkey::appendBulk(out, function);
+  appendBulkNumber(out, static_cast<int64_t>(items.size()));
+  for (const LeaseItem& item : items) valkey::appendBulk(out, *item.key);
+  valkey::appendBulk(out, op == LeaseOp::Renew ? "renew" : "release");
+  for (const LeaseItem& item : items) {
+    valkey::appendBulk(out, *item.member);
+    appendBulkNumber(out, item.lease_ms);
   }
   return out;
 }

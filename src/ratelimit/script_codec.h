@@ -13,7 +13,11 @@
 //                      sliding_log keeps)
 //   then per request   its limits as "<definition>:<cost>" joined by "," ("1:1,2:3"); each
 //                      takes the next key not used before, or, written
-//                      "<definition>:<cost>@<i>", KEYS[i]
+//                      "<definition>:<cost>@<i>", KEYS[i]. A cost followed by "~" is
+//                      checked but not charged (cost_from: charged later); by "!", charged
+//                      whether it fits or not (that later charge; the limit may go into
+//                      debt). Then one ARGV per concurrency limit of the request, in order:
+//                      the name of the slot it takes (a lease, unique per request)
 //   reply              the call's time T (server microseconds; every charge of the call is of
 //                      that time), then per request, in order: remaining, reset_ms, retry_ms
 //                      per limit (retry_ms 0: the limit allows, at least 1: it refuses; the
@@ -21,8 +25,16 @@
 //                      deciding it failed, one string: the error
 //   undo               function <decide function>_undo, which takes back a call's charges (a
 //                      request refused in another slot): KEYS the keys, ARGV 5 per key:
-//                      algorithm, limit, window_ms, cost, T of the call that charged it;
-//                      reply: how many keys it changed
+//                      algorithm, limit, window_ms, cost, T of the call that charged it (a
+//                      concurrency limit: the name of the slot); reply: how many keys it
+//                      changed
+//   lease              function <decide function>_lease, on concurrency slots: KEYS the keys,
+//                      ARGV[1] "renew" or "release", then 2 per key: the slot's name, the
+//                      lease (ms). renew: a slot still held is held for the lease from now
+//                      (one that expired stays free); release: frees it. Reply: how many
+//                      slots it found
+//   (a concurrency limit's window_ms is its lease; its key is a sorted set: slot names
+//   scored with the server time, in microseconds, when their lease ends)
 //
 // A change of what a key holds is a new key prefix version (README). This layout is between
 // a gateway and its own library (named after the hash of its code): gateways of two versions
@@ -79,6 +91,7 @@ class ScriptBatch {
   std::string part_;        // (reused while adding)
   std::string first_key_;
   size_t parts_ = 0;
+  size_t leases_ = 0;  // slot names of concurrency limits, after their request's part
 };
 
 // What decide.lua's reply says of one request.
@@ -114,5 +127,15 @@ class DecisionReader {
 // cost) at `time_us` (the call's time, DecisionReader::timeUs()). All keys in one slot.
 std::string undoCommand(std::string_view decide_function,
                         const std::vector<const AppliedLimit*>& limits, int64_t time_us);
+
+// FCALL <decide function>_lease: renews or frees concurrency slots. All keys in one slot.
+enum class LeaseOp { Renew, Release };
+struct LeaseItem {
+  const std::string* key;
+  const std::string* member;  // the slot's name
+  int64_t lease_ms;
+};
+std::string leaseCommand(std::string_view decide_function, LeaseOp op,
+                         const std::vector<LeaseItem>& items);
 
 }  // namespace sluice::ratelimit

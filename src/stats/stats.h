@@ -264,6 +264,12 @@ struct CompensationResult : Listed<CompensationResult> {
   static constexpr std::array<const char*, kSize> kValues = {"done", "failed"};
 };
 
+struct LeaseCall : Listed<LeaseCall> {
+  static constexpr const char* kName = "op";
+  enum Value : size_t { Renew, Release, kSize };
+  static constexpr std::array<const char*, kSize> kValues = {"renew", "release"};
+};
+
 struct ReloadResult : Listed<ReloadResult> {
   static constexpr const char* kName = "result";
   enum Value : size_t { Success, Failure, kSize };
@@ -272,7 +278,7 @@ struct ReloadResult : Listed<ReloadResult> {
 
 static_assert(everyValueNamed(ValkeyError::kValues) && everyValueNamed(NodeError::kValues) &&
               everyValueNamed(Redirect::kValues) && everyValueNamed(CompensationResult::kValues) &&
-              everyValueNamed(ReloadResult::kValues));
+              everyValueNamed(LeaseCall::kValues) && everyValueNamed(ReloadResult::kValues));
 
 // ---- The metrics ----------------------------------------------------------------------------
 //
@@ -308,6 +314,11 @@ enum class Show { Always, Counted };
   M(valkey_compensations, Counter, "sluice_valkey_compensations_total", Show::Counted,           \
     "Calls that took back the charges of a request refused in another cluster slot, by result "    \
     "(done; failed: the charge stays until its key expires).", CompensationResult)                 \
+  M(concurrency_slots, Gauge, "sluice_concurrency_slots_held", Show::Always,                    \
+    "Concurrency slots held by this gateway's requests in flight (leases it renews).")            \
+  M(lease_calls, Counter, "sluice_concurrency_lease_calls_total", Show::Counted,                 \
+    "Calls that renew or free concurrency slots, by operation and result (failed: the lease "      \
+    "frees the slot when it ends).", LeaseCall, CompensationResult)                                 \
   M(valkey_reconnects, Counter, "sluice_valkey_reconnects_total", Show::Always,                  \
     "Valkey connections re-established.")                                                          \
   M(valkey_node_calls, Counter, "sluice_valkey_node_calls_total", Show::Always,                  \

@@ -206,6 +206,44 @@ limits = { tb = 2 }
           "t.toml:8:9: limit[0].burst: must be between 1 and 1000000000000000, got 0");
   }
 
+  TEST_CASE("concurrency: slots with a lease, no window; cost_from on counters only") {
+    const std::string slots =
+        "[[limit]]\nname = \"c\"\nalgorithm = \"concurrency\"\n"
+        "by = [\"ip\"]\nlimit = 4\n";
+    const ConfigPtr plain = load(slots);
+    CHECK(plain->limits[0].algorithm == sluice::config::Algorithm::Concurrency);
+    CHECK(plain->limits[0].lease.count() == 30000);
+    CHECK(plain->limits[0].window.count() == 30000);  // the lease, as the script reads it
+    CHECK(load(slots + "lease = \"5s\"\n")->limits[0].lease.count() == 5000);
+    CHECK(errorsOf(slots + "window = \"1s\"\nburst = 2\ncost = 1\ncount_denied = true\n") ==
+          "t.toml:6:10: limit[0].window: does not apply to algorithm = \"concurrency\" (a slot "
+          "is held while its request lasts; see lease)\n"
+          "t.toml:7:9: limit[0].burst: does not apply to algorithm = \"concurrency\" (a slot "
+          "is held while its request lasts; see lease)\n"
+          "t.toml:8:8: limit[0].cost: does not apply to algorithm = \"concurrency\" (a slot "
+          "is held while its request lasts; see lease)\n"
+          "t.toml:9:16: limit[0].count_denied: does not apply to algorithm = \"concurrency\" "
+          "(a slot is held while its request lasts; see lease)");
+    CHECK(errorsOf(slots + "lease = \"500ms\"\n") ==
+          "t.toml:6:9: limit[0].lease: must be at least 1s (the gateway renews it a few times "
+          "per lease)");
+    const std::string counter =
+        "[[limit]]\nname = \"f\"\nalgorithm = \"fixed_window\"\n"
+        "by = [\"ip\"]\nlimit = 4\nwindow = \"1m\"\n";
+    CHECK(errorsOf(counter + "lease = \"5s\"\n") ==
+          "t.toml:7:9: limit[0].lease: applies only to algorithm = \"concurrency\"");
+    CHECK(load(counter + "cost_from = \"response_header:X-Tokens-Used\"\n")
+              ->limits[0]
+              .cost_from_header == "x-tokens-used");
+    CHECK(errorsOf(counter + "cost_from = \"header:X\"\n") ==
+          "t.toml:7:13: limit[0].cost_from: expected \"response_header:NAME\" (NAME: a header "
+          "field name), got 'header:X'");
+    CHECK(errorsOf(slots + "cost_from = \"response_header:X\"\n") ==
+          "t.toml:6:13: limit[0].cost_from: applies to fixed_window, sliding_window and "
+          "token_bucket (a cost known only after the response cannot be kept in a log or as "
+          "slots)");
+  }
+
   TEST_CASE("unknown enum values list the choices") {
     CHECK(errorsOf("[server]\nrate_limit_headers = \"draft\"\n") ==
           "t.toml:2:22: server.rate_limit_headers: unknown value 'draft' (expected ietf, legacy, "
@@ -225,7 +263,7 @@ limit = 1
 window = "1s"
 on_error = "fail_open")") ==
           "t.toml:3:13: limit[0].algorithm: unknown value 'leaky_bucket' (expected fixed_window, "
-          "sliding_log, sliding_window or token_bucket)\n"
+          "sliding_log, sliding_window, token_bucket or concurrency)\n"
           "t.toml:7:12: limit[0].on_error: unknown value 'fail_open' (expected allow or deny)");
   }
 

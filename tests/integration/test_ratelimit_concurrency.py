@@ -1,0 +1,229 @@
+"""algorithm = "concurrency": requests in flight per key, shared by every gateway through
+Valkey. Each slot is a lease in a sorted set (lua/concurrency.lua) that its gateway renews while
+the request lasts and frees when it ends (response, client gone, upstream failure, WebSocket
+closed); a gateway that dies loses its slots when their leases end."""
+
+import signal
+import threading
+import time
+from collections import Counter
+
+from conftest import (TIMER_SLACK_S, limit_cfg, metric_sum, parse_rl_list,
+                      sluice_with_limits, used)
+from rawhttp import RawClient
+from test_websocket import handshake
+
+KEY = "rl:v1:in_flight:{127.0.0.1}"
+
+
+def in_flight(limit, lease=None, **kw):
+    cfg = {"name": "in_flight", "algorithm": "concurrency", "by": ["ip"], "limit": limit, **kw}
+    if lease:
+        cfg["lease"] = lease
+    return cfg
+
+
+def held(valkey, key=KEY):
+    """Live slots of the key (members whose lease has not ended)."""
+    now_us = valkey.client.time()
+    now_us = now_us[0] * 1_000_000 + now_us[1]
+    return valkey.client.zcount(key, f"({now_us}", "+inf")
+
+
+def wait_held(valkey, n, timeout=3.0, key=KEY):
+    deadline = time.monotonic() + timeout
+    while True:
+        h = held(valkey, key)
+        if h == n or time.monotonic() > deadline:
+            return h
+        time.sleep(0.02)
+
+
+def slow_requests(ports, target, count, start_gap=0.0):
+    """`count` requests at once, spread over the gateways' ports; [(status, response, seconds)]
+    in the order they were started."""
+    out = [None] * count
+    barrier = threading.Barrier(count)
+
+    def one(i):
+        barrier.wait()
+        t0 = time.monotonic()
+        with RawClient(ports[i % len(ports)], timeout=15) as c:
+            c.request("GET", target)
+            r = c.read_response()
+        out[i] = (r.status, r, time.monotonic() - t0)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def check_slot_refusal(r, limit):
+    assert r.status == 429, r
+    assert r.header("retry-after") == "1", r.headers
+    state = parse_rl_list(r.header("ratelimit"))
+    assert state["in_flight"]["r"] == 0, state
+    policy = r.header("ratelimit-policy").split(", ")
+    assert f'"in_flight";q={limit}' in policy, policy  # slots: no window
+    assert r.json()["violated-policies"] == ["in_flight"]
+
+
+def test_slots_are_shared_by_two_gateways(sluice_factory, upstream, valkey):
+    gws = [sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(4)], workers=2)
+           for _ in range(2)]
+    results = slow_requests([gw.port for gw in gws], "/slow/1500", 8)
+    statuses = Counter(s for s, _, _ in results)
+    assert statuses == {200: 4, 429: 4}, statuses
+    for status, r, seconds in results:
+        if status == 429:
+            check_slot_refusal(r, 4)
+            assert seconds < 1.0, "a refusal does not wait for a slot"
+        else:
+            assert seconds >= 1.4
+            state = parse_rl_list(r.header("ratelimit"))
+            assert 0 <= state["in_flight"]["r"] <= 3, state
+    assert wait_held(valkey, 0) == 0, "every slot is freed when its response ends"
+    assert upstream.request_count == 4
+    # Freed, they serve again.
+    again = slow_requests([gw.port for gw in gws], "/slow/200", 4)
+    assert [s for s, _, _ in again] == [200] * 4
+    assert wait_held(valkey, 0) == 0
+    for gw in gws:
+        assert metric_sum(gw, "sluice_concurrency_slots_held") == 0
+
+
+def test_slots_in_flight_are_visible_and_remaining_counts_free_slots(sluice_factory, upstream,
+                                                                    valkey):
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(3)])
+    first = threading.Thread(target=lambda: gw.get("/slow/1500", timeout=10))
+    first.start()
+    assert wait_held(valkey, 1) == 1
+    assert metric_sum(gw, "sluice_concurrency_slots_held") == 1
+    r = gw.get("/status/200")
+    assert r.status == 200
+    # The slot of this request was taken too when the header was written: 3 - 2 left.
+    assert parse_rl_list(r.header("ratelimit"))["in_flight"]["r"] == 1
+    first.join(10)
+    assert wait_held(valkey, 0) == 0
+
+
+def test_slot_freed_when_the_client_leaves(sluice_factory, upstream, valkey):
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(1)])
+    c = RawClient(gw.port, timeout=5)
+    c.request("GET", "/hang")
+    assert wait_held(valkey, 1) == 1
+    check_slot_refusal(gw.get("/status/200"), 1)
+    c.close()
+    assert wait_held(valkey, 0) == 0, "the slot is freed when the client leaves"
+    assert gw.get("/status/200").status == 200
+
+
+def test_slot_freed_when_the_upstream_fails(sluice_factory, upstream, valkey):
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(1)])
+    assert gw.get("/close-now").status == 502
+    assert wait_held(valkey, 0) == 0
+    assert gw.get("/status/200").status == 200
+    assert wait_held(valkey, 0) == 0
+
+
+def test_websocket_holds_its_slot_while_open(sluice_factory, upstream, valkey):
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(1)])
+    with RawClient(gw.port, timeout=5) as ws:
+        _, r = handshake(ws)
+        assert r.status == 101, r
+        time.sleep(0.2)
+        assert held(valkey) == 1
+        check_slot_refusal(gw.get("/status/200"), 1)
+    assert wait_held(valkey, 0) == 0, "the slot is freed when the tunnel closes"
+    assert gw.get("/status/200").status == 200
+
+
+def test_lease_is_renewed_while_the_request_lasts(sluice_factory, upstream, valkey):
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(1, lease="1s")])
+    first = threading.Thread(target=lambda: gw.get("/slow/3000", timeout=10))
+    first.start()
+    assert wait_held(valkey, 1) == 1
+    time.sleep(2.0)  # twice the lease: held only because the gateway renews it
+    assert held(valkey) == 1
+    check_slot_refusal(gw.get("/status/200"), 1)
+    assert metric_sum(gw, "sluice_concurrency_lease_calls_total", op="renew",
+                      result="done") >= 2
+    first.join(10)
+    assert wait_held(valkey, 0) == 0
+
+
+def test_slots_of_a_killed_gateway_are_freed_when_their_lease_ends(sluice_factory, upstream,
+                                                                  valkey):
+    lease_s = 2.0
+    limits = [in_flight(2, lease="2s")]
+    doomed = sluice_with_limits(sluice_factory, upstream, valkey, limits)
+    other = sluice_with_limits(sluice_factory, upstream, valkey, limits)
+    clients = []
+    for _ in range(2):
+        c = RawClient(doomed.port, timeout=5)
+        c.request("GET", "/hang")
+        clients.append(c)
+    assert wait_held(valkey, 2) == 2
+    doomed.stop(signal.SIGKILL, timeout=5)
+    doomed.stopped = True  # (killed on purpose: not a failed exit)
+    killed_at = time.monotonic()
+    check_slot_refusal(other.get("/status/200"), 2)
+    # Free at most a lease (and the last renewal's third of it) after the kill.
+    while other.get("/status/200").status == 429:
+        assert time.monotonic() - killed_at < lease_s + TIMER_SLACK_S + 0.5, "slots leaked"
+        time.sleep(0.05)
+    waited = time.monotonic() - killed_at
+    assert waited >= lease_s * 2 / 3 - TIMER_SLACK_S, f"freed after {waited:.2f}s: too early"
+    for c in clients:
+        c.close()
+    assert wait_held(valkey, 0, timeout=lease_s + 1) == 0
+
+
+def test_a_request_refused_by_a_rate_limit_takes_no_slot(sluice_factory, upstream, valkey):
+    gw = sluice_with_limits(sluice_factory, upstream, valkey,
+                            [limit_cfg("per_ip", "fixed_window", 1, "1h"), in_flight(5)])
+    first = threading.Thread(target=lambda: gw.get("/slow/1500", timeout=10))
+    first.start()
+    assert wait_held(valkey, 1) == 1
+    for _ in range(3):
+        r = gw.get("/status/200")
+        assert r.status == 429
+        assert r.json()["violated-policies"] == ["per_ip"]
+        assert held(valkey) == 1, "a request refused by a rate limit takes no slot"
+    first.join(10)
+    assert wait_held(valkey, 0) == 0
+
+
+def test_a_request_refused_for_lack_of_a_slot_is_charged_nothing(sluice_factory, upstream,
+                                                                 valkey):
+    gw = sluice_with_limits(sluice_factory, upstream, valkey,
+                            [limit_cfg("per_ip", "fixed_window", 10, "1h"), in_flight(1)])
+    first = threading.Thread(target=lambda: gw.get("/slow/1500", timeout=10))
+    first.start()
+    assert wait_held(valkey, 1) == 1
+    for _ in range(3):
+        check_slot_refusal(gw.get("/status/200"), 1)
+    assert used(valkey, "rl:v1:per_ip:{127.0.0.1}", "fixed_window", 3600) == 1
+    first.join(10)
+
+
+def test_plans_raise_the_slots_of_their_tenants(sluice_factory, upstream, valkey):
+    limit = in_flight(1)
+    limit["by"] = ["api_key"]
+    gw = sluice_with_limits(
+        sluice_factory, upstream, valkey, [limit],
+        plans=[{"name": "pro", "limits": {"in_flight": 2}}],
+        tenants=[{"name": "acme", "plan": "pro", "api_keys": ["key_pro"]}])
+    key = "rl:v1:in_flight:{key_pro}"
+    hdr = [("X-API-Key", "key_pro")]
+    first = threading.Thread(target=lambda: gw.get("/slow/1500", hdr, timeout=10))
+    first.start()
+    assert wait_held(valkey, 1, key=key) == 1
+    r = gw.get("/status/200", hdr)
+    assert r.status == 200, r
+    assert r.header("ratelimit-policy") == '"in_flight";q=2'
+    first.join(10)
+    assert wait_held(valkey, 0, key=key) == 0
