@@ -212,3 +212,14 @@ def undo_command(limits_and_keys: Iterable[tuple], at_us: int) -> list:
 def undo_call(client, limits_and_keys: Iterable[tuple], at_us: int) -> int:
     """Runs undo_command(); how many keys it changed."""
     return client.execute_command(*undo_command(limits_and_keys, at_us))
+
+
+def lease_command(limits_and_keys: Iterable[tuple], renew: bool) -> list:
+    """The FCALL that renews (or frees) the slot ("lease") of each concurrency (key, limit)."""
+    return codec().ask({"op": "lease", "limits": _limits(limits_and_keys),
+                        "renew": renew})["command"]
+
+
+def lease_call(client, limits_and_keys: Iterable[tuple], renew: bool) -> int:
+    """Runs lease_command(); how many slots it found."""
+    return client.execute_command(*lease_command(limits_and_keys, renew))

@@ -19,11 +19,16 @@
 //        later request is malformed too. Reply elements: integers, strings, null, arrays.
 //   {"op": "undo", "limits": [<limit>, ...], "time_us": <T>, "function": <name, optional>}
 //     -> {"command": ["FCALL", "<function>_undo", ...]}
+//   {"op": "lease", "renew": bool, "limits": [<limit>, ...], "function": <name, optional>}
+//     -> {"command": ["FCALL", "<function>_lease", ...]}: renews or frees each limit's slot
+//        (its "lease"; window_ms is the lease)
 //
 // <limit>: {"key": string (encode and undo), "algorithm": string, "limit": n, "window_ms": n,
 // "burst": n (default: limit), "cost": n (default 1), "count_denied": bool (default false),
 // "shadow": bool (default false), "keep": n (the largest limit of the quotas that share its
-// keys; default: limit)}. Alike limits (algorithm, window_ms, count_denied, shadow, keep) are
+// keys; default: limit), "charge": "now" | "later" (checked, charged nothing: cost_from) |
+// "forced" (charged whether it fits or not), default "now"; "lease": the slot a concurrency
+// limit takes}. Alike limits (algorithm, window_ms, count_denied, shadow, keep) are
 // one configured limit, as in the gateway. An algorithm the codec has no name for is written
 // as the codec writes one (empty): the script fails that request. The function defaults to
 // the library's.
@@ -92,6 +97,7 @@ Algorithm algorithmOf(const std::string& name) {
   if (name == "sliding_log") return Algorithm::SlidingLog;
   if (name == "sliding_window") return Algorithm::SlidingWindow;
   if (name == "token_bucket") return Algorithm::TokenBucket;
+  if (name == "concurrency") return Algorithm::Concurrency;
   return static_cast<Algorithm>(-1);  // none of them: the codec has no name for it
 }
 
@@ -104,7 +110,7 @@ class Limits {
       const std::string& name = item.key();
       if (name != "key" && name != "algorithm" && name != "limit" && name != "window_ms" &&
           name != "burst" && name != "cost" && name != "count_denied" && name != "shadow" &&
-          name != "keep") {
+          name != "keep" && name != "charge" && name != "lease") {
         throw Invalid("unknown limit field \"" + name + "\"");
       }
     }
@@ -119,6 +125,17 @@ class Limits {
         l.contains("count_denied") && boolean(l["count_denied"], "count_denied");
     const bool shadow = l.contains("shadow") && boolean(l["shadow"], "shadow");
     const int64_t keep = l.contains("keep") ? integer(l["keep"], "keep") : a.limit;
+    if (l.contains("lease")) a.lease = text(l["lease"], "lease");
+    if (l.contains("charge")) {
+      const std::string& charge = text(l["charge"], "charge");
+      if (charge == "later") {
+        a.charge = sluice::ratelimit::Charge::Later;
+      } else if (charge == "forced") {
+        a.charge = sluice::ratelimit::Charge::Forced;
+      } else if (charge != "now") {
+        throw Invalid("charge: now, later or forced");
+      }
+    }
     LimitConfig& c = configs_[{algorithm, window_ms, count_denied, shadow, keep}];
     c.algorithm = algorithmOf(algorithm);
     c.window = std::chrono::milliseconds(window_ms);
@@ -262,6 +279,24 @@ json undo(const json& in) {
   return out;
 }
 
+json lease(const json& in) {
+  Limits limits;
+  std::vector<AppliedLimit> applied;
+  for (const json& l : array(member(in, "limits"), "limits")) {
+    applied.push_back(limits.applied(l, true));
+  }
+  std::vector<sluice::ratelimit::LeaseItem> items;
+  for (const AppliedLimit& a : applied) {
+    items.push_back({&a.key, &a.lease, a.config->window.count()});
+  }
+  const bool renew = boolean(member(in, "renew"), "renew");
+  json out;
+  out["command"] = arguments(sluice::ratelimit::leaseCommand(
+      function(in), renew ? sluice::ratelimit::LeaseOp::Renew : sluice::ratelimit::LeaseOp::Release,
+      items));
+  return out;
+}
+
 json answer(const std::string& line) {
   const json in = json::parse(line, nullptr, false);
   if (in.is_discarded()) throw Invalid("not JSON");
@@ -276,6 +311,7 @@ json answer(const std::string& line) {
   if (op == "encode") return encode(in);
   if (op == "decode") return decode(in);
   if (op == "undo") return undo(in);
+  if (op == "lease") return lease(in);
   throw Invalid("unknown op \"" + op + "\"");
 }
 
