@@ -17,7 +17,7 @@ class LeaseCallTarget final : public valkey::CallTarget {
   static void send(valkey::Store& store, stats::WorkerStats& stats, LeaseOp op, std::string command,
                    std::string_view first_key) {
     auto* call = new LeaseCallTarget(stats, op);
-    if (!store.callUndo(std::move(command), first_key, call)) call->failed("not connected");
+    if (!store.callDecide(std::move(command), first_key, call)) call->failed("not connected");
   }
 
   void onValkeyReply(valkey::Reply& reply) override {

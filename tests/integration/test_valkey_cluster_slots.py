@@ -199,3 +199,31 @@ def test_a_slot_moved_under_load_admits_nothing_beyond_the_limit(sluice_factory,
     assert struct.unpack("<Id", redis.Redis(port=target).get(key_a))[1] == 60, \
         "the new owner counts every admitted request, and no refused one"
     assert metric_sum(gw, "sluice_valkey_compensations_total", result="failed") == 0
+
+
+def test_a_slot_taken_in_one_slot_is_freed_when_another_refuses(sluice_factory, upstream,
+                                                                spread_cluster):
+    """A concurrency limit and a fixed window on keys owned by different primaries: while the
+    window refuses, the slot its slot's call took is freed (by the take-back), so the slots
+    hold only the requests in flight, and the renewal and release go to the slot's owner."""
+    cluster = spread_cluster
+    limits = [{"name": "S", "algorithm": "concurrency", "by": ["header:X-A"], "limit": 1},
+              limit_cfg("B", "fixed_window", 1, "1h", by=["header:X-B"])]
+    gw = sluice_factory(upstream, routes=[route_cfg("api", ["S", "B"])],
+                        extra_toml=spread_toml(cluster, limits), workers=1)
+    wait_admin(gw, "/ready", 200)
+    avoid_window_boundary_cluster(cluster, 3600, 30)
+    a, b = values_in_other_slots(cluster, "S", "B")
+    key_s = f"{PREFIX}:S:{{{a}}}"
+    owner_s = cluster.owner(slot(cluster, key_s))
+    assert gw.get("/status/200", [("X-A", a), ("X-B", b)]).status == 200
+    for _ in range(3):
+        r = gw.get("/status/200", [("X-A", a), ("X-B", b)])
+        assert r.status == 429 and r.json()["violated-policies"] == ["B"], r
+    # (The first refusal is Valkey's, taken back; the next ones come from the deny cache, which
+    # asks nothing and takes no slot.)
+    assert wait_compensations(gw, 1) == 1
+    assert int(cluster.cli(owner_s, "EXISTS", key_s)) == 0, "no slot left behind"
+    # The slot is free: another request of that client (another B) passes.
+    assert gw.get("/status/200", [("X-A", a), ("X-B", b + "-2")]).status == 200
+    assert int(cluster.cli(owner_s, "EXISTS", key_s)) == 0
