@@ -295,3 +295,36 @@ def test_cluster_get_and_delete_reach_the_node_of_the_keys_slot(sluice_factory, 
         assert admin(gw, "DELETE", f"/limits/lim?ip={ip}").status == 204
         assert cluster.cli(owner, "EXISTS", key) == "0"
         assert peek(gw, f"/limits/lim?ip={ip}")["remaining"] == 10
+
+
+def test_reload_moves_limits_to_the_new_valkey_and_token(sluice_factory, upstream, valkey_factory,
+                                                          monkeypatch):
+    """SIGHUP with another [valkey] address: /limits reads the new server (the main loop's
+    store follows the configuration); a token_env added by the reload applies at once (its
+    variable is read when the file is loaded)."""
+    from test_operations_reload import reload
+    first, second = valkey_factory(), valkey_factory()
+    monkeypatch.setenv("SLUICE_TEST_ADMIN_TOKEN", "t0k")  # in the gateway's environment
+    gw = sluice_with_limits(sluice_factory, upstream, first,
+                            [limit_cfg("lim", "fixed_window", 5, "1h")])
+    for _ in range(2):
+        assert gw.get("/echo").status == 200
+    assert peek(gw, "/limits/lim?ip=127.0.0.1")["remaining"] == 3
+
+    text = gw.config_path.read_text().replace(first.address, second.address)
+    text = text.replace("[admin]\n", '[admin]\ntoken_env = "SLUICE_TEST_ADMIN_TOKEN"\n')
+    assert second.address in text and "token_env" in text
+    reload(gw, text)
+    assert admin(gw, "GET", "/limits/lim?ip=127.0.0.1").status == 401
+    good = [("Authorization", "Bearer t0k")]
+    deadline = time.monotonic() + 5
+    while True:  # the new store connects
+        r = admin(gw, "GET", "/limits/lim?ip=127.0.0.1", good)
+        if r.status == 200:
+            break
+        assert time.monotonic() < deadline, (r.status, r.body)
+        time.sleep(0.05)
+    assert r.json()["remaining"] == 5
+    assert gw.get("/echo").status == 200
+    assert peek(gw, "/limits/lim?ip=127.0.0.1", good)["remaining"] == 4
+    assert limit_keys(second.client, "rl:*") == [r.json()["key"]]
