@@ -122,8 +122,8 @@ TEST_SUITE("admin: /limits") {
     CHECK(l.key == "rl:t:per_user:{key_abc:alice}");
     CHECK(l.limit == 1000);
     CHECK(l.burst == 1000);
-    REQUIRE(resolveLimit(*config, "per_user", query("api_key=other&header%3AX-User=a+b"), &l,
-                         &error));
+    REQUIRE(
+        resolveLimit(*config, "per_user", query("api_key=other&header%3AX-User=a+b"), &l, &error));
     CHECK(l.key == "rl:t:per_user:{other:" + sluice::ratelimit::hashedPart("a b") + "}");
     CHECK(l.limit == 100);
     REQUIRE(resolveLimit(*config, "per_tenant", query("tenant=acme"), &l, &error));
