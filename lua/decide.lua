@@ -33,6 +33,10 @@
 --                      slots it found
 --   (a concurrency limit's window_ms is its lease; its key is a sorted set: slot names
 --   scored with the server time, in microseconds, when their lease ends)
+--   peek               function <decide function>_peek, what the next request of cost 1 would
+--                      be told about one key, charging nothing (the admin's GET /limits):
+--                      KEYS[1] the key, ARGV the 7 fields of one definition (as above);
+--                      reply: remaining, reset_ms, retry_ms (as a decide reply's limit)
 --
 -- decide: the rate limits of a batch of requests in one atomic script (all that one gateway
 -- worker asked in one loop iteration). Each request is decided on its own, all or nothing: its
@@ -286,6 +290,27 @@ local function lease_batch(KEYS, ARGV)
   return found
 end
 
+-- What the next request of cost 1 would be told about one key, charging nothing (the peek
+-- layout above). Generic over modules: start, check and report, never settle or finish.
+local function peek(KEYS, ARGV)
+  local t = redis.call('TIME')
+  local now_us = t[1] * 1000000 + t[2]
+  build_modules()
+  local p = {algorithm = ARGV[1], limit = ARGV[2] + 0, window = ARGV[3] + 0,
+             burst = ARGV[4] + 0, cost = 1, count_denied = ARGV[5] == '1',
+             shadow = ARGV[6] == '1', keep = ARGV[7] + 0, module = false}
+  local module = module_of(p)
+  local key = KEYS[1]
+  local value = false  -- as MGET reads it: a key of another type is absent
+  if redis.call('TYPE', key).ok == 'string' then value = redis.call('GET', key) end
+  module.start()
+  local allowed = module.check(1, key, value, p, now_us)
+  local out = {}
+  module.report(1, p, allowed, out, 0)
+  return out
+end
+
 redis.register_function(FUNCTION_NAME, decide_batch)
 redis.register_function(FUNCTION_NAME .. '_undo', undo_batch)
 redis.register_function(FUNCTION_NAME .. '_lease', lease_batch)
+redis.register_function(FUNCTION_NAME .. '_peek', peek)

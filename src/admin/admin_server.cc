@@ -10,6 +10,10 @@ namespace {
 constexpr uint64_t kAdminIdleMs = 30'000;
 }
 
+// One admin connection. States: reading requests; waiting for a Deferred answer (reading
+// stopped, bytes that came with the request kept in buffered_); answered (the Deferred has
+// called Respond; the next loop iteration destroys it, never from inside its own call, and
+// goes on with the buffered bytes).
 class AdminServer::Connection final : public net::TransportCallbacks, public http::ParserCallbacks {
  public:
   Connection(AdminServer& server, std::unique_ptr<net::TcpTransport> transport)
@@ -18,7 +22,11 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
         timer_(
             server.loop_, [](void* self) noexcept { static_cast<Connection*>(self)->close(); },
             this),
-        parser_(http::Parser::Type::Request, this, http::ParserLimits{8192, 65536, 64}) {
+        resume_timer_(
+            server.loop_, [](void* self) noexcept { static_cast<Connection*>(self)->resume(); },
+            this),
+        parser_(http::Parser::Type::Request, this, http::ParserLimits{8192, 65536, 64}),
+        respond_([this](AdminResponse response) { answer(std::move(response)); }) {
     transport_->setCallbacks(this);
     next_ = server_.connections_;
     if (next_) next_->prev_ = this;
@@ -35,6 +43,7 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
     if (next_) next_->prev_ = prev_;
   }
 
+  // The Deferred (if any) stays until onClosed: this may be called from inside its Respond.
   void close() {
     if (!transport_->isClosing()) transport_->close();
   }
@@ -43,20 +52,35 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
 
  private:
   void onRead(const char* data, size_t len) override {
+    if (deferred_) {  // (reading is stopped; bytes of the same read) kept for after the answer
+      buffered_.append(data, len);
+      return;
+    }
     timer_.start(kAdminIdleMs);
+    process(data, len);
+  }
+
+  void process(const char* data, size_t len) {
     while (len > 0 && !transport_->isClosing()) {
       const http::Parser::Result r = parser_.execute(data, len);
       if (r.status == http::Parser::Status::Error || r.status == http::Parser::Status::Upgrade) {
-        respond(r.error_status ? r.error_status : 400, "text/plain; charset=utf-8", "bad request\n",
-                false);
+        keep_alive_ = false;
+        method_.clear();
+        write({r.error_status ? r.error_status : 400, "text/plain; charset=utf-8", "bad request\n",
+               ""});
         return;
       }
       if (r.status == http::Parser::Status::NeedMore) return;
       data += r.consumed;
       len -= r.consumed;
       parser_.resume();
+      if (deferred_) {  // the next request waits for this one's answer
+        buffered_.append(data, len);
+        return;
+      }
     }
   }
+
   void onReadEnd(int) override { close(); }
   void onWriteDrained() override {
     if (close_after_write_) close();
@@ -65,35 +89,66 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
   void onClosed() override { delete this; }
 
   int onMessageHead(http::MessageHead& head) override {
+    const std::string& target = head.target;
+    if (target.empty() || target[0] != '/') return 400;  // origin-form only
     method_ = head.method;
     keep_alive_ = head.keep_alive;
-    const std::string& target = head.target;
-    path_ = target.substr(0, target.find('?'));
+    const size_t question = target.find('?');
+    path_ = target.substr(0, question);
+    query_ = question == std::string::npos ? std::string() : target.substr(question + 1);
+    const std::string* authorization = head.headers.get("authorization");
+    authorization_ = authorization ? *authorization : std::string();
+    authorization_repeated_ = head.headers.count("authorization") > 1;
     return 0;
   }
   void onMessageBody(const char*, size_t) override {}
   void onMessageComplete() override {
-    if (method_ != "GET" && method_ != "HEAD") {
-      respond(405, "text/plain; charset=utf-8", "method not allowed\n", keep_alive_);
+    const AdminRequest request{method_, path_, query_, authorization_, authorization_repeated_};
+    AdminResult result = server_.handler_(request, respond_);
+    if (result.later) {
+      deferred_ = std::move(result.later);
+      transport_->readStop();
       return;
     }
-    AdminResponse response = server_.handler_(path_);
-    respond(response.status, response.content_type,
-            method_ == "HEAD" ? std::string() : response.body, keep_alive_, response.body.size());
+    write(result.response);
   }
 
-  void respond(int status, const std::string& type, const std::string& body, bool keep_alive,
-               size_t length = std::string::npos) {
-    std::string out = "HTTP/1.1 " + std::to_string(status) + " " +
-                      std::string(http::reasonPhrase(status)) + "\r\nContent-Type: " + type +
-                      "\r\nContent-Length: " +
-                      std::to_string(length == std::string::npos ? body.size() : length) +
-                      "\r\nCache-Control: no-store\r\n";
-    if (!keep_alive) out += "Connection: close\r\n";
+  // The Deferred's answer.
+  void answer(AdminResponse response) {
+    if (!deferred_ || answered_ || transport_->isClosing()) return;
+    answered_ = true;
+    write(response);
+    if (!transport_->isClosing()) resume_timer_.start(0);
+  }
+
+  // The loop iteration after an answer: the Deferred has returned from its call.
+  void resume() {
+    deferred_.reset();
+    answered_ = false;
+    if (transport_->isClosing() || close_after_write_) return;
+    timer_.start(kAdminIdleMs);
+    transport_->readStart();
+    std::string rest;
+    rest.swap(buffered_);
+    process(rest.data(), rest.size());
+  }
+
+  void write(const AdminResponse& response) {
+    // 204 and 304 have neither body nor Content-Length; HEAD gets the length without the body.
+    const bool bodyless = response.status == 204 || response.status == 304;
+    std::string out = "HTTP/1.1 " + std::to_string(response.status) + " " +
+                      std::string(http::reasonPhrase(response.status)) + "\r\n";
+    if (!bodyless) {
+      out += "Content-Type: " + response.content_type +
+             "\r\nContent-Length: " + std::to_string(response.body.size()) + "\r\n";
+    }
+    out += "Cache-Control: no-store\r\n";
+    out += response.extra_headers;
+    if (!keep_alive_) out += "Connection: close\r\n";
     out += "\r\n";
-    out += body;
+    if (!bodyless && method_ != "HEAD") out += response.body;
     transport_->write(out);
-    if (!keep_alive) {
+    if (!keep_alive_) {
       close_after_write_ = true;
       if (transport_->pendingBytes() == 0) close();
     }
@@ -102,9 +157,17 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
   AdminServer& server_;
   std::unique_ptr<net::TcpTransport> transport_;
   Timer timer_;
+  Timer resume_timer_;
   http::Parser parser_;
+  const Respond respond_;
+  std::unique_ptr<Deferred> deferred_;
+  bool answered_ = false;
+  std::string buffered_;
   std::string method_;
   std::string path_;
+  std::string query_;
+  std::string authorization_;
+  bool authorization_repeated_ = false;
   bool keep_alive_ = true;
   bool close_after_write_ = false;
   Connection* prev_ = nullptr;

@@ -1,13 +1,17 @@
 #pragma once
 
-// The admin listener (/healthz, /ready, /metrics) on the main thread's loop. Tiny on purpose:
-// GET and HEAD only, no bodies, answers computed synchronously by the handler.
+// The admin listener (/healthz, /ready, /metrics, /limits) on the main thread's loop. Tiny on
+// purpose: no request bodies, one request at a time per connection. The handler answers at
+// once, or later (a Valkey call for /limits) through a Respond callback: the connection holds
+// the Deferred work while it waits, and destroying it (the client left, the listener closes)
+// cancels the work, so Respond is never called for a connection that is gone.
 
 #include <uv.h>
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "config/address.h"
 #include "net/listener.h"
@@ -18,17 +22,40 @@ struct AdminResponse {
   int status = 200;
   std::string content_type = "text/plain; charset=utf-8";
   std::string body;
+  std::string extra_headers;  // serialized "Name: value\r\n" lines (Allow, WWW-Authenticate)
+};
+
+struct AdminRequest {
+  std::string_view method;
+  std::string_view path;                // the target up to '?'
+  std::string_view query;               // after '?', raw
+  std::string_view authorization;       // the Authorization field; empty when absent
+  bool authorization_repeated = false;  // sent more than once
+};
+
+// Work whose answer comes later. Destroying it cancels it: Respond is not called afterwards.
+class Deferred {
+ public:
+  virtual ~Deferred() = default;
+};
+
+// Called once by a Deferred, from the loop (never inline from the handler).
+using Respond = std::function<void(AdminResponse)>;
+
+struct AdminResult {
+  AdminResponse response;           // the answer, when `later` is null
+  std::unique_ptr<Deferred> later;  // else: it answers through the Respond it was given
 };
 
 class AdminServer {
  public:
-  using Handler = std::function<AdminResponse(std::string_view path)>;
+  using Handler = std::function<AdminResult(const AdminRequest& request, const Respond& respond)>;
 
   AdminServer(uv_loop_t* loop, Handler handler);
   ~AdminServer();
 
   int listen(const config::SocketAddress& address, const char** what);
-  // Stops accepting and closes every admin connection.
+  // Stops accepting and closes every admin connection (cancelling what they wait for).
   void close();
 
  private:

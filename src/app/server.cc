@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "admin/limits_api.h"
 #include "config/loader.h"
 #include "core/logging.h"
 #include "stats/access_log.h"
@@ -107,6 +108,9 @@ Server::~Server() {
   trim_timer_.reset();
   admin_.reset();
   retired_admins_.clear();
+  if (admin_store_) admin_store_->stop();
+  admin_store_.reset();
+  end_of_iteration_.close();
   workers_poll_.reset();
   signals_.clear();
   uv_run(&loop_, UV_RUN_DEFAULT);  // the closed handles' callbacks
@@ -161,7 +165,9 @@ int Server::run() {
   }
 
   admin_ = std::make_unique<admin::AdminServer>(
-      &loop_, [this](std::string_view path) { return handleAdmin(path); });
+      &loop_, [this](const admin::AdminRequest& request, const admin::Respond& respond) {
+        return handleAdmin(request, respond);
+      });
   const char* what = "";
   if (const int rc = admin_->listen(config_->admin.listen, &what); rc != 0) {
     SLUICE_LOG_ERROR("cannot listen (admin): {} {}: {}", what, config_->admin.listen.text,
@@ -182,6 +188,12 @@ int Server::run() {
   }
   trim_timer_ = std::make_unique<Timer>(&loop_, onTrimTimer, this);
   trim_timer_->start(kTrimIntervalMs);
+  // As a worker's: uv_prepare_init only links the handle, uv_prepare_start cannot fail with a
+  // callback; unreferenced, it never keeps the loop alive.
+  SLUICE_UV_CHECK(end_of_iteration_.init(uv_prepare_init, &loop_, this));
+  SLUICE_UV_CHECK(uv_prepare_start(end_of_iteration_.get(), onEndOfIteration));
+  uv_unref(end_of_iteration_.as<uv_handle_t>());
+  updateAdminStore();
   SLUICE_LOG_INFO("sluice {} listening on {} with {} workers, admin on {}", SLUICE_VERSION,
                   config_->server.listen.text, workers_.size(), config_->admin.listen.text);
 
@@ -236,7 +248,9 @@ void Server::reload() {
   }
   if (config->admin.listen.text != config_->admin.listen.text) {
     auto admin = std::make_unique<admin::AdminServer>(
-        &loop_, [this](std::string_view path) { return handleAdmin(path); });
+        &loop_, [this](const admin::AdminRequest& request, const admin::Respond& respond) {
+          return handleAdmin(request, respond);
+        });
     const char* what = "";
     if (const int rc = admin->listen(config->admin.listen, &what); rc != 0) {
       SLUICE_LOG_ERROR("reload: cannot listen (admin) on {}: {}; admin stays on {}",
@@ -248,7 +262,12 @@ void Server::reload() {
     }
   }
   configureLog(config->log);
+  const config::ConfigPtr previous = config_;
   config_ = config;
+  if (!previous->hasValkey() || !config_->hasValkey() ||
+      !sameValkey(previous->valkey, config_->valkey)) {
+    updateAdminStore();
+  }
   for (auto& w : workers_) w->postConfig(generation);
   ++process_stats_.config_reloads[stats::ReloadResult::Success];
   SLUICE_LOG_INFO("configuration reloaded from {}", config_path_);
@@ -276,7 +295,20 @@ void Server::onWorkersPoll(void* context) noexcept {
   self->workers_poll_.reset();
   self->trim_timer_.reset();
   self->admin_->close();
+  if (self->admin_store_) self->admin_store_->stop();  // (/limits calls fail with 503)
+  self->end_of_iteration_.close();
   self->signals_.clear();
+}
+
+void Server::updateAdminStore() {
+  if (admin_store_) admin_store_->stop();  // its calls in flight answer 503 now
+  admin_store_.reset();
+  if (config_->hasValkey()) admin_store_ = makeStore(&loop_, config_->valkey, admin_store_stats_);
+}
+
+void Server::onEndOfIteration(uv_prepare_t* handle) noexcept {
+  auto* self = static_cast<Server*>(handle->data);
+  if (self->admin_store_) self->admin_store_->flush();
 }
 
 bool Server::ready(std::string* why) const {
@@ -299,9 +331,20 @@ bool Server::ready(std::string* why) const {
   return true;
 }
 
-admin::AdminResponse Server::handleAdmin(std::string_view path) {
-  admin::AdminResponse response;
-  if (path == "/healthz") {
+admin::AdminResult Server::handleAdmin(const admin::AdminRequest& request,
+                                       const admin::Respond& respond) {
+  const std::string_view path = request.path;
+  if (path == "/limits" || path.substr(0, 8) == "/limits/") {
+    return admin::handleLimits(request, respond, config_, admin_store_);
+  }
+  admin::AdminResult result;
+  admin::AdminResponse& response = result.response;
+  const bool known = path == "/healthz" || path == "/ready" || path == "/metrics";
+  if (known && request.method != "GET" && request.method != "HEAD") {
+    response.status = 405;
+    response.body = "method not allowed\n";
+    response.extra_headers = "Allow: GET, HEAD\r\n";
+  } else if (path == "/healthz") {
     response.body = "ok\n";
   } else if (path == "/ready") {
     std::string why;
@@ -323,7 +366,7 @@ admin::AdminResponse Server::handleAdmin(std::string_view path) {
     response.status = 404;
     response.body = "not found\n";
   }
-  return response;
+  return result;
 }
 
 }  // namespace sluice::app

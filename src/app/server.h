@@ -46,7 +46,10 @@ class Server {
   static void onWorkersPoll(void* self) noexcept;
   static void onTrimTimer(void* self) noexcept;
   static constexpr uint64_t kTrimIntervalMs = 10'000;
-  admin::AdminResponse handleAdmin(std::string_view path);
+  admin::AdminResult handleAdmin(const admin::AdminRequest& request, const admin::Respond& respond);
+  // The admin's store follows [valkey] (made, replaced or dropped with the configuration).
+  void updateAdminStore();
+  static void onEndOfIteration(uv_prepare_t* handle) noexcept;
   bool ready(std::string* why) const;
 
   std::string config_path_;
@@ -60,6 +63,11 @@ class Server {
   std::unique_ptr<Timer> workers_poll_;
   std::unique_ptr<Timer> trim_timer_;
   stats::ProcessStats process_stats_;
+  // The main loop's Valkey store, for the admin's /limits (its counters are not shown), and
+  // its end-of-iteration hook, which writes what the iteration queued (as a worker's does).
+  stats::WorkerStats admin_store_stats_;
+  std::shared_ptr<valkey::Store> admin_store_;
+  UvHandle<uv_prepare_t> end_of_iteration_;  // data: this
   bool draining_ = false;
 };
 

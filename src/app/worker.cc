@@ -33,18 +33,6 @@ std::string clusterSignature(const config::UpstreamConfig& u) {
   return s;
 }
 
-bool sameValkey(const config::ValkeyConfig& a, const config::ValkeyConfig& b) {
-  auto texts = [](const config::ValkeyConfig& v) {
-    std::vector<std::string> out;
-    for (const auto& n : v.nodes) out.push_back(n.text);
-    return out;
-  };
-  return a.address.has_value() == b.address.has_value() &&
-         (!a.address || a.address->text == b.address->text) && texts(a) == texts(b) &&
-         a.password_env == b.password_env && a.timeout == b.timeout &&
-         a.connect_timeout == b.connect_timeout;
-}
-
 valkey::ClientOptions clientOptions(const config::ValkeyConfig& c) {
   valkey::ClientOptions options;
   if (c.address) options.address = *c.address;
@@ -59,6 +47,30 @@ valkey::ClientOptions clientOptions(const config::ValkeyConfig& c) {
 }
 
 }  // namespace
+
+bool sameValkey(const config::ValkeyConfig& a, const config::ValkeyConfig& b) {
+  auto texts = [](const config::ValkeyConfig& v) {
+    std::vector<std::string> out;
+    for (const auto& n : v.nodes) out.push_back(n.text);
+    return out;
+  };
+  return a.address.has_value() == b.address.has_value() &&
+         (!a.address || a.address->text == b.address->text) && texts(a) == texts(b) &&
+         a.password_env == b.password_env && a.timeout == b.timeout &&
+         a.connect_timeout == b.connect_timeout;
+}
+
+std::shared_ptr<valkey::Store> makeStore(uv_loop_t* loop, const config::ValkeyConfig& c,
+                                         stats::WorkerStats& stats) {
+  std::shared_ptr<valkey::Store> store;
+  if (!c.nodes.empty()) {
+    store = std::make_shared<valkey::ClusterClient>(loop, c.nodes, clientOptions(c), stats);
+  } else {
+    store = std::make_shared<valkey::Client>(loop, clientOptions(c), stats);
+  }
+  store->start();
+  return store;
+}
 
 Worker::Worker(int index) : index_(index) {}
 
@@ -196,14 +208,8 @@ void Worker::applyConfig(Generation generation) {
   if (config->hasValkey()) {
     if (old && old->valkey && sameValkey(old->config->valkey, config->valkey)) {
       snapshot->valkey = old->valkey;
-    } else if (!config->valkey.nodes.empty()) {
-      snapshot->valkey = std::make_shared<valkey::ClusterClient>(
-          &loop_, config->valkey.nodes, clientOptions(config->valkey), stats_);
-      snapshot->valkey->start();
     } else {
-      snapshot->valkey =
-          std::make_shared<valkey::Client>(&loop_, clientOptions(config->valkey), stats_);
-      snapshot->valkey->start();
+      snapshot->valkey = makeStore(&loop_, config->valkey, stats_);
     }
   }
   if (old && old->valkey && old->valkey != snapshot->valkey) old->valkey->stop();

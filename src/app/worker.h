@@ -35,8 +35,17 @@
 namespace sluice::stats {
 class AccessLog;
 }
+namespace sluice::valkey {
+class Store;
+}
 
 namespace sluice::app {
+
+// Whether two [valkey] tables make the same connections (a reload keeps the store then).
+bool sameValkey(const config::ValkeyConfig& a, const config::ValkeyConfig& b);
+// A started store for [valkey]: a Client, or a ClusterClient with `nodes`; on `loop` only.
+std::shared_ptr<valkey::Store> makeStore(uv_loop_t* loop, const config::ValkeyConfig& c,
+                                         stats::WorkerStats& stats);
 
 // What a configuration (re)load hands to every worker.
 struct Generation {

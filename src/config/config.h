@@ -50,7 +50,9 @@ struct ServerConfig {
 };
 
 struct AdminConfig {
-  SocketAddress listen;  // default 127.0.0.1:9901
+  SocketAddress listen;   // default 127.0.0.1:9901
+  std::string token_env;  // name of the variable that holds the /limits token; empty: none
+  std::string token;      // its value when the configuration was loaded; never logged
 };
 
 struct LogConfig {

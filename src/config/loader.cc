@@ -45,9 +45,7 @@ std::optional<std::string> unreadableFile(const std::string& path) {
 void Loader::load(const toml::table& root) {
   TableReader r(root, "", diag_);
   section(r, "server", [&](TableReader& s) { loadServer(s); });
-  section(r, "admin", [&](TableReader& s) {
-    if (auto v = s.address("listen", AddressUse::Listen)) config_.admin.listen = *v;
-  });
+  section(r, "admin", [&](TableReader& s) { loadAdmin(s); });
   section(r, "log", [&](TableReader& s) { loadLog(s); });
   const bool has_valkey_table = section(r, "valkey", [&](TableReader& s) { loadValkey(s); });
   section(r, "identity", [&](TableReader& s) { loadIdentity(s); });

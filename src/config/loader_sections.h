@@ -109,6 +109,7 @@ class Loader {
 
   void readCertificate(TableReader& r, TlsCertificate* out);
 
+  void loadAdmin(TableReader& r);
   void loadLog(TableReader& r);
 
   void loadValkey(TableReader& r);

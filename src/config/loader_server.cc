@@ -1,11 +1,12 @@
 #include <algorithm>
+#include <cstdlib>
 #include <utility>
 
 #include "config/loader_sections.h"
 
 namespace sluice::config::loader_internal {
 
-// [server], [log], [valkey], [identity] ([admin] is one key, read in Loader::load).
+// [server], [admin], [log], [valkey], [identity].
 
 void Loader::loadServer(TableReader& r) {
   ServerConfig& s = config_.server;
@@ -41,6 +42,27 @@ void Loader::loadServer(TableReader& r) {
 void Loader::readCertificate(TableReader& r, TlsCertificate* out) {
   if (auto v = readFile(r, "cert", true)) out->cert_path = *v;
   if (auto v = readFile(r, "key", true)) out->key_path = *v;
+}
+
+void Loader::loadAdmin(TableReader& r) {
+  AdminConfig& a = config_.admin;
+  if (auto v = r.address("listen", AddressUse::Listen)) a.listen = *v;
+  if (auto name = r.string("token_env")) {
+    if (!isEnvironmentName(*name)) {
+      r.error("token_env",
+              "expected the name of an environment variable, such as "
+              "\"SLUICE_ADMIN_TOKEN\" (never the token itself)");
+    } else {
+      const char* token = std::getenv(name->c_str());
+      if (!token || !*token) {
+        r.error("token_env", "the environment variable " + *name +
+                                 " is not set or empty: /limits would be open to anyone");
+      } else {
+        a.token = token;
+      }
+    }
+    a.token_env = *name;
+  }
 }
 
 void Loader::loadLog(TableReader& r) {

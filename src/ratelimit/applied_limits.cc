@@ -13,12 +13,7 @@ void appliedLimits(const config::Config& config, const config::RouteConfig& rout
     if (n == out->size()) out->emplace_back();
     AppliedLimit& applied = (*out)[n];
     std::string& key = applied.key;
-    key.assign(config.valkey.key_prefix);
-    key += ':';
-    key += limit.name;
-    // The parts are the key's hash tag: one client's limits with the same parts share a
-    // cluster slot (and one call), different clients spread over every primary.
-    key += ":{";
+    beginLimitKey(&key, config.valkey.key_prefix, limit.name);
     bool applies = true;
     for (size_t i = 0; i < limit.by.size(); ++i) {
       const config::KeyPart& part = limit.by[i];
@@ -32,11 +27,10 @@ void appliedLimits(const config::Config& config, const config::RouteConfig& rout
         applies = false;
         break;
       }
-      if (i > 0) key += ':';
-      key += encodeKeyPart(*value.value, part.kind == config::KeyPartKind::Ip);
+      appendKeyPart(&key, i, part, *value.value);
     }
     if (!applies) continue;
-    key += '}';
+    endLimitKey(&key);
     applied.config = &limit;
     applied.limit = limit.limit;
     applied.burst = limit.burst;

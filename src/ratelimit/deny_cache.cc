@@ -1,5 +1,7 @@
 #include "ratelimit/deny_cache.h"
 
+#include <atomic>
+
 namespace sluice::ratelimit {
 
 std::string denyCacheKey(const AppliedLimit& limit) {
@@ -7,7 +9,23 @@ std::string denyCacheKey(const AppliedLimit& limit) {
          std::to_string(limit.cost);
 }
 
+namespace {
+
+std::atomic<uint64_t> reset_epoch{0};  // forgetAll() calls
+
+}  // namespace
+
+void DenyCache::forgetAll() { reset_epoch.fetch_add(1, std::memory_order_acq_rel); }
+
+void DenyCache::sync() {
+  const uint64_t epoch = reset_epoch.load(std::memory_order_acquire);
+  if (epoch == epoch_) return;
+  epoch_ = epoch;
+  entries_.clear();
+}
+
 void DenyCache::remember(const std::string& key, uint64_t until_ms, uint64_t now_ms) {
+  sync();
   if (until_ms <= now_ms) return;
   if (entries_.size() >= max_entries_ && entries_.find(key) == entries_.end()) {
     std::erase_if(entries_, [&](const auto& e) { return e.second <= now_ms; });
@@ -18,6 +36,7 @@ void DenyCache::remember(const std::string& key, uint64_t until_ms, uint64_t now
 
 uint64_t DenyCache::remaining(const std::string& key, uint64_t now_ms) {
   if (entries_.empty()) return 0;
+  sync();
   auto it = entries_.find(key);
   if (it == entries_.end()) return 0;
   if (it->second <= now_ms) {

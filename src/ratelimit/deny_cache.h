@@ -25,6 +25,12 @@ class DenyCache {
  public:
   explicit DenyCache(size_t max_entries = 65536) : max_entries_(max_entries) {}
 
+  // Thread-safe, for every cache of the process: counters were reset (the admin's DELETE
+  // /limits), so every refusal remembered so far may be wrong. Each cache drops its entries at
+  // its next remember() or remaining(). Called before the reset and again once it is done (a
+  // refusal decided before the reset and remembered in between is dropped by the second).
+  static void forgetAll();
+
   // Refused until `until_ms` (loop time).
   void remember(const std::string& key, uint64_t until_ms, uint64_t now_ms);
   // Milliseconds the key stays refused, or 0.
@@ -33,8 +39,12 @@ class DenyCache {
   bool empty() const { return entries_.empty(); }
 
  private:
+  // Drops every entry when forgetAll() was called since the last look.
+  void sync();
+
   size_t max_entries_;
   std::unordered_map<std::string, uint64_t> entries_;
+  uint64_t epoch_ = 0;  // of forgetAll() calls, when entries_ was last synced
 };
 
 // Refusal of a request from the cache, when one of its limits is held there (false: ask

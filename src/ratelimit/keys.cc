@@ -33,4 +33,32 @@ std::string encodeKeyPart(std::string_view value, bool allow_colon) {
   return std::string(value);
 }
 
+void beginLimitKey(std::string* key, std::string_view key_prefix, std::string_view limit_name) {
+  key->assign(key_prefix);
+  *key += ':';
+  *key += limit_name;
+  // The parts are the key's hash tag: one client's limits with the same parts share a
+  // cluster slot (and one call), different clients spread over every primary.
+  *key += ":{";
+}
+
+void appendKeyPart(std::string* key, size_t index, const config::KeyPart& part,
+                   std::string_view value) {
+  if (index > 0) *key += ':';
+  *key += encodeKeyPart(value, part.kind == config::KeyPartKind::Ip);
+}
+
+void endLimitKey(std::string* key) { *key += '}'; }
+
+std::string limitKey(std::string_view key_prefix, const config::LimitConfig& limit,
+                     const std::vector<std::string>& values) {
+  std::string key;
+  beginLimitKey(&key, key_prefix, limit.name);
+  for (size_t i = 0; i < limit.by.size() && i < values.size(); ++i) {
+    appendKeyPart(&key, i, limit.by[i], values[i]);
+  }
+  endLimitKey(&key);
+  return key;
+}
+
 }  // namespace sluice::ratelimit

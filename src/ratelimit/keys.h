@@ -9,6 +9,9 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "config/config.h"
 
 namespace sluice::ratelimit {
 
@@ -20,5 +23,18 @@ std::string encodeKeyPart(std::string_view value, bool allow_colon = false);
 
 // "~" + the first 32 hex digits (128 bits) of SHA-256(value).
 std::string hashedPart(std::string_view value);
+
+// The key of one client's counter of a limit, written into *key (its storage is reused):
+// beginLimitKey, then appendKeyPart for each part of the limit's `by`, in order, with its raw
+// value, then endLimitKey. The request path (applied_limits.cc) and the admin's /limits build
+// keys with these, so both name the same counter.
+void beginLimitKey(std::string* key, std::string_view key_prefix, std::string_view limit_name);
+void appendKeyPart(std::string* key, size_t index, const config::KeyPart& part,
+                   std::string_view value);
+void endLimitKey(std::string* key);
+
+// The same at once: `values` holds the raw value of each part of `limit.by`, in order.
+std::string limitKey(std::string_view key_prefix, const config::LimitConfig& limit,
+                     const std::vector<std::string>& values);
 
 }  // namespace sluice::ratelimit

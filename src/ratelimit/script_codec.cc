@@ -7,8 +7,6 @@
 
 namespace sluice::ratelimit {
 
-namespace {
-
 const char* algorithmName(config::Algorithm algorithm) {
   switch (algorithm) {
     case config::Algorithm::FixedWindow:
@@ -25,10 +23,24 @@ const char* algorithmName(config::Algorithm algorithm) {
   return "";
 }
 
+namespace {
+
 void appendBulkNumber(std::string& out, int64_t value) {
   std::string digits;  // short: no allocation
   appendDecimal(digits, value);
   valkey::appendBulk(out, digits);
+}
+
+// The kDefinitionFields bulk strings of one limit definition (a decide call's, a peek's).
+void appendDefinition(std::string& out, const AppliedLimit& l) {
+  valkey::appendBulk(out, algorithmName(l.config->algorithm));
+  appendBulkNumber(out, l.limit);
+  appendBulkNumber(out, l.config->window.count());
+  appendBulkNumber(out, l.burst);
+  valkey::appendBulk(out, l.config->count_denied ? "1" : "0");
+  valkey::appendBulk(out, l.config->shadow ? "1" : "0");
+  // The largest quota on this limit's keys (its plans' too): what a sliding_log keeps.
+  appendBulkNumber(out, std::max(l.limit, l.config->most_limit));
 }
 
 }  // namespace
@@ -42,14 +54,7 @@ size_t ScriptBatch::definition(const AppliedLimit& l) {
   }
   if (index == definitions_.size()) {
     definitions_.push_back({l.config, l.limit, l.burst});
-    valkey::appendBulk(definitions_resp_, algorithmName(l.config->algorithm));
-    appendBulkNumber(definitions_resp_, l.limit);
-    appendBulkNumber(definitions_resp_, l.config->window.count());
-    appendBulkNumber(definitions_resp_, l.burst);
-    valkey::appendBulk(definitions_resp_, l.config->count_denied ? "1" : "0");
-    valkey::appendBulk(definitions_resp_, l.config->shadow ? "1" : "0");
-    // The largest quota on this limit's keys (its plans' too): what a sliding_log keeps.
-    appendBulkNumber(definitions_resp_, std::max(l.limit, l.config->most_limit));
+    appendDefinition(definitions_resp_, l);
   }
   return index;
 }
@@ -176,6 +181,31 @@ std::string leaseCommand(std::string_view decide_function, LeaseOp op,
     appendBulkNumber(out, item.lease_ms);
   }
   return out;
+}
+
+std::string peekCommand(std::string_view decide_function, const AppliedLimit& limit) {
+  std::string out;
+  valkey::appendArrayHeader(out, 4 + ScriptBatch::kDefinitionFields);
+  valkey::appendBulk(out, "FCALL");
+  std::string function(decide_function);
+  function += "_peek";
+  valkey::appendBulk(out, function);
+  valkey::appendBulk(out, "1");
+  valkey::appendBulk(out, limit.key);
+  appendDefinition(out, limit);
+  return out;
+}
+
+bool readPeekReply(const valkey::Reply& reply, PeekResult* out) {
+  using Type = valkey::Reply::Type;
+  if (reply.type != Type::Array || reply.elements.size() != 3) return false;
+  for (const valkey::Reply& e : reply.elements) {
+    if (e.type != Type::Integer) return false;
+  }
+  out->remaining = reply.elements[0].integer;
+  out->reset_ms = reply.elements[1].integer;
+  out->retry_ms = reply.elements[2].integer;
+  return true;
 }
 
 }  // namespace sluice::ratelimit

@@ -1,7 +1,8 @@
 #pragma once
 
 // The decide layout, on Sluice's side (lua/decide.lua opens with the same description):
-// ScriptBatch writes a call, DecisionReader reads its reply, undoCommand writes an undo.
+// ScriptBatch writes a call, DecisionReader reads its reply, undoCommand writes an undo,
+// peekCommand writes a peek and readPeekReply reads its reply.
 // Nothing else builds or reads them: tests and benchmarks use them (tests/tools/codec_tool.cc).
 //
 //   KEYS               each key the call's limits use, once, in order of first use; the
@@ -35,6 +36,10 @@
 //                      slots it found
 //   (a concurrency limit's window_ms is its lease; its key is a sorted set: slot names
 //   scored with the server time, in microseconds, when their lease ends)
+//   peek               function <decide function>_peek, what the next request of cost 1 would
+//                      be told about one key, charging nothing (the admin's GET /limits):
+//                      KEYS[1] the key, ARGV the 7 fields of one definition (as above);
+//                      reply: remaining, reset_ms, retry_ms (as a decide reply's limit)
 //
 // A change of what a key holds is a new key prefix version (README). This layout is between
 // a gateway and its own library (named after the hash of its code): gateways of two versions
@@ -50,6 +55,9 @@
 #include "valkey/reply.h"
 
 namespace sluice::ratelimit {
+
+// The algorithm's name in a definition (and in the configuration): "fixed_window", ...
+const char* algorithmName(config::Algorithm algorithm);
 
 // One call of lua/decide.lua for the requests of one batch, in order. Each distinct limit
 // definition (configuration, effective limit and burst) and each key is written once.
@@ -137,5 +145,19 @@ struct LeaseItem {
 };
 std::string leaseCommand(std::string_view decide_function, LeaseOp op,
                          const std::vector<LeaseItem>& items);
+
+// FCALL <decide function>_peek: what the next request of cost 1 would be told about
+// `limit.key` (its definition: limit.config, limit.limit, limit.burst; the cost is not sent),
+// charging nothing.
+std::string peekCommand(std::string_view decide_function, const AppliedLimit& limit);
+
+// A peek's reply: what a decide reply says of one limit.
+struct PeekResult {
+  int64_t remaining = 0;
+  int64_t reset_ms = 0;
+  int64_t retry_ms = 0;  // 0: a request of cost 1 would pass; more: it would wait this long
+};
+// False when the reply is not three integers.
+bool readPeekReply(const valkey::Reply& reply, PeekResult* out);
 
 }  // namespace sluice::ratelimit

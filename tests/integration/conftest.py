@@ -181,7 +181,7 @@ def pytest_runtest_makereport(item, call):
 def sluice_factory(tmp_path, request):
     """make(upstream=server_or_list, ...) for one cluster "app" and a catch-all route, or
     make(upstreams=[{name, endpoints, ...}], routes=[{name, match, upstream}]).
-    server / log / upstream_options: extra keys; workers defaults to 1; start=False only writes
+    server / log / admin / upstream_options: extra keys; workers defaults to 1; start=False only writes
     the configuration (returns the Sluice, not started); nofile=N starts the gateway with its
     open-files soft limit raised to N (capped by the hard limit; default: inherited)."""
     instances: list[Sluice] = []
@@ -190,7 +190,8 @@ def sluice_factory(tmp_path, request):
     def make(upstream: Any = None, *, upstreams: Optional[list] = None,
              routes: Optional[list] = None, server: Optional[dict] = None,
              upstream_options: Optional[dict] = None, log: Optional[dict] = None,
-             workers: int = 1, extra_toml: str = "", start: bool = True,
+             admin: Optional[dict] = None, workers: int = 1, extra_toml: str = "",
+             start: bool = True,
              nofile: Optional[int] = None) -> Sluice:
         n = len(instances)
         port, admin_port = free_port(), free_port()
@@ -200,7 +201,7 @@ def sluice_factory(tmp_path, request):
         cfg.write_text(sluice_config(port, admin_port, upstream, upstreams=upstreams,
                                      routes=routes, server=server,
                                      upstream_options=upstream_options, log=log,
-                                     workers=workers, extra_toml=extra_toml))
+                                     admin=admin, workers=workers, extra_toml=extra_toml))
         inst = Sluice(cfg, tmp_path / f"sluice{n}.stderr", port, admin_port, nofile=nofile)
         instances.append(inst)
         if start:

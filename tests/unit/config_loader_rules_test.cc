@@ -4,6 +4,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "config/loader.h"
@@ -395,6 +396,28 @@ api_keys = []
           "as \"VALKEY_PASSWORD\" (never the password itself)");
     CHECK(errorsOf("[valkey]\npassword_env = \"1PASS\"\n").find("valkey.password_env") !=
           std::string::npos);
+  }
+
+  TEST_CASE("admin: token_env names a variable that is set and not empty") {
+    ::setenv("SLUICE_TEST_ADMIN_TOKEN", "t0ken", 1);
+    ::setenv("SLUICE_TEST_EMPTY_TOKEN", "", 1);
+    ::unsetenv("SLUICE_TEST_UNSET_TOKEN");
+    const ConfigPtr c = load("[admin]\ntoken_env = \"SLUICE_TEST_ADMIN_TOKEN\"\n");
+    CHECK(c->admin.token_env == "SLUICE_TEST_ADMIN_TOKEN");
+    CHECK(c->admin.token == "t0ken");
+    CHECK(load("[admin]\n")->admin.token.empty());
+    CHECK(errorsOf("[admin]\ntoken_env = \"SLUICE_TEST_UNSET_TOKEN\"\n") ==
+          "t.toml:2:13: admin.token_env: the environment variable SLUICE_TEST_UNSET_TOKEN is not "
+          "set or empty: /limits would be open to anyone");
+    CHECK(errorsOf("[admin]\ntoken_env = \"SLUICE_TEST_EMPTY_TOKEN\"\n") ==
+          "t.toml:2:13: admin.token_env: the environment variable SLUICE_TEST_EMPTY_TOKEN is not "
+          "set or empty: /limits would be open to anyone");
+    CHECK(errorsOf("[admin]\ntoken_env = \"s3cr3t!\"\n") ==
+          "t.toml:2:13: admin.token_env: expected the name of an environment variable, such as "
+          "\"SLUICE_ADMIN_TOKEN\" (never the token itself)");
+    CHECK(errorsOf("[admin]\ntoken = \"x\"\n").find("admin.token") != std::string::npos);
+    ::unsetenv("SLUICE_TEST_ADMIN_TOKEN");
+    ::unsetenv("SLUICE_TEST_EMPTY_TOKEN");
   }
 
   TEST_CASE("key parts of a limit") {

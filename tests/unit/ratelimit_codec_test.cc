@@ -170,6 +170,41 @@ TEST_SUITE("ratelimit: decide codec") {
                          "20", "1000", "3", "1764600000123456"}));
   }
 
+  TEST_CASE("peekCommand: KEYS[1], then the 7 fields of the definition, as a decide call's") {
+    LimitConfig c = limitConfig(Algorithm::TokenBucket, 10, 1000);
+    c.most_limit = 40;
+    AppliedLimit l = applied(c, "rl:b:{1}");
+    l.limit = 20;  // a plan's
+    l.burst = 30;
+    l.cost = 7;  // not sent: a peek asks for a request of cost 1
+    CHECK(peekCommand(kFunction, l) ==
+          formatCommand({"FCALL", kFunction + "_peek", "1", "rl:b:{1}", "token_bucket", "20",
+                         "1000", "30", "0", "0", "40"}));
+    // The definition is the same bytes as in a decide call.
+    ScriptBatch batch;
+    batch.add({l});
+    const std::string call = batch.command(kFunction);
+    const std::string peek = peekCommand(kFunction, l);
+    const std::string fields = peek.substr(peek.find("$12\r\ntoken_bucket"));
+    CHECK(call.find(fields) != std::string::npos);
+  }
+
+  TEST_CASE("readPeekReply: three integers, or nothing") {
+    PeekResult r;
+    REQUIRE(readPeekReply(integers({4, 1500, 0}), &r));
+    CHECK(r.remaining == 4);
+    CHECK(r.reset_ms == 1500);
+    CHECK(r.retry_ms == 0);
+    CHECK_FALSE(readPeekReply(integers({4, 1500}), &r));
+    Reply bad = integers({4, 1500, 0});
+    bad.elements[1].type = Reply::Type::String;
+    CHECK_FALSE(readPeekReply(bad, &r));
+    Reply error;
+    error.type = Reply::Type::Error;
+    error.text = "ERR unknown algorithm";
+    CHECK_FALSE(readPeekReply(error, &r));
+  }
+
   TEST_CASE("DecisionReader: decided and failed parts, one after the other") {
     // the call's time, then remaining, reset_ms, retry_ms per limit (retry 0: allows)
     Reply reply = integers({kCallTime, 9, 800, 0,    // one limit: allowed

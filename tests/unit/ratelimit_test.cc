@@ -715,6 +715,21 @@ Decision bothRefused(const LimitConfig& minute, const LimitConfig& longer) {
 }
 
 TEST_SUITE("ratelimit: deny cache") {
+  TEST_CASE("forgetAll: every cache drops what it remembered before (a reset of counters)") {
+    DenyCache a;
+    DenyCache b;
+    a.remember("rl:v1:per_ip:{1.2.3.4}", 5000, 1000);
+    b.remember("rl:v1:per_ip:{5.6.7.8}", 5000, 1000);
+    DenyCache::forgetAll();
+    CHECK(a.remaining("rl:v1:per_ip:{1.2.3.4}", 1000) == 0);
+    CHECK(a.size() == 0);
+    b.remember("rl:v1:per_ip:{9.9.9.9}", 5000, 1000);  // remembered after: kept
+    CHECK(b.remaining("rl:v1:per_ip:{5.6.7.8}", 1000) == 0);
+    CHECK(b.remaining("rl:v1:per_ip:{9.9.9.9}", 1000) == 4000);
+    a.remember("rl:v1:per_ip:{1.2.3.4}", 5000, 1000);
+    CHECK(a.remaining("rl:v1:per_ip:{1.2.3.4}", 1000) == 4000);
+  }
+
   TEST_CASE("a key stays refused until its time, then is forgotten") {
     DenyCache cache;
     cache.remember("rl:v1:per_ip:1.2.3.4", 5000, 1000);

@@ -227,7 +227,8 @@ DEFAULT_UPSTREAM = {
 def sluice_config(port: int, admin_port: int, upstream: Any = None, *,
                   upstreams: Optional[list] = None, routes: Optional[list] = None,
                   server: Optional[dict] = None, upstream_options: Optional[dict] = None,
-                  log: Optional[dict] = None, workers: int = 1, extra_toml: str = "") -> str:
+                  log: Optional[dict] = None, admin: Optional[dict] = None, workers: int = 1,
+                  extra_toml: str = "") -> str:
     """The TOML text sluice_factory writes (see its docstring for the arguments)."""
     if upstreams is None:
         upstreams = []
@@ -245,7 +246,7 @@ def sluice_config(port: int, admin_port: int, upstream: Any = None, *,
     server_cfg = {"listen": f"127.0.0.1:{port}", "workers": workers, **DEFAULT_SERVER,
                   **(server or {})}
     text = toml_table("[server]", server_cfg)
-    text += toml_table("[admin]", {"listen": f"127.0.0.1:{admin_port}"})
+    text += toml_table("[admin]", {"listen": f"127.0.0.1:{admin_port}", **(admin or {})})
     text += toml_table("[log]", {"level": "debug", "access_log": "off", **(log or {})})
     for u in ups:
         text += toml_table("[[upstream]]", u)
