@@ -142,11 +142,12 @@ def test_websocket_holds_its_slot_while_open(sluice_factory, upstream, valkey):
 
 
 def test_lease_is_renewed_while_the_request_lasts(sluice_factory, upstream, valkey):
-    gw = sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(1, lease="1s")])
-    first = threading.Thread(target=lambda: gw.get("/slow/3000", timeout=10))
+    # (Renewed every third of the lease: a loaded machine has 1.3 s of margin.)
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(1, lease="2s")])
+    first = threading.Thread(target=lambda: gw.get("/slow/4500", timeout=10))
     first.start()
     assert wait_held(valkey, 1) == 1
-    time.sleep(2.0)  # twice the lease: held only because the gateway renews it
+    time.sleep(3.0)  # one and a half leases: held only because the gateway renews it
     assert held(valkey) == 1
     check_slot_refusal(gw.get("/status/200"), 1)
     assert metric_sum(gw, "sluice_concurrency_lease_calls_total", op="renew",
@@ -227,3 +228,17 @@ def test_plans_raise_the_slots_of_their_tenants(sluice_factory, upstream, valkey
     assert r.header("ratelimit-policy") == '"in_flight";q=2'
     first.join(10)
     assert wait_held(valkey, 0, key=key) == 0
+
+
+def test_admin_shows_free_slots_and_delete_frees_them(sluice_factory, upstream, valkey):
+    from test_admin_limits import admin, peek
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(3)])
+    c = RawClient(gw.port, timeout=5)
+    c.request("GET", "/hang")
+    assert wait_held(valkey, 1) == 1
+    body = peek(gw, "/limits/in_flight?ip=127.0.0.1")
+    assert body["algorithm"] == "concurrency" and body["key"] == KEY
+    assert body["quota"] == 3 and body["remaining"] == 2, body
+    assert admin(gw, "DELETE", "/limits/in_flight?ip=127.0.0.1").status == 204
+    assert held(valkey) == 0, "a reset frees every slot of the client"
+    c.close()
