@@ -142,7 +142,7 @@ end
 -- the text (`slots`: its concurrency limits). Modules are found when deciding, so an unknown
 -- algorithm fails only its requests.
 local function limits_of(text)
-  local list = {n = 0, fresh = 0, slots = 0, at = {}}
+  local list = {n = 0, fresh = 0, slots = 0, special = false, at = {}}
   local from = 1
   while true do
     local comma = string.find(text, ',', from, true)
@@ -160,6 +160,7 @@ local function limits_of(text)
     local p = params[ref] or params_of(ref)
     list[i] = p
     if p.slots then list.slots = list.slots + 1 end
+    if p.slots or p.later or p.forced then list.special = true end
     list.n = i
     if not comma then break end
     from = comma + 1
@@ -170,21 +171,53 @@ local function limits_of(text)
 end
 
 local indices, fits, names = {}, {}, {}
--- Decides one request whose new keys follow KEYS[k] and whose slot names (if any) start at
--- ARGV[s]; writes its reply after reply[pos]. Returns the new end of the reply.
-local function decide(list, k, pos, ARGV, s)
+-- Decides one request whose new keys follow KEYS[k]; writes its reply after reply[pos].
+-- Returns the new end of the reply. (The usual case: no concurrency slot, no later or forced
+-- charge; those go through decide_special.)
+local function decide(list, k, pos)
   local n, at = list.n, list.at
-  if n == 1 and not list[1].forced then
+  if n == 1 then
     -- Alone, a limit is charged when it allows or counts denied requests: the rule below,
     -- for one (if it refuses, so does the request, unless it is a shadow).
     local p = list[1]
     local m = p.module or module_of(p)
     local i = at[1] or k + 1
-    local slot = p.slots and ARGV[s]
-    local allowed = m.check(i, keys[i], values[i], p, now, slot)
-    m.settle(i, p, allowed, (allowed or p.count_denied) and not p.later, slot)
+    local allowed = m.check(i, keys[i], values[i], p, now)
+    m.settle(i, p, allowed, allowed or p.count_denied)
     return m.report(i, p, allowed, reply, pos)
   end
+  local refused = false
+  local fresh = k
+  for j = 1, n do
+    local p = list[j]
+    local i = at[j]
+    if not i then
+      fresh = fresh + 1
+      i = fresh
+    end
+    local allowed = (p.module or module_of(p)).check(i, keys[i], values[i], p, now)
+    indices[j], fits[j] = i, allowed
+    if not allowed and not p.shadow then refused = true end
+  end
+  for j = 1, n do
+    local p, i, allowed = list[j], indices[j], fits[j]
+    local charge
+    if refused then
+      charge = not allowed and not p.shadow and p.count_denied
+    else
+      charge = allowed or p.count_denied
+    end
+    p.module.settle(i, p, allowed, charge)
+    pos = p.module.report(i, p, allowed, reply, pos)
+  end
+  return pos
+end
+
+-- The same for a request with a concurrency limit (whose slot names start at ARGV[s]) or a
+-- later or forced charge: the same rule, with a slot name for each concurrency limit, no
+-- charge now for a later one, and a forced one charged whether it fits or not.
+local function decide_special(list, k, pos, ARGV, s)
+  local n, at = list.n, list.at
   local refused = false
   local fresh = k
   for j = 1, n do
@@ -240,8 +273,13 @@ local function decide_batch(KEYS, ARGV)
     local text = ARGV[cursor]
     local list = parsed[text] or limits_of(text)
     cursor = cursor + 1
-    local ok, result = pcall(decide, list, k, pos, ARGV, cursor)
-    cursor = cursor + list.slots
+    local ok, result
+    if list.special then
+      ok, result = pcall(decide_special, list, k, pos, ARGV, cursor)
+      cursor = cursor + list.slots
+    else
+      ok, result = pcall(decide, list, k, pos)
+    end
     if ok then
       pos = result
     else
