@@ -30,25 +30,32 @@ def held(valkey, key=KEY):
     return valkey.client.zcount(key, f"({now_us}", "+inf")
 
 
-def wait_held(valkey, n, timeout=3.0, key=KEY):
+def wait_value(read, n, timeout):
+    """read() until it gives n or the time is up; its last value."""
     deadline = time.monotonic() + timeout
     while True:
-        h = held(valkey, key)
-        if h == n or time.monotonic() > deadline:
-            return h
-        time.sleep(0.02)
-
-
-def wait_slots_metric(gw, n, timeout=3.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = metric_sum(gw, "sluice_concurrency_slots_held")
+        got = read()
         if got == n or time.monotonic() > deadline:
             return got
         time.sleep(0.02)
 
 
-def slow_requests(ports, target, count, start_gap=0.0):
+def wait_held(valkey, n, timeout=3.0, key=KEY):
+    return wait_value(lambda: held(valkey, key), n, timeout)
+
+
+def wait_slots_metric(gw, n, timeout=3.0):
+    return wait_value(lambda: metric_sum(gw, "sluice_concurrency_slots_held"), n, timeout)
+
+
+def one_slow_request(gw, target="/slow/1500", headers=()):
+    """A request that holds its slot for a while, in a thread (join it)."""
+    t = threading.Thread(target=lambda: gw.get(target, headers, timeout=10))
+    t.start()
+    return t
+
+
+def slow_requests(ports, target, count):
     """`count` requests at once, spread over the gateways' ports; [(status, response, seconds)]
     in the order they were started."""
     out = [None] * count
@@ -107,8 +114,7 @@ def test_slots_are_shared_by_two_gateways(sluice_factory, upstream, valkey):
 def test_slots_in_flight_are_visible_and_remaining_counts_free_slots(sluice_factory, upstream,
                                                                     valkey):
     gw = sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(3)])
-    first = threading.Thread(target=lambda: gw.get("/slow/1500", timeout=10))
-    first.start()
+    first = one_slow_request(gw)
     assert wait_held(valkey, 1) == 1
     # (Valkey holds the slot a moment before the gateway has read the reply that took it.)
     assert wait_slots_metric(gw, 1) == 1
@@ -154,8 +160,7 @@ def test_websocket_holds_its_slot_while_open(sluice_factory, upstream, valkey):
 def test_lease_is_renewed_while_the_request_lasts(sluice_factory, upstream, valkey):
     # (Renewed every third of the lease: a loaded machine has 1.3 s of margin.)
     gw = sluice_with_limits(sluice_factory, upstream, valkey, [in_flight(1, lease="2s")])
-    first = threading.Thread(target=lambda: gw.get("/slow/4500", timeout=10))
-    first.start()
+    first = one_slow_request(gw, "/slow/4500")
     assert wait_held(valkey, 1) == 1
     time.sleep(3.0)  # one and a half leases: held only because the gateway renews it
     assert held(valkey) == 1
@@ -196,8 +201,7 @@ def test_slots_of_a_killed_gateway_are_freed_when_their_lease_ends(sluice_factor
 def test_a_request_refused_by_a_rate_limit_takes_no_slot(sluice_factory, upstream, valkey):
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
                             [limit_cfg("per_ip", "fixed_window", 1, "1h"), in_flight(5)])
-    first = threading.Thread(target=lambda: gw.get("/slow/1500", timeout=10))
-    first.start()
+    first = one_slow_request(gw)
     assert wait_held(valkey, 1) == 1
     for _ in range(3):
         r = gw.get("/status/200")
@@ -212,8 +216,7 @@ def test_a_request_refused_for_lack_of_a_slot_is_charged_nothing(sluice_factory,
                                                                  valkey):
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
                             [limit_cfg("per_ip", "fixed_window", 10, "1h"), in_flight(1)])
-    first = threading.Thread(target=lambda: gw.get("/slow/1500", timeout=10))
-    first.start()
+    first = one_slow_request(gw)
     assert wait_held(valkey, 1) == 1
     for _ in range(3):
         check_slot_refusal(gw.get("/status/200"), 1)
@@ -230,8 +233,7 @@ def test_plans_raise_the_slots_of_their_tenants(sluice_factory, upstream, valkey
         tenants=[{"name": "acme", "plan": "pro", "api_keys": ["key_pro"]}])
     key = "rl:v1:in_flight:{key_pro}"
     hdr = [("X-API-Key", "key_pro")]
-    first = threading.Thread(target=lambda: gw.get("/slow/1500", hdr, timeout=10))
-    first.start()
+    first = one_slow_request(gw, headers=hdr)
     assert wait_held(valkey, 1, key=key) == 1
     r = gw.get("/status/200", hdr)
     assert r.status == 200, r
