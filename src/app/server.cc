@@ -164,10 +164,7 @@ int Server::run() {
     workers_.push_back(std::move(worker));
   }
 
-  admin_ = std::make_unique<admin::AdminServer>(
-      &loop_, [this](const admin::AdminRequest& request, const admin::Respond& respond) {
-        return handleAdmin(request, respond);
-      });
+  admin_ = makeAdminServer();
   const char* what = "";
   if (const int rc = admin_->listen(config_->admin.listen, &what); rc != 0) {
     SLUICE_LOG_ERROR("cannot listen (admin): {} {}: {}", what, config_->admin.listen.text,
@@ -247,10 +244,7 @@ void Server::reload() {
     SLUICE_LOG_WARN("reload: the number of workers changes only at restart");
   }
   if (config->admin.listen.text != config_->admin.listen.text) {
-    auto admin = std::make_unique<admin::AdminServer>(
-        &loop_, [this](const admin::AdminRequest& request, const admin::Respond& respond) {
-          return handleAdmin(request, respond);
-        });
+    auto admin = makeAdminServer();
     const char* what = "";
     if (const int rc = admin->listen(config->admin.listen, &what); rc != 0) {
       SLUICE_LOG_ERROR("reload: cannot listen (admin) on {}: {}; admin stays on {}",
@@ -329,6 +323,13 @@ bool Server::ready(std::string* why) const {
     }
   }
   return true;
+}
+
+std::unique_ptr<admin::AdminServer> Server::makeAdminServer() {
+  return std::make_unique<admin::AdminServer>(
+      &loop_, [this](const admin::AdminRequest& request, const admin::Respond& respond) {
+        return handleAdmin(request, respond);
+      });
 }
 
 admin::AdminResult Server::handleAdmin(const admin::AdminRequest& request,

@@ -46,6 +46,8 @@ class Server {
   static void onWorkersPoll(void* self) noexcept;
   static void onTrimTimer(void* self) noexcept;
   static constexpr uint64_t kTrimIntervalMs = 10'000;
+  // An admin listener (not listening yet) whose requests handleAdmin() answers.
+  std::unique_ptr<admin::AdminServer> makeAdminServer();
   admin::AdminResult handleAdmin(const admin::AdminRequest& request, const admin::Respond& respond);
   // The admin's store follows [valkey] (made, replaced or dropped with the configuration).
   void updateAdminStore();

@@ -15,9 +15,8 @@ struct Entry final : PendingDecision {
   DecisionTarget* target = nullptr;  // null once told or cancelled
   // The requester's limits, valid until it is told or cancels.
   const std::vector<AppliedLimit>* limits = nullptr;
-  size_t count = 0;               // limits->size(), to read past a cancelled entry
-  std::shared_ptr<void> keep;     // a split request lives as long as its parts' entries
-  std::vector<AppliedLimit> own;  // a charge's limit (nobody waits for its answer)
+  size_t count = 0;            // limits->size(), to read past a cancelled entry
+  std::shared_ptr<void> keep;  // a split request lives as long as its parts' entries
 
  private:
   void cancel() override { target = nullptr; }
@@ -41,10 +40,10 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
   }
   // A charge of one limit that nobody waits for.
   void addCharge(AppliedLimit limit) {
+    const std::vector<AppliedLimit>& limits = charges_.emplace_back(1, std::move(limit));
+    script_.add(limits);
     Entry& e = entries_.emplace_back();
-    e.own.push_back(std::move(limit));
-    script_.add(e.own);
-    e.limits = &e.own;
+    e.limits = &limits;
     e.count = 1;
   }
   size_t requests() const { return entries_.size(); }
@@ -119,6 +118,7 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
   std::shared_ptr<valkey::Store> store_;  // of the requests' snapshot
   ScriptBatch script_;
   std::deque<Entry> entries_;
+  std::deque<std::vector<AppliedLimit>> charges_;  // the limits of charges (their own copies)
 };
 
 // A call that takes back what one slot's call charged for a request refused in another slot.
