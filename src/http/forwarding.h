@@ -36,8 +36,8 @@ struct UpstreamRequestContext {
   bool tunnel = false;             // keep Upgrade and send Connection: upgrade
   Framing body = Framing::None;    // None, ContentLength or Chunked
   // Host to send when the client sent none, as HTTP/1.0 may: an HTTP/1.1 request needs one
-  // (RFC 9112 3.2). The authority of an absolute-form target, else the upstream endpoint's
-  // (upstreamAuthority()).
+  // (RFC 9112 3.2): the upstream endpoint's (upstreamAuthority()). An absolute-form target's
+  // authority is already the request's Host (Exchange::begin).
   std::string_view default_host;
 };
 

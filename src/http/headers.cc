@@ -35,6 +35,16 @@ std::string_view trim(std::string_view text) {
   return text;
 }
 
+bool validAuthority(std::string_view host) {
+  for (unsigned char c : host) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    std::string_view("-._~!$&'()*+,;=:[]%").find(static_cast<char>(c)) !=
+                        std::string_view::npos;
+    if (!ok) return false;
+  }
+  return true;
+}
+
 const std::string* HeaderMap::get(std::string_view name) const {
   for (const auto& h : headers_) {
     if (iequals(h.name, name)) return &h.value;
@@ -70,6 +80,19 @@ size_t HeaderMap::remove(std::string_view name) {
 void HeaderMap::set(std::string name, std::string value) {
   remove(name);
   add(std::move(name), std::move(value));
+}
+
+void HeaderMap::replace(std::string_view name, std::string value) {
+  auto first = std::find_if(headers_.begin(), headers_.end(),
+                            [&](const Header& h) { return iequals(h.name, name); });
+  if (first == headers_.end()) {
+    headers_.insert(headers_.begin(), Header{std::string(name), std::move(value)});
+    return;
+  }
+  first->value = std::move(value);
+  headers_.erase(std::remove_if(std::next(first), headers_.end(),
+                                [&](const Header& h) { return iequals(h.name, name); }),
+                 headers_.end());
 }
 
 }  // namespace sluice::http

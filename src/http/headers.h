@@ -14,6 +14,10 @@ bool iequals(std::string_view a, std::string_view b);
 std::string toLower(std::string_view text);
 std::string_view trim(std::string_view text);  // spaces and tabs at both ends
 int hexDigit(char c);                          // 0..15, or -1
+// RFC 9110 7.2 / RFC 3986 3.2.2: a Host (or the authority of an absolute-form target) is a
+// reg-name or an IP literal, and a port. A value with other bytes (spaces, quotes, slashes)
+// would go upstream and into logs as it is. Empty is allowed (an empty authority).
+bool validAuthority(std::string_view host);
 
 // Calls fn(element) for each comma-separated element of a list-valued field, trimmed, skipping
 // empty ones (RFC 9110 section 5.6.1).
@@ -48,6 +52,9 @@ class HeaderMap {
   // Removes every field with this name; returns how many.
   size_t remove(std::string_view name);
   void set(std::string name, std::string value);  // remove + add
+  // The first field with this name gets `value` (its name keeps its case) and the others are
+  // removed; without one, the field is inserted first.
+  void replace(std::string_view name, std::string value);
 
   std::vector<Header>& fields() { return headers_; }
   const std::vector<Header>& fields() const { return headers_; }

@@ -23,19 +23,6 @@ http::ParserLimits requestLimits(const config::ServerConfig& server) {
   return limits;
 }
 
-// RFC 9110 7.2 / RFC 3986 3.2.2: a Host is a reg-name or an IP literal, and a port. A value
-// with other bytes (spaces, quotes, slashes) would go upstream and into logs as it is.
-bool validHost(std::string_view host) {
-  if (host.empty()) return true;  // allowed: an empty authority
-  for (unsigned char c : host) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    std::string_view("-._~!$&'()*+,;=:[]%").find(static_cast<char>(c)) !=
-                        std::string_view::npos;
-    if (!ok) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 DownstreamConnection::DownstreamConnection(WorkerContext& worker,
@@ -138,7 +125,7 @@ int DownstreamConnection::onMessageHead(http::MessageHead& head) {
   if (head.method == "CONNECT") return 405;
   const size_t hosts = head.headers.count("host");
   if (hosts > 1 || (hosts == 0 && !head.isHttp10())) return 400;
-  if (hosts == 1 && !validHost(*head.headers.get("host"))) return 400;
+  if (hosts == 1 && !http::validAuthority(*head.headers.get("host"))) return 400;
   if (head.hasBody()) {
     timer_role_ = TimerRole::Body;
     timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));

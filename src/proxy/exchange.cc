@@ -200,12 +200,19 @@ void Exchange::begin(http::MessageHead&& head) {
     return;
   }
   target_ = std::move(*target);
-  std::string host;
   if (!target_.authority.empty()) {
-    host = normalizeHost(target_.authority);
-  } else if (const std::string* value = request_.headers.get("host")) {
-    host = normalizeHost(*value);
+    // RFC 9112 3.2.2: the authority of an absolute-form target replaces Host. Rewriting the
+    // field itself, before anything reads it, gives the route, the limits (header:Host), the
+    // Host sent upstream and X-Forwarded-Host one authority: routing on one and forwarding
+    // the other would let a client pick a route without limits for another host's service.
+    if (!http::validAuthority(target_.authority)) {
+      respondLocal(http::problemResponse(400, "bad authority in request-target"));
+      return;
+    }
+    request_.headers.replace("Host", target_.authority);
   }
+  std::string host;
+  if (const std::string* value = request_.headers.get("host")) host = normalizeHost(*value);
   route_ = matchRoute(*snapshot_->config, request_.method, host, target_.path);
   if (!route_) {
     respondLocal(http::problemResponse(404, "no route matches this request"));
@@ -265,9 +272,7 @@ void Exchange::sendRequestHead() {
   context.scheme = conn_.transport().scheme();
   context.tunnel = wants_upgrade_;
   context.body = request_framing_;
-  context.default_host = !target_.authority.empty()
-                             ? std::string_view(target_.authority)
-                             : std::string_view(cluster_->endpointAuthority(upstream_->endpoint()));
+  context.default_host = cluster_->endpointAuthority(upstream_->endpoint());
   const std::string head = http::buildUpstreamRequestHead(request_, context);
   upstream_->expectResponse(head_request_, cluster_->responseTimeoutMs());
   std::string_view parts[3] = {head, body_buffer_, {}};

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from conftest import limit_cfg, route_cfg, sluice_with_limits
 from rawhttp import RawClient
 
 
@@ -144,3 +145,42 @@ def test_no_route_with_request_body(routed):
             r2 = c.read_response()
             assert r2.header("x-upstream") == "A", r2
     assert all("smuggled" not in req["target"] for u in ups.values() for req in u.requests)
+
+
+def test_absolute_form_target_authority_replaces_host(sluice_factory, upstream, valkey):
+    """RFC 9112 3.2.2: the authority of an absolute-form target replaces Host. The route, the
+    limits, the Host sent upstream and X-Forwarded-Host all read that one authority: a client
+    cannot route by one host (a catch-all without limits) and be served as the other."""
+    gw = sluice_with_limits(
+        sluice_factory, upstream, valkey,
+        [limit_cfg("api_ip", "fixed_window", 2, "1h")],
+        routes=[route_cfg("api", ["api_ip"], match={"host": "api.example"}),
+                route_cfg("rest", [])])
+
+    def send(target, host):
+        with gw.client() as c:
+            c.send(f"GET {target} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            return c.read_response()
+
+    # Routed by bypass.invalid (no limits): then it is also served as bypass.invalid.
+    for _ in range(5):
+        r = send("http://bypass.invalid/echo", "api.example")
+        assert r.status == 200 and not r.has("ratelimit"), r
+        h = r.json()["headers"]
+        hosts = [v for n, v in h if n.lower() in ("host", "x-forwarded-host")]
+        assert hosts == ["bypass.invalid", "bypass.invalid"], h
+    # Routed by api.example: limited like GET /echo with Host: api.example, and served as it.
+    statuses = []
+    for _ in range(3):
+        r = send("http://API.example:8080/echo?x=1", "bypass.invalid")
+        statuses.append(r.status)
+        if r.status == 200:
+            assert r.has("ratelimit"), r
+            h = r.json()["headers"]
+            assert [v for n, v in h if n.lower() == "host"] == ["API.example:8080"], h
+            assert [v for n, v in h if n.lower() == "x-forwarded-host"] == ["API.example:8080"]
+            assert r.json()["target"] == "/echo?x=1"
+    assert statuses == [200, 200, 429], statuses
+    assert send("/echo", "api.example").status == 429
+    # An authority that is no host is refused, as such a Host is.
+    assert send("http://a\"b/echo", "api.example").status == 400

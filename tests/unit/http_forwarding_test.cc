@@ -160,6 +160,27 @@ TEST_SUITE("http headers") {
     m.clear();
     CHECK(m.empty());
   }
+
+  TEST_CASE("HeaderMap::replace: the first keeps its place and name, the others go") {
+    HeaderMap m;
+    m.add("A", "1");
+    m.add("host", "x");
+    m.add("B", "2");
+    m.add("Host", "y");
+    m.replace("Host", "z");
+    REQUIRE(m.size() == 3);
+    CHECK(m.fields()[1].name == "host");
+    CHECK(m.fields()[1].value == "z");
+    HeaderMap empty;
+    empty.add("A", "1");
+    empty.replace("Host", "h");
+    CHECK(empty.fields()[0].name == "Host");
+    CHECK(validAuthority("example.com:80"));
+    CHECK(validAuthority("[::1]:80"));
+    CHECK_FALSE(validAuthority("a b"));
+    CHECK_FALSE(validAuthority("a\"b"));
+    CHECK_FALSE(validAuthority("a/b"));
+  }
 }
 
 TEST_SUITE("http forwarding: hop-by-hop") {
