@@ -104,6 +104,25 @@ void appendVia(std::string& out, const HeaderMap& headers, int major, int minor)
   }
 }
 
+// The Transfer-Encoding field for a body that goes on chunked: the codings the message came
+// with (gzip, say), in their order, and chunked last. Dropping them would hand the next hop a
+// coded body as if it were the representation itself.
+void appendChunkedEncoding(std::string& out, const HeaderMap& headers) {
+  std::vector<std::string_view> codings;
+  for (const auto& field : headers) {
+    if (classify(field.name) != Field::TransferEncoding) continue;
+    forEachListElement(field.value, [&](std::string_view coding) { codings.push_back(coding); });
+  }
+  // The final chunked is the framing this hop removed; it is written once, below.
+  if (!codings.empty() && iequals(codings.back(), "chunked")) codings.pop_back();
+  out.append("Transfer-Encoding: ");
+  for (std::string_view coding : codings) {
+    out.append(coding);
+    out.append(", ");
+  }
+  out.append("chunked\r\n");
+}
+
 }  // namespace
 
 bool isHopByHop(std::string_view name) { return hopByHop(classify(name)); }
@@ -184,7 +203,7 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
       appendField(out, "Content-Length", std::to_string(request.content_length.value_or(0)));
       break;
     case Framing::Chunked:
-      appendField(out, "Transfer-Encoding", "chunked");
+      appendChunkedEncoding(out, request.headers);
       break;
     case Framing::None:
     case Framing::CloseDelimited:
@@ -246,7 +265,7 @@ std::string buildClientResponseHead(const MessageHead& response,
   }
   appendVia(out, response.headers, response.version_major, response.version_minor);
   out.append(context.extra_headers);
-  if (context.framing == Framing::Chunked) appendField(out, "Transfer-Encoding", "chunked");
+  if (context.framing == Framing::Chunked) appendChunkedEncoding(out, response.headers);
   if (context.tunnel) {
     appendField(out, "Connection", "upgrade");
   } else if (!context.keep_alive) {

@@ -102,7 +102,12 @@ int Parser::onHeaderField(llhttp_t* p, const char* at, size_t len) noexcept {
 }
 
 int Parser::onHeaderFieldComplete(llhttp_t* p) noexcept {
-  self(p)->in_field_ = false;
+  Parser* s = self(p);
+  const bool named = s->in_field_ && !s->head_.headers.fields().back().name.empty();
+  s->in_field_ = false;
+  // RFC 9110 5.1: a field name is a token, never empty. llhttp takes ": Transfer-Encoding:
+  // chunked" as a field without a name, which an upstream may read as a line of its own.
+  if (!named) return s->fail(s->type_ == Type::Request ? 400 : 502, "empty header field name");
   return 0;
 }
 

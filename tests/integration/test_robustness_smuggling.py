@@ -424,3 +424,45 @@ def test_bare_cr_or_lf_in_an_upstream_response_head_never_reaches_the_client(slu
             assert not head_lines_ok(r.raw_head), (q, head_lines_ok(r.raw_head))
     assert gw.get("/echo").status == 200
     print(f"\n[robustness] upstream response heads with bare CR/LF/NUL: {seen}")
+
+
+def test_empty_field_name_refused(sluice_factory, recorder):
+    """RFC 9110 5.1: a field name is a token. ': Transfer-Encoding: chunked' (a field without a
+    name) is 400 and never forwarded, wherever it is in the head."""
+    gw = sluice_factory(recorder)
+    for head in (b"POST /echo HTTP/1.1\r\nHost: x\r\n: Transfer-Encoding: chunked\r\n"
+                 b"Content-Length: 5\r\n\r\nhello",
+                 b"GET /echo HTTP/1.1\r\n: x\r\nHost: x\r\n\r\n",
+                 b"GET /echo HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n:\r\n\r\n"):
+        with RawClient(gw.port, timeout=5) as c:
+            c.send(head + SMUGGLED.format("empty_name").encode())
+            r = c.read_response()
+            assert r.status == 400 and c.is_closed(3), (head, r)
+    # trailers too
+    with RawClient(gw.port, timeout=5) as c:
+        c.send(CHUNKED + b"5\r\nhello\r\n0\r\n: x\r\n\r\n")
+        r = c.read_response()
+        assert r.status == 400 and c.is_closed(3), r
+    assert b": Transfer-Encoding" not in recorder.all_bytes()
+    assert not [t for t in received_requests(recorder) if "smuggled" in t]
+
+
+def test_transfer_codings_forwarded_as_they_came(sluice_factory, recorder):
+    """Transfer-Encoding: gzip, chunked: the body is re-chunked, and the gzip coding goes on
+    with it (the upstream would otherwise take a coded body for the representation)."""
+    gw = sluice_factory(recorder)
+    coded = bytes(range(256)) * 4
+    with RawClient(gw.port, timeout=5) as c:
+        c.send(POST + b"Transfer-Encoding: gzip, chunked\r\n\r\n"
+               + b"%x\r\n" % len(coded) + coded + b"\r\n0\r\n\r\n")
+        r = c.read_response()
+    assert r.status == 200, r
+    got = r.json()
+    te = [v for n, v in got["headers"] if n.lower() == "transfer-encoding"]
+    assert te == ["gzip, chunked"], got["headers"]
+    assert base64.b64decode(got["body_b64"]) == coded
+    # plain chunked stays plain chunked
+    with RawClient(gw.port, timeout=5) as c:
+        c.send(CHUNKED + b"5\r\nhello\r\n0\r\n\r\n")
+        got = c.read_response().json()
+    assert [v for n, v in got["headers"] if n.lower() == "transfer-encoding"] == ["chunked"]

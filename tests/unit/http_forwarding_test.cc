@@ -431,6 +431,13 @@ TEST_SUITE("http forwarding: upstream request head") {
       CHECK(values(s, "Transfer-Encoding") == one("chunked"));
       CHECK(values(s, "Content-Length") == kNone);
     }
+    SUBCASE("chunked keeps the codings before it, in order") {
+      c.body = Framing::Chunked;
+      const MessageHead coded = requestHead(
+          {{"Host", "h"}, {"Transfer-Encoding", "gzip"}, {"transfer-encoding", "br, chunked"}});
+      const Serialized s = split(buildUpstreamRequestHead(coded, c));
+      CHECK(values(s, "Transfer-Encoding") == one("gzip, br, chunked"));
+    }
     SUBCASE("no body") {
       c.body = Framing::None;
       const Serialized s = split(buildUpstreamRequestHead(req, c));
@@ -464,6 +471,18 @@ TEST_SUITE("http forwarding: upstream request head") {
 }
 
 TEST_SUITE("http forwarding: responses") {
+  TEST_CASE("a re-chunked response keeps its other transfer codings") {
+    const MessageHead coded = responseHead(200, {{"Transfer-Encoding", "gzip, chunked"}});
+    ClientResponseContext c;
+    c.framing = Framing::Chunked;
+    const Serialized s = split(buildClientResponseHead(coded, c));
+    CHECK(values(s, "Transfer-Encoding") == one("gzip, chunked"));
+    // close-delimited with a coding (no chunked): chunked is added after it
+    const MessageHead close = responseHead(200, {{"Transfer-Encoding", "gzip"}});
+    CHECK(values(split(buildClientResponseHead(close, c)), "Transfer-Encoding") ==
+          one("gzip, chunked"));
+  }
+
   TEST_CASE("responseFraming") {
     MessageHead with_length = responseHead(200, {{"Content-Length", "10"}});
     with_length.content_length = 10;

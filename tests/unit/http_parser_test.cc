@@ -565,6 +565,15 @@ TEST_SUITE("http parser: request errors") {
       checkError(request("POST / HTTP/1.1\r\nContent-Length: 3x\r\n\r\nabc"), 400);
       checkError(request("POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n"), 400);
     }
+    SUBCASE("a field without a name") {
+      checkError(request("POST / HTTP/1.1\r\nHost: h\r\n: Transfer-Encoding: chunked\r\n"
+                         "Content-Length: 1\r\n\r\na"),
+                 400);
+      checkError(request("GET / HTTP/1.1\r\n:\r\nHost: h\r\n\r\n"), 400);
+      checkError(request("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         "1\r\na\r\n0\r\n: t\r\n\r\n"),
+                 400);
+    }
     SUBCASE("chunked that is not the final coding") {
       checkError(request("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n"),
                  400);
