@@ -144,6 +144,10 @@ int Parser::onHeadersComplete(llhttp_t* p) noexcept {
     head.content_length = p->content_length;
   }
   head.keep_alive = llhttp_should_keep_alive(p) != 0;
+  // RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing for any
+  // HTTP/1.0 hop that may have handled it; it is processed, and the connection is closed
+  // after it, whatever Connection says, so that nothing read after it is trusted.
+  if (head.isHttp10() && (p->flags & F_TRANSFER_ENCODING)) head.keep_alive = false;
   head.upgrade = p->upgrade != 0;
   s->head_complete_ = true;
   if (s->type_ == Type::Request && s->limits_.max_body_bytes > 0 && head.content_length &&

@@ -466,3 +466,26 @@ def test_transfer_codings_forwarded_as_they_came(sluice_factory, recorder):
         c.send(CHUNKED + b"5\r\nhello\r\n0\r\n\r\n")
         got = c.read_response().json()
     assert [v for n, v in got["headers"] if n.lower() == "transfer-encoding"] == ["chunked"]
+
+
+def test_http10_with_transfer_encoding_closes_after_the_response(sluice_factory, recorder):
+    """RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding has faulty framing; it is
+    answered and the connection is closed, even with Connection: keep-alive, so that the bytes
+    after it are never read as a request."""
+    gw = sluice_factory(recorder)
+    with RawClient(gw.port, timeout=5) as c:
+        c.send(b"POST /echo HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n"
+               b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"
+               + SMUGGLED.format("http10_te").encode())
+        r = c.read_response()
+        assert r.status in (200, 400), r
+        assert "close" in r.connection_tokens() and c.is_closed(3), r
+    assert not [t for t in received_requests(recorder) if "smuggled" in t]
+    # HTTP/1.0 keep-alive without Transfer-Encoding still keeps the connection
+    with RawClient(gw.port, timeout=5) as c:
+        c.send(b"POST /echo HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n"
+               b"Content-Length: 5\r\n\r\nhello")
+        r = c.read_response()
+        assert r.status == 200 and "close" not in r.connection_tokens(), r
+        c.send(b"GET /echo?second HTTP/1.0\r\nHost: x\r\n\r\n")
+        assert c.read_response().json()["target"] == "/echo?second"

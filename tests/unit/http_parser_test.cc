@@ -422,6 +422,11 @@ TEST_SUITE("http parser: requests") {
         {"GET / HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n\r\n", 0, true},
         {"GET / HTTP/1.1\r\nHost: h\r\n\r\n", 1, true},
         {"GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n", 1, false},
+        // RFC 9112 6.1: HTTP/1.0 with Transfer-Encoding closes after it, whatever it asks.
+        {"POST / HTTP/1.0\r\nHost: h\r\nConnection: keep-alive\r\n"
+         "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+         0, false},
+        {"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 1, true},
     };
     for (const Case& c : cases) {
       INFO(std::string(c.input));
