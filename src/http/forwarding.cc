@@ -27,6 +27,7 @@ enum class Field {
   XForwardedProto,
   XForwardedHost,
   XRealIp,
+  Forwarded,
 };
 
 Field classify(std::string_view name) {
@@ -49,6 +50,7 @@ Field classify(std::string_view name) {
       break;
     case 9:
       if (iequals(name, "x-real-ip")) return Field::XRealIp;
+      if (iequals(name, "forwarded")) return Field::Forwarded;
       break;
     case 10:
       if (iequals(name, "connection")) return Field::Connection;
@@ -123,6 +125,52 @@ void appendChunkedEncoding(std::string& out, const HeaderMap& headers) {
   out.append("chunked\r\n");
 }
 
+bool tchar(unsigned char c) {
+  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+         std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos;
+}
+
+// One RFC 7239 parameter value: a token as it is, anything else (a port's colon, an IPv6
+// literal) as a quoted-string. The values written here (an address, a validated Host, a
+// scheme) hold no quote or backslash, so nothing needs escaping.
+void appendForwardedValue(std::string& out, std::string_view value) {
+  if (!value.empty() && std::all_of(value.begin(), value.end(),
+                                    [](char c) { return tchar(static_cast<unsigned char>(c)); })) {
+    out.append(value);
+    return;
+  }
+  out.push_back('"');
+  out.append(value);
+  out.push_back('"');
+}
+
+// Forwarded (RFC 7239) as X-Forwarded-* are treated: what a trusted peer sent is kept, what
+// anyone else sent is dropped (it would tell the upstream whatever the client likes about
+// for, proto and host), and this hop's element is appended.
+void appendForwarded(std::string& out, const std::string* received,
+                     const UpstreamRequestContext& context, const std::string* host) {
+  out.append("Forwarded: ");
+  if (received) {
+    out.append(*received);
+    out.append(", ");
+  }
+  out.append("for=");
+  if (context.peer.find(':') != std::string_view::npos) {
+    out.append("\"[");
+    out.append(context.peer);
+    out.append("]\"");
+  } else {
+    appendForwardedValue(out, context.peer.empty() ? std::string_view("unknown") : context.peer);
+  }
+  if (host && !host->empty()) {
+    out.append(";host=");
+    appendForwardedValue(out, *host);
+  }
+  out.append(";proto=");
+  appendForwardedValue(out, context.scheme);
+  out.append("\r\n");
+}
+
 }  // namespace
 
 bool isHopByHop(std::string_view name) { return hopByHop(classify(name)); }
@@ -171,6 +219,8 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
       case Field::Host:
         if (!host) host = &field.value;
         break;
+      case Field::Forwarded:
+        continue;  // one field, written below
       default:
         if (hopByHop(kind)) continue;
         break;
@@ -196,6 +246,11 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
   // what the client asked for.
   if (!kept_host && host) appendField(out, "X-Forwarded-Host", *host);
   if (!context.forwarded_for.empty()) appendField(out, "X-Forwarded-For", context.forwarded_for);
+  {
+    std::optional<std::string> received;
+    if (context.trusted_peer) received = request.headers.getJoined("forwarded");
+    appendForwarded(out, received ? &*received : nullptr, context, host);
+  }
   if (!context.real_ip.empty()) appendField(out, "X-Real-IP", context.real_ip);
   appendVia(out, request.headers, request.version_major, request.version_minor);
   switch (context.body) {

@@ -31,8 +31,9 @@ struct UpstreamRequestContext {
   std::string_view target;         // origin-form target to send (normalized path + query)
   std::string_view forwarded_for;  // complete X-Forwarded-For value to send
   std::string_view real_ip;        // X-Real-IP: the resolved client (replaces the client's)
+  std::string_view peer;           // the connection's peer address: Forwarded's for=
   std::string_view scheme;         // "http" / "https"
-  bool trusted_peer = false;       // keep a trusted peer's X-Forwarded-Proto / -Host
+  bool trusted_peer = false;       // keep a trusted peer's X-Forwarded-Proto / -Host, Forwarded
   bool tunnel = false;             // keep Upgrade and send Connection: upgrade
   Framing body = Framing::None;    // None, ContentLength or Chunked
   // Host to send when the client sent none, as HTTP/1.0 may: an HTTP/1.1 request needs one

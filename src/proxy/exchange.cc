@@ -268,6 +268,7 @@ void Exchange::sendRequestHead() {
   context.target = target;
   context.forwarded_for = client_.forwarded_for;
   context.real_ip = client_.text;
+  context.peer = conn_.peerText();
   context.trusted_peer = client_.peer_trusted;
   context.scheme = conn_.transport().scheme();
   context.tunnel = wants_upgrade_;

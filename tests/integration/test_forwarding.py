@@ -183,3 +183,22 @@ def test_invalid_host_is_refused(sluice, upstream):
     for host in ["example.com:8080", "[::1]:80", "EXAMPLE.com"]:
         r = sluice.get("/echo", host=host)
         assert r.status == 200, (host, r)
+
+
+def test_forwarded_from_untrusted_peer_dropped_and_own_element_appended(sluice_factory, upstream):
+    """RFC 7239 Forwarded is treated as X-Forwarded-* are: from a peer that is not a trusted
+    proxy it is dropped (it would tell the upstream whatever the client likes), and the
+    gateway's own element (for= the peer, host= the Host, proto=) is appended; from a trusted
+    proxy what it sent is kept and the element appended."""
+    spoof = [("Forwarded", "for=6.6.6.6;proto=https;host=admin.internal"),
+             ("Forwarded", "for=7.7.7.7")]
+    own = 'for=127.0.0.1;host="front.example:8443";proto=http'
+    gw = sluice_factory(upstream)
+    _, h = echo(gw, spoof)
+    assert hv(h, "forwarded") == [own], h
+    _, h = echo(gw, host="plain.example")
+    assert hv(h, "forwarded") == ["for=127.0.0.1;host=plain.example;proto=http"], h
+    gw = sluice_factory(upstream, extra_toml=TRUSTED_LOOPBACK)
+    _, h = echo(gw, spoof)
+    assert hv(h, "forwarded") == [
+        "for=6.6.6.6;proto=https;host=admin.internal, for=7.7.7.7, " + own], h

@@ -470,6 +470,32 @@ TEST_SUITE("http forwarding: upstream request head") {
   }
 }
 
+TEST_SUITE("http forwarding: Forwarded and upgrades") {
+  TEST_CASE("Forwarded: an untrusted peer's is dropped, a trusted one's kept; ours appended") {
+    const MessageHead req = requestHead(
+        {{"Host", "api.example:8443"}, {"Forwarded", "for=6.6.6.6;host=admin.internal"}});
+    UpstreamRequestContext c = upstreamContext();
+    c.peer = "192.0.2.1";
+    SUBCASE("untrusted") {
+      const Serialized s = split(buildUpstreamRequestHead(req, c));
+      CHECK(values(s, "Forwarded") == one("for=192.0.2.1;host=\"api.example:8443\";proto=http"));
+    }
+    SUBCASE("trusted") {
+      c.trusted_peer = true;
+      const Serialized s = split(buildUpstreamRequestHead(req, c));
+      CHECK(values(s, "Forwarded") == one("for=6.6.6.6;host=admin.internal, "
+                                          "for=192.0.2.1;host=\"api.example:8443\";proto=http"));
+    }
+    SUBCASE("an IPv6 peer is a quoted, bracketed literal") {
+      c.peer = "2001:db8::1";
+      c.scheme = "https";
+      const MessageHead plain = requestHead({{"Host", "h"}});
+      const Serialized s = split(buildUpstreamRequestHead(plain, c));
+      CHECK(values(s, "Forwarded") == one("for=\"[2001:db8::1]\";host=h;proto=https"));
+    }
+  }
+}
+
 TEST_SUITE("http forwarding: responses") {
   TEST_CASE("a re-chunked response keeps its other transfer codings") {
     const MessageHead coded = responseHead(200, {{"Transfer-Encoding", "gzip, chunked"}});
