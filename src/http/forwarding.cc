@@ -175,6 +175,25 @@ void appendForwarded(std::string& out, const std::string* received,
 
 bool isHopByHop(std::string_view name) { return hopByHop(classify(name)); }
 
+bool upgradeAnswers(const HeaderMap& request, const HeaderMap& response) {
+  std::vector<std::string_view> asked;
+  for (const auto& field : request) {
+    if (classify(field.name) != Field::Upgrade) continue;
+    forEachListElement(field.value, [&](std::string_view p) { asked.push_back(p); });
+  }
+  bool named = false;
+  bool all_asked = true;
+  for (const auto& field : response) {
+    if (classify(field.name) != Field::Upgrade) continue;
+    forEachListElement(field.value, [&](std::string_view p) {
+      named = true;
+      all_asked = all_asked && std::any_of(asked.begin(), asked.end(),
+                                           [&](std::string_view a) { return iequals(a, p); });
+    });
+  }
+  return named && all_asked;
+}
+
 std::vector<std::string> connectionOptions(const HeaderMap& headers) {
   std::vector<std::string> out;
   for (const auto& field : headers) {

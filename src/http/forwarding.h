@@ -24,6 +24,11 @@ enum class Framing {
 // Keep-Alive, TE, Trailer, Transfer-Encoding, Upgrade, Proxy-*.
 bool isHopByHop(std::string_view name);
 
+// A 101 from the upstream switches to what the client asked for: its Upgrade names one or
+// more protocols, each of them in the request's Upgrade (RFC 9110 7.8). Anything else would
+// turn the connection into a tunnel the client never asked for (or to another protocol).
+bool upgradeAnswers(const HeaderMap& request, const HeaderMap& response);
+
 // The field names listed in every Connection header of `headers`, lower case.
 std::vector<std::string> connectionOptions(const HeaderMap& headers);
 

@@ -361,7 +361,10 @@ bool Exchange::clientKeepAlive() const {
 }
 
 int Exchange::onUpstreamHead(http::MessageHead& head) {
-  if (head.status == 101 && !wants_upgrade_) return 502;
+  if (head.status == 101 &&
+      (!wants_upgrade_ || !http::upgradeAnswers(request_.headers, head.headers))) {
+    return 502;
+  }
   admission_.chargeFromResponse(head);  // cost_from limits (the field goes on unchanged)
   status_ = head.status;
   state_ = State::Responding;

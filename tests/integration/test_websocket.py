@@ -3,6 +3,7 @@
 import base64
 import hashlib
 import os
+import time
 
 from conftest import TIMER_SLACK_S
 from rawhttp import build_request
@@ -90,3 +91,89 @@ def test_silent_tunnel_closed_after_idle_timeout(sluice_factory, upstream):
         # Quiet for 0.5 s already: idle_timeout ends in 0.5 s (request_header_timeout, 3 s,
         # must not be what closes it).
         assert c.is_closed(0.5 + TIMER_SLACK_S)
+
+
+class ScriptedEndpoint:
+    """Answers every request head with `response` (raw bytes), then echoes whatever else it
+    reads (a tunnel, if the gateway opened one) and records it."""
+
+    def __init__(self, response: bytes):
+        import socket
+        import threading
+        from conftest import free_port
+        self.response = response
+        self.port = free_port()
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", self.port))
+        self.sock.listen(16)
+        self.after_head = bytearray()
+        threading.Thread(target=self.run, daemon=True).start()
+
+    def run(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                c.settimeout(3)
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    data = c.recv(65536)
+                    if not data:
+                        break
+                    buf += data
+                c.sendall(self.response)
+                self.after_head += buf.split(b"\r\n\r\n", 1)[1]
+                while True:
+                    data = c.recv(65536)
+                    if not data:
+                        break
+                    self.after_head += data
+                    c.sendall(data)
+            except OSError:
+                pass
+            finally:
+                c.close()
+
+    def close(self):
+        self.sock.close()
+
+
+def test_upstream_101_opens_a_tunnel_only_for_the_protocol_asked_for(sluice_factory):
+    """A 101 opens a tunnel only when it answers the request's Upgrade and names the protocol
+    that was asked for (RFC 9110 7.8); a 101 without Upgrade, to another protocol, or to a
+    request that asked for no upgrade is a 502, and no client byte goes on to the upstream."""
+    cases = [
+        ("no Upgrade in the 101", b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n\r\n",
+         True, 502),
+        ("another protocol", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n"
+         b"Connection: upgrade\r\n\r\n", True, 502),
+        ("no upgrade asked", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
+         b"Connection: upgrade\r\n\r\n", False, 502),
+        ("the protocol asked for", b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: WebSocket\r\n"
+         b"Connection: upgrade\r\n\r\n", True, 101),
+    ]
+    for name, response, asks, want in cases:
+        ep = ScriptedEndpoint(response)
+        try:
+            gw = sluice_factory(f"127.0.0.1:{ep.port}")
+            with gw.client() as c:
+                headers = [("Upgrade", "websocket"), ("Connection", "Upgrade")] if asks else []
+                c.request("GET", "/ws", headers)
+                r = c.read_response()
+                assert r.status == want, (name, r)
+                if want == 101:
+                    c.send(b"tunnelled")
+                    assert c.read_exact(9) == b"tunnelled"
+                else:
+                    try:
+                        c.send(b"tunnelled")
+                    except OSError:
+                        pass
+                    time.sleep(0.3)
+                    assert b"tunnelled" not in ep.after_head, name
+            gw.stop()
+        finally:
+            ep.close()

@@ -494,6 +494,22 @@ TEST_SUITE("http forwarding: Forwarded and upgrades") {
       CHECK(values(s, "Forwarded") == one("for=\"[2001:db8::1]\";host=h;proto=https"));
     }
   }
+
+  TEST_CASE("upgradeAnswers: a 101 names a protocol that was asked for") {
+    auto headers = [](std::vector<Header> fields) {
+      HeaderMap m;
+      for (auto& f : fields) m.add(f.name, f.value);
+      return m;
+    };
+    const HeaderMap asked = headers({{"Upgrade", "websocket, foo/2"}});
+    CHECK(upgradeAnswers(asked, headers({{"Upgrade", "WebSocket"}})));
+    CHECK(upgradeAnswers(asked, headers({{"Upgrade", "foo/2"}})));
+    CHECK_FALSE(upgradeAnswers(asked, headers({})));
+    CHECK_FALSE(upgradeAnswers(asked, headers({{"Upgrade", ""}})));
+    CHECK_FALSE(upgradeAnswers(asked, headers({{"Upgrade", "h2c"}})));
+    CHECK_FALSE(upgradeAnswers(asked, headers({{"Upgrade", "websocket, h2c"}})));
+    CHECK_FALSE(upgradeAnswers(headers({}), headers({{"Upgrade", "websocket"}})));
+  }
 }
 
 TEST_SUITE("http forwarding: responses") {
