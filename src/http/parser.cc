@@ -181,8 +181,10 @@ int Parser::onChunkHeader(llhttp_t* p) noexcept {
     // A chunk that announces more than the cap is refused at its size line, not after the
     // client has kept the connection (and the upstream) waiting for it.
     Parser* s = self(p);
+    // Subtracted, never added: a size near 2^64 would wrap the sum below the cap. onBody keeps
+    // body_bytes_ within the cap, so the difference cannot wrap.
     if (s->type_ == Type::Request && s->limits_.max_body_bytes > 0 &&
-        s->body_bytes_ + p->content_length > s->limits_.max_body_bytes) {
+        p->content_length > s->limits_.max_body_bytes - s->body_bytes_) {
       return s->fail(413, "request body too large");
     }
     return 0;

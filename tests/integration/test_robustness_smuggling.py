@@ -426,6 +426,21 @@ def test_bare_cr_or_lf_in_an_upstream_response_head_never_reaches_the_client(slu
     print(f"\n[robustness] upstream response heads with bare CR/LF/NUL: {seen}")
 
 
+def test_chunk_size_near_2_64_cannot_wrap_the_body_cap(sluice_factory, recorder):
+    """After a first chunk, a size of 2^64 - 3 would wrap body_bytes + size below the cap and
+    skip the early 413: the check is done without a sum that can wrap."""
+    gw = sluice_factory(recorder, server={"max_request_body_bytes": 1000, "idle_timeout": "3s"})
+    for size in (b"fffffffffffffffd", b"ffffffffffffffff"):  # 5 + size wraps to 2, to 4
+        with RawClient(gw.port, timeout=8) as c:
+            t0 = time.monotonic()
+            c.send(CHUNKED + b"5\r\nhello\r\n" + size + b"\r\nhello")
+            r = c.read_response()
+            took = time.monotonic() - t0
+            assert r.status == 413 and took < 1.0, (size, r, round(took, 2))
+            assert c.is_closed(3)
+    assert gw.get("/echo").status == 200
+
+
 def test_empty_field_name_refused(sluice_factory, recorder):
     """RFC 9110 5.1: a field name is a token. ': Transfer-Encoding: chunked' (a field without a
     name) is 400 and never forwarded, wherever it is in the head."""

@@ -579,6 +579,14 @@ TEST_SUITE("http parser: request errors") {
                          "1\r\na\r\n0\r\n: t\r\n\r\n"),
                  400);
     }
+    SUBCASE("a chunk size that would wrap the body count past the cap") {
+      Options options;
+      options.limits.max_body_bytes = 10;
+      checkError(request("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         "5\r\nhello\r\nfffffffffffffffd\r\nab",
+                         options),
+                 413);
+    }
     SUBCASE("chunked that is not the final coding") {
       checkError(request("POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n0\r\n\r\n"),
                  400);
