@@ -55,7 +55,9 @@ std::string formatAccessRecord(const AccessRecord& r) {
   if (!r.tenant.empty()) field(out, "tenant", r.tenant);
   if (!r.api_key_id.empty()) field(out, "api_key_id", r.api_key_id);
   field(out, "method", r.method);
-  field(out, "path", r.path);
+  // The path only, whatever the caller had: a request refused before its target was parsed
+  // has nothing better than the raw target, and a query can carry a secret (?token=...).
+  field(out, "path", r.path.substr(0, r.path.find_first_of("?#")));
   field(out, "route", r.route);
   integer(out, "status", static_cast<uint64_t>(r.status));
   if (!r.upstream.empty()) field(out, "upstream", r.upstream);

@@ -20,7 +20,7 @@ struct AccessRecord {
   std::string_view tenant;
   std::string api_key_id;  // a fingerprint, never the key itself
   std::string_view method;
-  std::string_view path;
+  std::string_view path;  // logged without a query, even if it has one (a raw target)
   std::string_view route;
   int status = 0;
   std::string_view upstream;

@@ -370,3 +370,25 @@ def test_access_log_on_a_stalled_fifo_drops_lines_never_blocks(sluice_factory, u
         json.loads(line)
     written = len(lines) - 1
     assert written + dropped == total, (written, dropped, total)
+
+
+def test_access_log_refused_before_the_target_is_parsed_logs_the_path_only(sluice_factory,
+                                                                          upstream, tmp_path):
+    """A request refused before its target was parsed (417 for an Expect it does not know, 400
+    for a malformed %-escape) is logged with its path only: a query can carry a secret
+    (/reset?token=...), and the log never shows it, whatever answered the request."""
+    log_path = tmp_path / "access.jsonl"
+    gw = sluice_factory(upstream, log={"access_log": str(log_path)})
+    close = [("Connection", "close")]
+    raws = [
+        build_request("GET", "/reset?token=SECRET1", [("Expect", "magic")] + close),   # 417
+        build_request("GET", "/reset%zz?token=SECRET2", close),                        # 400
+        build_request("GET", "http://h.example/reset?token=SECRET3", [("Expect", "x")] + close),
+        build_request("GET", "/echo?token=SECRET4", close),                            # 200
+    ]
+    answers = [send_and_read_all(gw.port, raw)[0] for raw in raws]
+    assert answers == [417, 400, 417, 200], answers
+    recs = read_lines(log_path, len(raws))
+    assert [r["path"] for r in recs] == ["/reset", "/reset%zz", "http://h.example/reset",
+                                         "/echo"], recs
+    assert "SECRET" not in log_path.read_text()
