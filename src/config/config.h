@@ -160,8 +160,9 @@ struct LimitConfig {
 };
 
 struct RouteMatch {
-  std::string path_prefix;           // empty: any
-  std::string path;                  // exact path; empty: any
+  std::string path_prefix;           // empty: any (lower case with case_insensitive)
+  std::string path;                  // exact path, with or without a trailing slash; empty: any
+  bool case_insensitive = false;     // path and path_prefix compared ignoring ASCII case
   std::string host;                  // exact host (port ignored), lower case; empty: any
   std::vector<std::string> methods;  // upper case; empty: any
 };
@@ -174,6 +175,10 @@ struct RouteConfig {
   std::vector<std::string> limits;
   std::vector<size_t> limit_indices;      // indices into Config::limits, same order
   size_t max_buffered_body_bytes = 8192;  // form:/json: key parts read at most this much body
+  // The path sent upstream: the normalized one (the path the route matched, parameters kept),
+  // or the target's path exactly as the client sent it.
+  enum class ForwardPath { Normalized, Original };
+  ForwardPath forward_path = ForwardPath::Normalized;
 };
 
 struct PlanLimitOverride {

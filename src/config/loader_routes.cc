@@ -2,6 +2,7 @@
 #include <utility>
 
 #include "config/loader_sections.h"
+#include "http/path.h"
 
 namespace sluice::config::loader_internal {
 
@@ -107,18 +108,34 @@ void Loader::loadRoute(TableReader& r) {
   if (auto v = r.integer("max_buffered_body_bytes", 0, 64 << 20)) {
     route.max_buffered_body_bytes = static_cast<size_t>(*v);
   }
+  using ForwardPath = RouteConfig::ForwardPath;
+  if (auto v = r.enumeration<ForwardPath>("forward_path", {{"normalized", ForwardPath::Normalized},
+                                                           {"original", ForwardPath::Original}})) {
+    route.forward_path = *v;
+  }
 }
 
 void Loader::readMatch(TableReader& m, RouteMatch& match) {
+  if (auto v = m.boolean("case_insensitive")) match.case_insensitive = *v;
   auto readPath = [&](std::string_view key, std::string* out) {
     auto v = m.string(key);
     if (!v) return;
+    std::string decoded, normal, why;
     if (v->empty() || (*v)[0] != '/') {
       m.error(key, "must start with '/', got " + quoted(*v));
     } else if (hasSpaceOrControl(*v) || v->find_first_of("?#") != std::string::npos) {
       m.error(key, "must be a path without spaces, control characters, '?' or '#'");
+    } else if (!http::decodeUnreserved(*v, &decoded, &why) ||
+               !http::normalizePath(decoded, true, &normal, &why)) {
+      m.error(key, why + ": " + quoted(*v));
+    } else if (normal != *v) {
+      // Requests are matched in normal form (slashes merged, dot-segments resolved, path
+      // parameters dropped, unreserved escapes decoded): a path written otherwise never
+      // matches anything.
+      m.error(key, "requests are matched in normal form, so " + quoted(*v) +
+                       " would never match; write " + quoted(normal));
     }
-    *out = *v;
+    *out = match.case_insensitive ? lowerCase(*v) : *v;
   };
   readPath("path_prefix", &match.path_prefix);
   readPath("path", &match.path);

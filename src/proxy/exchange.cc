@@ -213,7 +213,7 @@ void Exchange::begin(http::MessageHead&& head) {
   }
   std::string host;
   if (const std::string* value = request_.headers.get("host")) host = normalizeHost(*value);
-  route_ = matchRoute(*snapshot_->config, request_.method, host, target_.path);
+  route_ = matchRoute(*snapshot_->config, request_.method, host, target_.match_path);
   if (!route_) {
     respondLocal(http::problemResponse(404, "no route matches this request"));
     return;
@@ -263,7 +263,8 @@ void Exchange::onUpstreamReady() { sendRequestHead(); }
 
 void Exchange::sendRequestHead() {
   state_ = State::Upstream;
-  const std::string target = target_.originForm();
+  const std::string target =
+      target_.originForm(route_->forward_path == config::RouteConfig::ForwardPath::Original);
   http::UpstreamRequestContext context;
   context.target = target;
   context.forwarded_for = client_.forwarded_for;

@@ -4,91 +4,9 @@
 #include <vector>
 
 #include "http/headers.h"
+#include "http/path.h"
 
 namespace sluice::proxy {
-
-namespace {
-
-bool unreserved(unsigned char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '.' || c == '_' || c == '~';
-}
-
-// Decodes %XX of unreserved characters (RFC 3986 6.2.2.2); other escapes stay as sent, with
-// upper-case hex. Fails on a malformed escape or an encoded NUL.
-bool decodeUnreserved(std::string_view in, std::string* out, std::string* error) {
-  out->clear();
-  out->reserve(in.size());
-  for (size_t i = 0; i < in.size(); ++i) {
-    const char c = in[i];
-    if (c != '%') {
-      out->push_back(c);
-      continue;
-    }
-    if (i + 2 >= in.size()) {
-      *error = "truncated %-escape in path";
-      return false;
-    }
-    const int hi = http::hexDigit(in[i + 1]);
-    const int lo = http::hexDigit(in[i + 2]);
-    if (hi < 0 || lo < 0) {
-      *error = "malformed %-escape in path";
-      return false;
-    }
-    const auto value = static_cast<unsigned char>(hi * 16 + lo);
-    if (value == 0) {
-      *error = "NUL in path";
-      return false;
-    }
-    if (unreserved(value)) {
-      out->push_back(static_cast<char>(value));
-    } else {
-      static constexpr char kHex[] = "0123456789ABCDEF";
-      out->push_back('%');
-      out->push_back(kHex[value >> 4]);
-      out->push_back(kHex[value & 15]);
-    }
-    i += 2;
-  }
-  return true;
-}
-
-// RFC 3986 5.2.4, on a path that starts with '/'. Fails when ".." would climb above the root.
-bool removeDotSegments(const std::string& path, std::string* out, std::string* error) {
-  std::vector<std::string_view> segments;
-  std::string_view rest(path);
-  rest.remove_prefix(1);
-  bool trailing_slash = false;
-  while (true) {
-    const auto slash = rest.find('/');
-    std::string_view segment = rest.substr(0, slash);
-    const bool last = slash == std::string_view::npos;
-    if (segment == ".") {
-      trailing_slash = last;
-    } else if (segment == "..") {
-      if (segments.empty()) {
-        *error = "path climbs above the root";
-        return false;
-      }
-      segments.pop_back();
-      trailing_slash = last;
-    } else {
-      segments.push_back(segment);
-      trailing_slash = false;
-    }
-    if (last) break;
-    rest.remove_prefix(slash + 1);
-  }
-  out->clear();
-  for (const auto& segment : segments) {
-    out->push_back('/');
-    out->append(segment);
-  }
-  if (trailing_slash || out->empty()) out->push_back('/');
-  return true;
-}
-
-}  // namespace
 
 std::optional<Target> parseTarget(std::string_view target, std::string* error) {
   Target out;
@@ -126,7 +44,7 @@ std::optional<Target> parseTarget(std::string_view target, std::string* error) {
     if (rest[0] == '?') {
       out.has_query = true;
       out.query = std::string(rest.substr(1));
-      out.path = "/";
+      out.path = out.match_path = out.raw_path = "/";
       return out;
     }
   }
@@ -136,9 +54,16 @@ std::optional<Target> parseTarget(std::string_view target, std::string* error) {
     out.has_query = true;
     out.query = std::string(rest.substr(question + 1));
   }
+  out.raw_path = std::string(raw_path);
   std::string decoded;
-  if (!decodeUnreserved(raw_path, &decoded, error)) return std::nullopt;
-  if (!removeDotSegments(decoded, &out.path, error)) return std::nullopt;
+  if (!http::decodeUnreserved(raw_path, &decoded, error)) return std::nullopt;
+  if (!http::normalizePath(decoded, false, &out.path, error)) return std::nullopt;
+  // A path that has no parameters matches as it is forwarded: one normalization, not two.
+  if (decoded.find(';') == std::string::npos) {
+    out.match_path = out.path;
+  } else if (!http::normalizePath(decoded, true, &out.match_path, error)) {
+    return std::nullopt;
+  }
   return out;
 }
 
@@ -156,6 +81,7 @@ std::string normalizeHost(std::string_view host) {
 
 const config::RouteConfig* matchRoute(const config::Config& config, std::string_view method,
                                       std::string_view host, std::string_view path) {
+  std::string lowered;  // the path in lower case, made once, for the first route that needs it
   for (const auto& route : config.routes) {
     const auto& m = route.match;
     if (!m.host.empty() && m.host != host) continue;
@@ -163,8 +89,16 @@ const config::RouteConfig* matchRoute(const config::Config& config, std::string_
         std::find(m.methods.begin(), m.methods.end(), method) == m.methods.end()) {
       continue;
     }
-    if (!m.path.empty() && m.path != path) continue;
-    if (!m.path_prefix.empty() && path.substr(0, m.path_prefix.size()) != m.path_prefix) continue;
+    std::string_view p = path;
+    if (m.case_insensitive && (!m.path.empty() || !m.path_prefix.empty())) {
+      if (lowered.empty()) lowered = http::toLower(path);
+      p = lowered;
+    }
+    // An exact path matches with or without a trailing slash: frameworks serve both alike.
+    if (!m.path.empty() && http::withoutTrailingSlash(m.path) != http::withoutTrailingSlash(p)) {
+      continue;
+    }
+    if (!m.path_prefix.empty() && p.substr(0, m.path_prefix.size()) != m.path_prefix) continue;
     return &route;
   }
   return nullptr;

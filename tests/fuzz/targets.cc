@@ -94,7 +94,8 @@ void exerciseRequest(const http::MessageHead& head, std::string_view body) {
   if (!target) return;
   const std::string host =
       proxy::normalizeHost(head.headers.get("host") ? *head.headers.get("host") : std::string());
-  const config::RouteConfig* route = proxy::matchRoute(config, head.method, host, target->path);
+  const config::RouteConfig* route =
+      proxy::matchRoute(config, head.method, host, target->match_path);
   const IpAddress peer = *IpAddress::parse("10.1.2.3");
   identity::ClientAddress client =
       identity::resolveClientAddress(peer, head.headers, config.identity.trusted_proxies);

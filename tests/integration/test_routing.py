@@ -113,7 +113,11 @@ def test_routing_target_reaches_upstream_unchanged(sluice_factory, upstream_fact
     r = gw.get("/echo?q=1&q=2")
     assert r.status == 200 and r.header("x-upstream") == "B"
     assert r.json()["target"] == "/echo?q=1&q=2"
+    # An exact path matches with a trailing slash too (as frameworks serve it), and the
+    # upstream gets the path as normalized, slash kept.
     r = gw.get("/echo/")
+    assert r.header("x-upstream") == "B" and r.json()["target"] == "/echo/"
+    r = gw.get("/echo/x")
     assert r.header("x-upstream") == "A"
     r = gw.get("/status/201")
     assert (r.status, r.header("x-upstream")) == (201, "A")
@@ -184,3 +188,86 @@ def test_absolute_form_target_authority_replaces_host(sluice_factory, upstream, 
     assert send("/echo", "api.example").status == 429
     # An authority that is no host is refused, as such a Host is.
     assert send("http://a\"b/echo", "api.example").status == 400
+
+
+def test_path_spellings_match_the_normalized_route(sluice_factory, upstream, valkey):
+    """//formlogin, /formlogin;jsessionid=1, /formlogin/, /./formlogin, /%66ormlogin are
+    /formlogin to common upstream frameworks: they all match a path = "/formlogin" route and
+    share its limit instead of falling to a route without one. /FormLogin too on a route with
+    case_insensitive = true. The upstream gets the normalized path by default (parameters and
+    a trailing slash kept: they may mean something there) or, with forward_path = "original",
+    the path as the client sent it."""
+    gw = sluice_with_limits(
+        sluice_factory, upstream, valkey,
+        [limit_cfg("login_ip", "fixed_window", 100, "1h"),
+         limit_cfg("admin_ip", "fixed_window", 100, "1h")],
+        routes=[route_cfg("login", ["login_ip"], match={"path": "/formlogin"}),
+                route_cfg("admin", ["admin_ip"],
+                          match={"path_prefix": "/admin/", "case_insensitive": True},
+                          forward_path="original"),
+                route_cfg("rest", [])])
+
+    def policy(r):
+        return (r.header("ratelimit-policy") or "").split(";")[0]
+
+    spellings = {
+        "/formlogin": "/formlogin",
+        "//formlogin": "/formlogin",
+        "/formlogin;jsessionid=1": "/formlogin;jsessionid=1",
+        "/formlogin/": "/formlogin/",
+        "/./formlogin": "/formlogin",
+        "/x/../formlogin": "/formlogin",
+        "/%66ormlogin?q=1": "/formlogin?q=1",
+        "/x/..;/formlogin": "/x/..;/formlogin",
+    }
+    wrong = []
+    for sent, forwarded in spellings.items():
+        r = gw.get(sent)
+        got = (r.header("x-upstream"), policy(r), upstream.requests[-1]["target"])
+        if got != (upstream.name, '"login_ip"', forwarded):
+            wrong.append((sent, got))
+    assert not wrong, wrong
+    # Other paths are not /formlogin: exact still means exact, and case counts by default.
+    for other in ("/formlogin/x", "/formloginx", "/FormLogin", "/form%2Flogin"):
+        r = gw.get(other)
+        assert policy(r) == "", (other, r)
+    # case_insensitive: /ADMIN/ and //Admin/ match "/admin/"; the upstream gets the original.
+    for sent in ("/admin/x", "/ADMIN/Users", "//Admin//x;a=1", "/admin%2F"):
+        r = gw.get(sent)
+        want = '"admin_ip"' if sent != "/admin%2F" else ""
+        assert policy(r) == want, (sent, r)
+        if want:
+            assert upstream.requests[-1]["target"] == sent, r
+
+
+def test_path_match_keys_validated_by_the_loader(sluice_factory, upstream, tmp_path):
+    """case_insensitive is a boolean, forward_path is normalized | original, and a path written
+    in a form requests are never matched in is an error (FILE:LINE:COL: key: what)."""
+    import subprocess
+    from conftest import sluice_bin
+    cases = [
+        ('match = { path = "//formlogin" }', "route[0].match.path", "write '/formlogin'"),
+        ('match = { path_prefix = "/a;x/" }', "route[0].match.path_prefix", "write '/a/'"),
+        ('match = { path = "/a/../b" }', "route[0].match.path", "write '/b'"),
+        ('match = { path = "/%61" }', "route[0].match.path", "write '/a'"),
+        ('match = { path = "/a", case_insensitive = "yes" }', "route[0].match.case_insensitive",
+         "boolean"),
+        ('match = { path = "/a" }\nforward_path = "raw"', "route[0].forward_path",
+         "normalized"),
+    ]
+    for line, key, what in cases:
+        cfg = tmp_path / "bad.toml"
+        cfg.write_text('[[upstream]]\nname = "app"\nendpoints = ["127.0.0.1:9000"]\n\n'
+                       f'[[route]]\nname = "r"\n{line}\nupstream = "app"\n')
+        r = subprocess.run([str(sluice_bin()), "--check-config", "-c", str(cfg)],
+                           capture_output=True, text=True, timeout=10)
+        assert r.returncode == 1, (line, r.stdout)
+        assert f"{cfg}:7:" in r.stderr or f"{cfg}:8:" in r.stderr, (line, r.stderr)
+        assert key in r.stderr and what in r.stderr, (line, r.stderr)
+    cfg = tmp_path / "good.toml"
+    cfg.write_text('[[upstream]]\nname = "app"\nendpoints = ["127.0.0.1:9000"]\n\n'
+                   '[[route]]\nname = "r"\nmatch = { path_prefix = "/Admin/", '
+                   'case_insensitive = true }\nforward_path = "original"\nupstream = "app"\n')
+    r = subprocess.run([str(sluice_bin()), "--check-config", "-c", str(cfg)],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr

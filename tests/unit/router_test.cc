@@ -156,7 +156,33 @@ TEST_SUITE("router: parseTarget") {
     CHECK(path("/a/./../b/./c/") == "/b/c/");
     CHECK(path("/a/.../b") == "/a/.../b");  // not a dot-segment
     CHECK(path("/a/..b/c") == "/a/..b/c");
-    CHECK(path("//a//b") == "//a//b");  // empty segments are kept
+    CHECK(path("//a//b") == "/a/b");  // slashes merged, as nginx's merge_slashes
+    CHECK(path("/a//../b") == "/b");  // merged before dot-segments, as nginx and Tomcat
+    CHECK(path("/a/b//") == "/a/b/");
+    CHECK(path("//") == "/");
+  }
+
+  TEST_CASE("routes match without path parameters; they are forwarded") {
+    const Target t = accepted("/formlogin;jsessionid=1?x=1");
+    CHECK(t.path == "/formlogin;jsessionid=1");
+    CHECK(t.match_path == "/formlogin");
+    CHECK(t.raw_path == "/formlogin;jsessionid=1");
+    CHECK(t.originForm() == "/formlogin;jsessionid=1?x=1");
+    // "..;" is a dot-segment to servlet containers: it is one for matching too.
+    const Target dots = accepted("/x/..;/admin/");
+    CHECK(dots.path == "/x/..;/admin/");
+    CHECK(dots.match_path == "/admin/");
+    refused("/..;/admin");  // climbs above the root once the parameter is dropped
+    CHECK(accepted("/a;b/c;d/").match_path == "/a/c/");
+    CHECK(accepted("/;x").match_path == "/");
+  }
+
+  TEST_CASE("the original path is kept as sent") {
+    const Target t = accepted("//a/%2e/b%41?q");
+    CHECK(t.raw_path == "//a/%2e/b%41");
+    CHECK(t.originForm(true) == "//a/%2e/b%41?q");
+    CHECK(t.originForm() == "/a/bA?q");
+    CHECK(accepted("http://h?q").originForm(true) == "/?q");
   }
 
   TEST_CASE("a path that climbs above the root is refused") {
@@ -256,7 +282,7 @@ TEST_SUITE("router: matchRoute") {
 
     CHECK(routeName(c, "POST", "example.com", "/login") == "login");
     CHECK(routeName(c, "GET", "example.com", "/login") == "-");
-    CHECK(routeName(c, "POST", "example.com", "/login/") == "-");
+    CHECK(routeName(c, "POST", "example.com", "/login/") == "login");  // a trailing slash
     CHECK(routeName(c, "POST", "example.com", "/logins") == "-");
     CHECK(routeName(c, "POST", "example.com", "/Login") == "-");
     // The admin host takes every path, before the routes below it.
@@ -274,6 +300,20 @@ TEST_SUITE("router: matchRoute") {
     CHECK(routeName(c, "GET", "example.com", "/") == "-");
     // The pointer is into the configuration.
     CHECK(matchRoute(c, "POST", "", "/login") == &c.routes[1]);
+  }
+
+  TEST_CASE("case_insensitive compares paths ignoring ASCII case") {
+    Config c;
+    c.routes.push_back(route("login", "", "/formlogin", "", {}));
+    c.routes.back().match.case_insensitive = true;
+    c.routes.push_back(route("admin", "/admin/", "", "", {}));
+    c.routes.back().match.case_insensitive = true;
+    c.routes.push_back(route("api", "/api/", "", "", {}));
+    CHECK(routeName(c, "GET", "", "/FormLogin") == "login");
+    CHECK(routeName(c, "GET", "", "/FORMLOGIN/") == "login");
+    CHECK(routeName(c, "GET", "", "/ADMIN/x") == "admin");
+    CHECK(routeName(c, "GET", "", "/API/x") == "-");  // case counts without it
+    CHECK(routeName(c, "GET", "", "/api/x") == "api");
   }
 
   TEST_CASE("host and path conditions together") {
