@@ -158,6 +158,68 @@ void requestPath(const uint8_t* data, size_t size) {
   (void)ratelimit::encodeKeyPart(input, data[0] & 1);
 }
 
+namespace {
+
+struct ChunkedRun {
+  std::string body;
+  int complete = 0;
+  bool error = false;
+  int error_status = 0;
+};
+
+ChunkedRun parseChunked(std::string_view input, size_t piece, size_t cap) {
+  static constexpr std::string_view kHead =
+      "POST /upload HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n";
+  Collector collector;
+  http::ParserLimits limits;
+  limits.max_body_bytes = cap;
+  http::Parser parser(http::Parser::Type::Request, &collector, limits);
+  ChunkedRun run;
+  const std::string whole = std::string(kHead) + std::string(input);
+  std::string_view rest = whole;
+  while (!rest.empty() && !run.error && collector.complete == 0) {
+    const size_t n = std::min(piece, rest.size());
+    const http::Parser::Result r = parser.execute(rest.data(), n);
+    if (r.status == http::Parser::Status::Error) {
+      run.error = true;
+      run.error_status = r.error_status;
+    }
+    rest.remove_prefix(r.status == http::Parser::Status::NeedMore ? n : r.consumed);
+  }
+  run.body = std::move(collector.body);
+  run.complete = collector.complete;
+  return run;
+}
+
+}  // namespace
+
+void chunkedBody(const uint8_t* data, size_t size) {
+  if (size < 2) return;
+  const size_t piece = 1 + data[0] % 32;
+  const size_t cap = data[1] < 128 ? data[1] * 8 : 0;  // 0: no cap
+  std::string_view input(reinterpret_cast<const char*>(data + 2), size - 2);
+  const ChunkedRun pieces = parseChunked(input, piece, cap);
+  const ChunkedRun whole = parseChunked(input, input.size() + 128, cap);
+  if (cap > 0 && (pieces.body.size() > cap || whole.body.size() > cap)) __builtin_trap();
+  // Read boundaries never change the outcome: same error, same completion, same body once
+  // complete (a piece-wise run may hand on a prefix before an error that one read avoids).
+  if (pieces.error != whole.error || pieces.error_status != whole.error_status ||
+      pieces.complete != whole.complete) {
+    __builtin_trap();
+  }
+  if (whole.complete && pieces.body != whole.body) __builtin_trap();
+  if (!whole.complete) return;
+  // As forwarded upstream: the body re-chunked in one chunk, then the last chunk.
+  std::string again = whole.body.empty() ? std::string() : http::chunkHeader(whole.body.size());
+  if (!whole.body.empty()) {
+    again += whole.body;
+    again += http::kChunkEnd;
+  }
+  again += http::kLastChunk;
+  const ChunkedRun reread = parseChunked(again, again.size(), cap);
+  if (reread.error || reread.complete != 1 || reread.body != whole.body) __builtin_trap();
+}
+
 void configLoader(const uint8_t* data, size_t size) {
   std::string_view text(reinterpret_cast<const char*>(data), size);
   config::LoadResult result = config::loadConfigString(text, "fuzz.toml");

@@ -20,4 +20,10 @@ void configLoader(const uint8_t* data, size_t size);
 // The response parser of the upstream side, and the headers built from it for the client.
 void responsePath(const uint8_t* data, size_t size);
 
+// The chunked request body: the input's bytes follow a chunked request head, under a body cap
+// the input chooses. No more than the cap is ever handed on (a chunk size near 2^64 must not
+// wrap the count), the pieces the bytes arrive in change nothing, and a body that completes
+// reads back the same once re-chunked as Sluice sends it upstream.
+void chunkedBody(const uint8_t* data, size_t size);
+
 }  // namespace sluice::fuzz

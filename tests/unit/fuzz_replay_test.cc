@@ -39,4 +39,5 @@ TEST_CASE("fuzz corpus and regressions replay without a crash") {
   CHECK(replay("request", sluice::fuzz::requestPath) >= 10);
   CHECK(replay("config", sluice::fuzz::configLoader) >= 5);
   CHECK(replay("response", sluice::fuzz::responsePath) >= 5);
+  CHECK(replay("chunked", sluice::fuzz::chunkedBody) >= 5);
 }
