@@ -7,17 +7,25 @@
 namespace sluice::admin {
 
 namespace {
-constexpr uint64_t kAdminIdleMs = 30'000;
-}
+// Answers unsent beyond this stop the reading of further requests until the client has read
+// them (a client that pipelines and never reads holds at most this much, plus one answer).
+constexpr size_t kHighWaterBytes = 64 * 1024;
+}  // namespace
 
 // One admin connection. States: reading requests; waiting for a Deferred answer (reading
 // stopped, bytes that came with the request kept in buffered_); answered (the Deferred has
 // called Respond; the next loop iteration destroys it, never from inside its own call, and
-// goes on with the buffered bytes).
+// goes on with the buffered bytes); blocked (answers unsent above kHighWaterBytes: reading
+// stopped, bytes kept, until the kernel has taken them).
+//
+// One timer bounds the connection: the idle timeout from the last answer the client has read
+// whole (unsent answers do not reset it), and the head timeout from a request's first byte
+// to its end (bytes trickling in do not reset it either).
 class AdminServer::Connection final : public net::TransportCallbacks, public http::ParserCallbacks {
  public:
   Connection(AdminServer& server, std::unique_ptr<net::TcpTransport> transport)
       : server_(server),
+        timeouts_(server.timeouts_),
         transport_(std::move(transport)),
         timer_(
             server.loop_, [](void* self) noexcept { static_cast<Connection*>(self)->close(); },
@@ -32,7 +40,7 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
     if (next_) next_->prev_ = this;
     server_.connections_ = this;
     transport_->readStart();
-    timer_.start(kAdminIdleMs);
+    timer_.start(timeouts_.idle_ms);
   }
 
   ~Connection() override {
@@ -52,16 +60,19 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
 
  private:
   void onRead(const char* data, size_t len) override {
-    if (deferred_) {  // (reading is stopped; bytes of the same read) kept for after the answer
+    if (deferred_ || blocked_) {  // (reading is stopped; bytes of the same read) kept for later
       buffered_.append(data, len);
       return;
     }
-    timer_.start(kAdminIdleMs);
     process(data, len);
   }
 
   void process(const char* data, size_t len) {
     while (len > 0 && !transport_->isClosing()) {
+      if (!in_request_) {  // a request's first byte: its head has request_header_timeout
+        in_request_ = true;
+        if (!unread_) timer_.start(timeouts_.head_ms);
+      }
       const http::Parser::Result r = parser_.execute(data, len);
       if (r.status == http::Parser::Status::Error || r.status == http::Parser::Status::Upgrade) {
         keep_alive_ = false;
@@ -74,7 +85,7 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
       data += r.consumed;
       len -= r.consumed;
       parser_.resume();
-      if (deferred_) {  // the next request waits for this one's answer
+      if (deferred_ || blocked_) {  // the next request waits for this one's answer
         buffered_.append(data, len);
         return;
       }
@@ -83,7 +94,16 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
 
   void onReadEnd(int) override { close(); }
   void onWriteDrained() override {
-    if (close_after_write_) close();
+    if (close_after_write_) {
+      close();
+      return;
+    }
+    unread_ = false;
+    if (!in_request_) timer_.start(timeouts_.idle_ms);  // every answer read: idle from now
+    if (blocked_) {
+      blocked_ = false;
+      if (!deferred_) resume_timer_.start(0);
+    }
   }
   void onWriteError(int) override { close(); }
   void onClosed() override { delete this; }
@@ -103,6 +123,7 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
   }
   void onMessageBody(const char*, size_t) override {}
   void onMessageComplete() override {
+    in_request_ = false;
     const AdminRequest request{method_, path_, query_, authorization_, authorization_repeated_};
     AdminResult result = server_.handler_(request, respond_);
     if (result.later) {
@@ -122,11 +143,11 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
   }
 
   // The loop iteration after an answer: the Deferred has returned from its call.
+  // Also the loop iteration after the client read what blocked it.
   void resume() {
     deferred_.reset();
     answered_ = false;
-    if (transport_->isClosing() || close_after_write_) return;
-    timer_.start(kAdminIdleMs);
+    if (transport_->isClosing() || close_after_write_ || blocked_) return;
     transport_->readStart();
     std::string rest;
     rest.swap(buffered_);
@@ -148,13 +169,28 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
     out += "\r\n";
     if (!bodyless && method_ != "HEAD") out += response.body;
     transport_->write(out);
+    const size_t pending = transport_->pendingBytes();
     if (!keep_alive_) {
       close_after_write_ = true;
-      if (transport_->pendingBytes() == 0) close();
+      if (pending == 0) close();
+      return;
+    }
+    if (pending == 0) {
+      timer_.start(timeouts_.idle_ms);
+      return;
+    }
+    if (!unread_) {  // the client has idle_timeout to read it; more answers do not extend it
+      unread_ = true;
+      timer_.start(timeouts_.idle_ms);
+    }
+    if (pending > kHighWaterBytes && !blocked_) {
+      blocked_ = true;
+      transport_->readStop();
     }
   }
 
   AdminServer& server_;
+  const AdminTimeouts timeouts_;
   std::unique_ptr<net::TcpTransport> transport_;
   Timer timer_;
   Timer resume_timer_;
@@ -162,6 +198,9 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
   const Respond respond_;
   std::unique_ptr<Deferred> deferred_;
   bool answered_ = false;
+  bool blocked_ = false;     // answers unsent above kHighWaterBytes
+  bool in_request_ = false;  // a request's first byte came, its end not yet
+  bool unread_ = false;      // answers wait in the kernel's queue: the timer runs from the first
   std::string buffered_;
   std::string method_;
   std::string path_;

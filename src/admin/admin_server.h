@@ -8,6 +8,7 @@
 
 #include <uv.h>
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -47,6 +48,12 @@ struct AdminResult {
   std::unique_ptr<Deferred> later;  // else: it answers through the Respond it was given
 };
 
+// The bounds of an admin connection (from [server]: request_header_timeout, idle_timeout).
+struct AdminTimeouts {
+  uint64_t head_ms = 10'000;  // a request's first byte to its end
+  uint64_t idle_ms = 60'000;  // no request, and every answer read
+};
+
 class AdminServer {
  public:
   using Handler = std::function<AdminResult(const AdminRequest& request, const Respond& respond)>;
@@ -55,6 +62,8 @@ class AdminServer {
   ~AdminServer();
 
   int listen(const config::SocketAddress& address, const char** what);
+  // For connections accepted from now on.
+  void setTimeouts(AdminTimeouts timeouts) { timeouts_ = timeouts; }
   // Stops accepting and closes every admin connection (cancelling what they wait for).
   void close();
 
@@ -64,6 +73,7 @@ class AdminServer {
 
   uv_loop_t* loop_;
   Handler handler_;
+  AdminTimeouts timeouts_;
   net::Listener listener_;
   Connection* connections_ = nullptr;  // intrusive list, to close them on shutdown
 };

@@ -21,6 +21,12 @@ namespace sluice::app {
 
 namespace {
 
+// The admin listener's connections are bounded by [server]'s head and idle timeouts.
+admin::AdminTimeouts adminTimeouts(const config::Config& config) {
+  return {static_cast<uint64_t>(config.server.request_header_timeout.count()),
+          static_cast<uint64_t>(config.server.idle_timeout.count())};
+}
+
 // The process log as [log] configures it.
 void configureLog(const config::LogConfig& log) {
   spdlog::level::level_enum level = spdlog::level::info;
@@ -256,6 +262,7 @@ void Server::reload() {
     }
   }
   configureLog(config->log);
+  admin_->setTimeouts(adminTimeouts(*config));
   const config::ConfigPtr previous = config_;
   config_ = config;
   if (!previous->hasValkey() || !config_->hasValkey() ||
@@ -326,10 +333,12 @@ bool Server::ready(std::string* why) const {
 }
 
 std::unique_ptr<admin::AdminServer> Server::makeAdminServer() {
-  return std::make_unique<admin::AdminServer>(
+  auto admin = std::make_unique<admin::AdminServer>(
       &loop_, [this](const admin::AdminRequest& request, const admin::Respond& respond) {
         return handleAdmin(request, respond);
       });
+  admin->setTimeouts(adminTimeouts(*config_));
+  return admin;
 }
 
 admin::AdminResult Server::handleAdmin(const admin::AdminRequest& request,

@@ -4,8 +4,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "core/ip_address.h"
 #include "core/logging.h"
 #include "identity/tenant_cache.h"
+#include "net/connection_budget.h"
 #include "net/tls_transport.h"
 #include "proxy/downstream_connection.h"
 #include "ratelimit/batcher.h"
@@ -250,6 +252,30 @@ void Worker::onMail() {
 }
 
 void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport) {
+  const config::ServerConfig& server = context_->snapshot()->config->server;
+  const net::ConnectionBudget::Limits limits{server.max_connections,
+                                             server.max_connections_per_client};
+  std::string client;
+  if (limits.max_connections_per_client != 0 && transport->peerAddress()) {
+    if (auto ip = IpAddress::fromSockaddr(transport->peerAddress())) {
+      client = ip->unmapped().toString();
+    }
+  }
+  uv_os_fd_t fd = -1;
+  uv_fileno(reinterpret_cast<uv_handle_t*>(transport->tcp()), &fd);
+  net::ConnectionBudget::Ticket ticket;
+  const auto refusal = net::ConnectionBudget::process().admit(fd, client, limits, &ticket);
+  if (refusal != net::ConnectionBudget::Refusal::None) {
+    using R = net::ConnectionBudget::Refusal;
+    using L = stats::ConnectionRefusal;
+    context_->stats()
+        .connections_refused[refusal == R::MaxConnections ? L::MaxConnections
+                             : refusal == R::PerClient    ? L::PerClient
+                                                          : L::Descriptors]
+        .inc();
+    net::TcpTransport::closeAndDestroy(transport.release());
+    return;
+  }
   std::unique_ptr<net::Transport> t;
   if (const auto& tls = context_->snapshot()->tls) {
     SSL* ssl = tls->newSession();
@@ -262,7 +288,7 @@ void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport) {
   } else {
     t = std::move(transport);
   }
-  auto* connection = new proxy::DownstreamConnection(*context_, std::move(t));
+  auto* connection = new proxy::DownstreamConnection(*context_, std::move(t), std::move(ticket));
   connection->start();
 }
 

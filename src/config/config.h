@@ -45,6 +45,13 @@ struct ServerConfig {
   Duration request_header_timeout{Duration(10000)};
   Duration idle_timeout{Duration(60000)};
   Duration drain_timeout{Duration(10000)};
+  // A response write the client does not take for this long closes the connection (and its
+  // upstream side); unset: idle_timeout.
+  std::optional<Duration> send_timeout;
+  Duration request_body_timeout{Duration(120000)};  // a request's head to its body's last byte
+  uint64_t max_connections = 0;                     // open client connections; 0: no count
+  uint64_t max_connections_per_client = 0;          // per client address; 0: no count
+  Duration sendTimeout() const { return send_timeout ? *send_timeout : idle_timeout; }
   RateLimitHeaders rate_limit_headers = RateLimitHeaders::Ietf;
   std::optional<ServerTlsConfig> tls;
 };

@@ -22,6 +22,14 @@ void Loader::loadServer(TableReader& r) {
   if (auto v = r.duration("idle_timeout", false)) s.idle_timeout = *v;
   // Zero is meaningful here: stop without waiting for requests in flight.
   if (auto v = r.duration("drain_timeout", true)) s.drain_timeout = *v;
+  if (auto v = r.duration("send_timeout", false)) s.send_timeout = *v;
+  if (auto v = r.duration("request_body_timeout", false)) s.request_body_timeout = *v;
+  if (auto v = r.integer("max_connections", 0, 10'000'000)) {
+    s.max_connections = static_cast<uint64_t>(*v);
+  }
+  if (auto v = r.integer("max_connections_per_client", 0, 10'000'000)) {
+    s.max_connections_per_client = static_cast<uint64_t>(*v);
+  }
   if (auto v = r.enumeration<RateLimitHeaders>("rate_limit_headers",
                                                {{"ietf", RateLimitHeaders::Ietf},
                                                 {"legacy", RateLimitHeaders::Legacy},

@@ -26,11 +26,15 @@ http::ParserLimits requestLimits(const config::ServerConfig& server) {
 }  // namespace
 
 DownstreamConnection::DownstreamConnection(WorkerContext& worker,
-                                           std::unique_ptr<net::Transport> transport)
+                                           std::unique_ptr<net::Transport> transport,
+                                           net::ConnectionBudget::Ticket ticket)
     : worker_(worker),
+      ticket_(std::move(ticket)),
       transport_(std::move(transport)),
       timer_(worker.loop(), onTimer, this),
       after_response_(worker.loop(), onAfterResponse, this),
+      send_timer_(worker.loop(), onSendTimeout, this),
+      body_timer_(worker.loop(), onBodyTimeout, this),
       parser_(http::Parser::Type::Request, this, requestLimits(worker.snapshot()->config->server)),
       exchange_(*this) {
   transport_->setCallbacks(this);
@@ -127,8 +131,10 @@ int DownstreamConnection::onMessageHead(http::MessageHead& head) {
   if (hosts > 1 || (hosts == 0 && !head.isHttp10())) return 400;
   if (hosts == 1 && !http::validAuthority(*head.headers.get("host"))) return 400;
   if (head.hasBody()) {
+    const config::ServerConfig& server = worker_.snapshot()->config->server;
     timer_role_ = TimerRole::Body;
-    timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
+    timer_.start(static_cast<uint64_t>(server.idle_timeout.count()));
+    body_timer_.start(static_cast<uint64_t>(server.request_body_timeout.count()));
   } else {
     timer_role_ = TimerRole::None;
     timer_.stop();
@@ -145,6 +151,7 @@ void DownstreamConnection::onMessageBody(const char* data, size_t len) {
 }
 
 void DownstreamConnection::onMessageComplete() {
+  body_timer_.stop();
   if (request_ == Request::Receiving) request_ = Request::Received;
   if (request_ == Request::AnsweredEarly) request_ = Request::Answered;
   if (timer_role_ == TimerRole::Body) {
@@ -171,6 +178,7 @@ void DownstreamConnection::onAfterResponse(void* self) {
 
 void DownstreamConnection::afterResponse() {
   after_response_.stop();
+  body_timer_.stop();
   const bool complete = request_ == Request::Answered;
   request_ = Request::None;
   exchange_.reset();
@@ -179,7 +187,15 @@ void DownstreamConnection::afterResponse() {
     return;
   }
   parser_.resume();
-  if (!pending_.empty()) {
+  if (!pending_.empty() && transport_->pendingBytes() > kMaxPendingBytes) {
+    // A pipelined request is waiting, and so are this connection's unsent answers: it is
+    // parsed once the client has read them (onWriteDrained), as forwarded answers wait.
+    resume_on_drain_ = true;
+    timer_role_ = TimerRole::None;
+    timer_.stop();
+    transport_->readStop();
+    paused_full_ = true;
+  } else if (!pending_.empty()) {
     // A pipelined request is waiting. Parse it from the loop, not from inside the callback
     // that finished this response.
     timer_role_ = TimerRole::Resume;
@@ -217,6 +233,8 @@ void DownstreamConnection::closeNow() {
   state_ = State::Closed;
   exchange_.abort();
   timer_.stop();
+  send_timer_.stop();
+  body_timer_.stop();
   transport_->close();
 }
 
@@ -294,6 +312,20 @@ void DownstreamConnection::onTimer(void* context) {
   }
 }
 
+void DownstreamConnection::onSendTimeout(void* context) {
+  auto* self = static_cast<DownstreamConnection*>(context);
+  SLUICE_LOG_DEBUG("client {} took no byte for send_timeout: closed", self->peer_text_);
+  self->worker_.stats().client_timeouts[stats::ClientTimeout::Send].inc();
+  self->exchange_.abort(499, "the client stopped reading (send_timeout)");
+  self->closeNow();
+}
+
+void DownstreamConnection::onBodyTimeout(void* context) {
+  auto* self = static_cast<DownstreamConnection*>(context);
+  self->worker_.stats().client_timeouts[stats::ClientTimeout::Body].inc();
+  self->failRequest(408, "the request body did not arrive within request_body_timeout");
+}
+
 void DownstreamConnection::onReadEnd(int status) {
   if (state_ == State::Tunnel) {
     exchange_.onClientTunnelEnd();
@@ -316,6 +348,12 @@ void DownstreamConnection::onReadEnd(int status) {
 }
 
 void DownstreamConnection::onWriteDrained() {
+  send_timer_.stop();
+  if (resume_on_drain_ && state_ == State::Reading && !close_when_drained_) {
+    resume_on_drain_ = false;
+    timer_role_ = TimerRole::Resume;  // (it restarts reading)
+    timer_.start(0);
+  }
   if (close_when_drained_ && state_ == State::Reading) {
     state_ = State::Lingering;
     transport_->shutdownWrite();

@@ -17,6 +17,7 @@
 #include "core/ip_address.h"
 #include "core/timer.h"
 #include "http/parser.h"
+#include "net/connection_budget.h"
 #include "net/transport.h"
 #include "proxy/exchange.h"
 
@@ -26,7 +27,9 @@ class WorkerContext;
 
 class DownstreamConnection final : public net::TransportCallbacks, public http::ParserCallbacks {
  public:
-  DownstreamConnection(WorkerContext& worker, std::unique_ptr<net::Transport> transport);
+  // `ticket`: its place in the process's connection budget, given back when it is destroyed.
+  DownstreamConnection(WorkerContext& worker, std::unique_ptr<net::Transport> transport,
+                       net::ConnectionBudget::Ticket ticket = {});
   ~DownstreamConnection() override;
 
   // Starts reading; called once by the listener.
@@ -42,8 +45,14 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   const std::optional<IpAddress>& peerIp() const { return peer_ip_; }
   const std::string& peerText() const { return peer_text_; }
   net::Transport& transport() { return *transport_; }
-  void write(std::string_view data) { transport_->write(data); }
-  void writev(const std::string_view* parts, size_t count) { transport_->writev(parts, count); }
+  void write(std::string_view data) {
+    transport_->write(data);
+    armSendTimer();
+  }
+  void writev(const std::string_view* parts, size_t count) {
+    transport_->writev(parts, count);
+    armSendTimer();
+  }
   size_t pendingBytes() const { return transport_->pendingBytes(); }
   // Request body backpressure: stop reading from the client until resumeReading().
   void pauseReading();
@@ -87,6 +96,16 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
 
   static void onTimer(void* self);
   static void onAfterResponse(void* self);
+  static void onSendTimeout(void* self);
+  static void onBodyTimeout(void* self);
+  // Bytes wait for the client: it has send_timeout to take them (any progress to empty
+  // restarts the count).
+  void armSendTimer() {
+    if (transport_->pendingBytes() > 0 && !send_timer_.active()) {
+      send_timer_.start(
+          static_cast<uint64_t>(worker_.snapshot()->config->server.sendTimeout().count()));
+    }
+  }
   // Parses from pending_ (and `data`): stops after a complete request or at an error.
   void process(const char* data, size_t len);
   void afterResponse();
@@ -99,9 +118,12 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   void armIdleTimer();
 
   WorkerContext& worker_;
+  net::ConnectionBudget::Ticket ticket_;
   std::unique_ptr<net::Transport> transport_;
   Timer timer_;
   Timer after_response_;  // runs afterResponse() on the next loop iteration
+  Timer send_timer_;      // send_timeout: bytes unsent since it started
+  Timer body_timer_;      // request_body_timeout: from the head to the body's last byte
   http::Parser parser_;
   Exchange exchange_;
   std::string pending_;  // received, not parsed yet (pipelined requests, tunnel bytes)
@@ -117,6 +139,9 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   bool keep_alive_ = true;
   bool paused_by_exchange_ = false;
   bool paused_full_ = false;  // pending_ is full
+  // A pipelined request waits for the client to read the answers before it (unsent bytes above
+  // the high-water mark), whoever answered them: the next request is parsed once they left.
+  bool resume_on_drain_ = false;
   bool client_eof_ = false;
   bool close_when_drained_ = false;
   bool draining_ = false;

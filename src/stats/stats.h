@@ -276,7 +276,22 @@ struct ReloadResult : Listed<ReloadResult> {
   static constexpr std::array<const char*, kSize> kValues = {"success", "failure"};
 };
 
-static_assert(everyValueNamed(ValkeyError::kValues) && everyValueNamed(NodeError::kValues) &&
+struct ClientTimeout : Listed<ClientTimeout> {
+  static constexpr const char* kName = "kind";
+  enum Value : size_t { Send, Body, kSize };
+  static constexpr std::array<const char*, kSize> kValues = {"send", "request_body"};
+};
+
+struct ConnectionRefusal : Listed<ConnectionRefusal> {
+  static constexpr const char* kName = "reason";
+  enum Value : size_t { MaxConnections, PerClient, Descriptors, kSize };
+  static constexpr std::array<const char*, kSize> kValues = {
+      "max_connections", "max_connections_per_client", "descriptors"};
+};
+
+static_assert(everyValueNamed(ClientTimeout::kValues) &&
+              everyValueNamed(ConnectionRefusal::kValues) &&
+              everyValueNamed(ValkeyError::kValues) && everyValueNamed(NodeError::kValues) &&
               everyValueNamed(Redirect::kValues) && everyValueNamed(CompensationResult::kValues) &&
               everyValueNamed(LeaseCall::kValues) && everyValueNamed(ReloadResult::kValues));
 
@@ -297,6 +312,13 @@ enum class Show { Always, Counted };
     "Client connections open now.")                                                                \
   M(connections_total, Counter, "sluice_connections_total", Show::Always,                        \
     "Client connections accepted.")                                                                \
+  M(connections_refused, Counter, "sluice_connections_refused_total", Show::Counted,             \
+    "Client connections closed at accept, by reason (max_connections, "                            \
+    "max_connections_per_client, descriptors: the reserve for Valkey, upstreams and admin).",      \
+    ConnectionRefusal)                                                                             \
+  M(client_timeouts, Counter, "sluice_client_timeouts_total", Show::Counted,                     \
+    "Client connections closed for a stalled read of a response (send) or a request body past "   \
+    "request_body_timeout.", ClientTimeout)                                                        \
   M(requests, Counter, "sluice_requests_total", Show::Counted,                                   \
     "Requests answered, by route and status.", Route, Status)                                      \
   M(decisions, Counter, "sluice_ratelimit_decisions_total", Show::Counted,                       \

@@ -357,7 +357,7 @@ TEST_SUITE("stats") {
 
   TEST_CASE("the table: every name once, a known type, help, and valid label names") {
     const auto& table = metricTable();
-    CHECK(table.size() == 21);
+    CHECK(table.size() == 23);
     std::set<std::string_view> names;
     for (const MetricInfo& m : table) {
       INFO(std::string(m.name));
@@ -433,6 +433,8 @@ TEST_SUITE("admin metrics") {
     w.upstream_errors.resolve("app")[sluice::upstream::UpstreamError::Reset].inc();
     w.upstream_latency.resolve("app").observeMicros(100);
     w.valkey_errors[ValkeyError::Timeout].inc();
+    w.connections_refused[sluice::stats::ConnectionRefusal::Descriptors].inc();
+    w.client_timeouts[sluice::stats::ClientTimeout::Send].inc();
     w.valkey_compensations[CompensationResult::Failed].inc();
     w.lease_calls[sluice::stats::LeaseCall::Renew][CompensationResult::Done].inc();
     w.valkey_node_calls.resolve("n:1").inc();
