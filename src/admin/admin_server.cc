@@ -33,7 +33,7 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
         resume_timer_(
             server.loop_, [](void* self) noexcept { static_cast<Connection*>(self)->resume(); },
             this),
-        parser_(http::Parser::Type::Request, this, http::ParserLimits{8192, 65536, 64}),
+        parser_(http::Parser::Type::Request, this, kAdminParserLimits),
         respond_([this](AdminResponse response) { answer(std::move(response)); }) {
     transport_->setCallbacks(this);
     next_ = server_.connections_;
@@ -76,7 +76,7 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
       const http::Parser::Result r = parser_.execute(data, len);
       if (r.status == http::Parser::Status::Error || r.status == http::Parser::Status::Upgrade) {
         keep_alive_ = false;
-        method_.clear();
+        head_.method.clear();
         write({r.error_status ? r.error_status : 400, "text/plain; charset=utf-8", "bad request\n",
                ""});
         return;
@@ -109,22 +109,15 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
   void onClosed() override { delete this; }
 
   int onMessageHead(http::MessageHead& head) override {
-    const std::string& target = head.target;
-    if (target.empty() || target[0] != '/') return 400;  // origin-form only
-    method_ = head.method;
-    keep_alive_ = head.keep_alive;
-    const size_t question = target.find('?');
-    path_ = target.substr(0, question);
-    query_ = question == std::string::npos ? std::string() : target.substr(question + 1);
-    const std::string* authorization = head.headers.get("authorization");
-    authorization_ = authorization ? *authorization : std::string();
-    authorization_repeated_ = head.headers.count("authorization") > 1;
+    if (const int refused = readAdminHead(head, &head_)) return refused;
+    keep_alive_ = head_.keep_alive;
     return 0;
   }
   void onMessageBody(const char*, size_t) override {}
   void onMessageComplete() override {
     in_request_ = false;
-    const AdminRequest request{method_, path_, query_, authorization_, authorization_repeated_};
+    const AdminRequest request{head_.method, head_.path, head_.query, head_.authorization,
+                               head_.authorization_repeated};
     AdminResult result = server_.handler_(request, respond_);
     if (result.later) {
       deferred_ = std::move(result.later);
@@ -167,7 +160,7 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
     out += response.extra_headers;
     if (!keep_alive_) out += "Connection: close\r\n";
     out += "\r\n";
-    if (!bodyless && method_ != "HEAD") out += response.body;
+    if (!bodyless && head_.method != "HEAD") out += response.body;
     transport_->write(out);
     const size_t pending = transport_->pendingBytes();
     if (!keep_alive_) {
@@ -202,16 +195,26 @@ class AdminServer::Connection final : public net::TransportCallbacks, public htt
   bool in_request_ = false;  // a request's first byte came, its end not yet
   bool unread_ = false;      // answers wait in the kernel's queue: the timer runs from the first
   std::string buffered_;
-  std::string method_;
-  std::string path_;
-  std::string query_;
-  std::string authorization_;
-  bool authorization_repeated_ = false;
+  AdminHead head_;  // of the request being answered
   bool keep_alive_ = true;
   bool close_after_write_ = false;
   Connection* prev_ = nullptr;
   Connection* next_ = nullptr;
 };
+
+int readAdminHead(const http::MessageHead& head, AdminHead* out) {
+  const std::string& target = head.target;
+  if (target.empty() || target[0] != '/') return 400;  // origin-form only
+  out->method = head.method;
+  out->keep_alive = head.keep_alive;
+  const size_t question = target.find('?');
+  out->path = target.substr(0, question);
+  out->query = question == std::string::npos ? std::string() : target.substr(question + 1);
+  const std::string* authorization = head.headers.get("authorization");
+  out->authorization = authorization ? *authorization : std::string();
+  out->authorization_repeated = head.headers.count("authorization") > 1;
+  return 0;
+}
 
 AdminServer::AdminServer(uv_loop_t* loop, Handler handler)
     : loop_(loop),

@@ -15,6 +15,8 @@
 #include <string_view>
 
 #include "config/address.h"
+#include "http/message.h"
+#include "http/parser.h"
 #include "net/listener.h"
 
 namespace sluice::admin {
@@ -33,6 +35,23 @@ struct AdminRequest {
   std::string_view authorization;       // the Authorization field; empty when absent
   bool authorization_repeated = false;  // sent more than once
 };
+
+// What the admin listener reads of a request head (AdminRequest views these).
+struct AdminHead {
+  std::string method;
+  std::string path;
+  std::string query;
+  std::string authorization;
+  bool authorization_repeated = false;
+  bool keep_alive = true;
+};
+
+// The admin listener's parser bounds: head bytes, body bytes (none are read), header fields.
+inline constexpr http::ParserLimits kAdminParserLimits{8192, 65536, 64};
+
+// Reads a parsed head as the admin listener does: origin-form targets only, split at '?'.
+// 0, or the status to refuse the request with.
+int readAdminHead(const http::MessageHead& head, AdminHead* out);
 
 // Work whose answer comes later. Destroying it cancels it: Respond is not called afterwards.
 class Deferred {

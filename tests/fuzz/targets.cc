@@ -4,6 +4,8 @@
 #include <string_view>
 #include <vector>
 
+#include "admin/admin_server.h"
+#include "admin/limits_api.h"
 #include "config/loader.h"
 #include "http/forwarding.h"
 #include "http/parser.h"
@@ -218,6 +220,47 @@ void chunkedBody(const uint8_t* data, size_t size) {
   again += http::kLastChunk;
   const ChunkedRun reread = parseChunked(again, again.size(), cap);
   if (reread.error || reread.complete != 1 || reread.body != whole.body) __builtin_trap();
+}
+
+void adminRequest(const uint8_t* data, size_t size) {
+  if (size == 0) return;
+  const size_t piece = 1 + data[0] % 64;
+  std::string_view input(reinterpret_cast<const char*>(data + 1), size - 1);
+  Collector collector;
+  http::Parser parser(http::Parser::Type::Request, &collector, admin::kAdminParserLimits);
+  feed(parser, input, piece);
+  if (collector.body.size() > admin::kAdminParserLimits.max_body_bytes) __builtin_trap();
+  const config::Config& config = fuzzConfig();
+  for (const auto& head : collector.heads) {
+    admin::AdminHead read;
+    if (admin::readAdminHead(head, &read) != 0) continue;
+    if (read.path.empty() || read.path[0] != '/' || read.path.find('?') != std::string::npos) {
+      __builtin_trap();
+    }
+    std::vector<admin::QueryParam> params;
+    std::string error;
+    if (!admin::parseQuery(read.query, &params, &error)) {
+      (void)admin::errorJson(error);
+      continue;
+    }
+    (void)admin::bearerMatches(read.authorization, "token");
+    const std::string_view name =
+        read.path.size() > 8 ? std::string_view(read.path).substr(8) : std::string_view("a");
+    ratelimit::AppliedLimit limit;
+    admin::LimitQueryError refused;
+    if (!admin::resolveLimit(config, name, params, &limit, &refused)) {
+      const std::string json = admin::errorJson(refused.message, refused.expected);
+      // One JSON line: no raw control byte whatever the query held.
+      for (unsigned char c : json) {
+        if (c < 0x20) __builtin_trap();
+      }
+      continue;
+    }
+    // A key built from a query never carries a byte that would break a log line or a key.
+    for (unsigned char c : limit.key) {
+      if (c < 0x21 || c == 0x7f) __builtin_trap();
+    }
+  }
 }
 
 void configLoader(const uint8_t* data, size_t size) {

@@ -14,6 +14,10 @@ namespace sluice::fuzz {
 // proxies, key parts, form and JSON body fields), key encoding.
 void requestPath(const uint8_t* data, size_t size);
 
+// The admin listener's request reading: its parser bounds, its head reading, the /limits
+// query (strict %-decoding) and the limit and key it resolves, the JSON of its errors.
+void adminRequest(const uint8_t* data, size_t size);
+
 // The configuration loader on arbitrary text.
 void configLoader(const uint8_t* data, size_t size);
 

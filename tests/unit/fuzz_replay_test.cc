@@ -40,4 +40,5 @@ TEST_CASE("fuzz corpus and regressions replay without a crash") {
   CHECK(replay("config", sluice::fuzz::configLoader) >= 5);
   CHECK(replay("response", sluice::fuzz::responsePath) >= 5);
   CHECK(replay("chunked", sluice::fuzz::chunkedBody) >= 5);
+  CHECK(replay("admin", sluice::fuzz::adminRequest) >= 5);
 }
