@@ -184,6 +184,7 @@ void Admission::decide() {
   }
   sent_ms_ = now;
   sent_ns_ = uv_hrtime();
+  forget_mark_ = ratelimit::DenyCache::forgetMark();
   bool slots = false;
   for (ratelimit::AppliedLimit& l : applied_) {
     if (l.config->algorithm != config::Algorithm::Concurrency) continue;
@@ -220,7 +221,7 @@ void Admission::onDecision(const ratelimit::Decision& decision) {
   decision_ = nullptr;
   valkey_ns_ = uv_hrtime() - sent_ns_;
   ratelimit::rememberRefusals(*snapshot_->deny_cache, applied_, decision, sent_ms_,
-                              uv_now(worker_.loop()));
+                              uv_now(worker_.loop()), forget_mark_);
   keepSlots(&decision);
   apply(decision);
 }

@@ -222,9 +222,12 @@ class DecisionBatcher::Split final : public PendingDecision {
         }
       }
       if (charged.empty()) continue;
+      std::vector<std::string> keys;
+      keys.reserve(charged.size());
+      for (const AppliedLimit* l : charged) keys.push_back(l->key);
       resender_.send(store_, Resender::Kind::TakeBack,
                      undoCommand(store_->decideFunction(), charged, p.decision.charged_at_us),
-                     p.limits.front().key);
+                     p.limits.front().key, std::move(keys));
     }
   }
 

@@ -1,6 +1,7 @@
 #include "ratelimit/resender.h"
 
 #include "core/logging.h"
+#include "ratelimit/deny_cache.h"
 #include "stats/stats.h"
 
 namespace sluice::ratelimit {
@@ -18,6 +19,7 @@ class Resender::Sent final : public valkey::CallTarget {
   Item& item() { return item_; }
 
   void onValkeyReply(valkey::Reply& reply) override {
+    ratelimit::DenyCache::forgetKeys(item_.keys);  // (an error may come after some writes)
     if (owner_) {
       if (reply.isError()) {
         owner_->giveUp(item_, reply.text);
@@ -28,9 +30,11 @@ class Resender::Sent final : public valkey::CallTarget {
     delete this;
   }
   void onValkeyFailure(valkey::Failure failure) override {
+    // A release may run twice; a take-back that may have run once must not run again.
+    const bool again = item_.kind == Kind::Release || failure == valkey::Failure::NotConnected;
+    if (!again || !owner_) ratelimit::DenyCache::forgetKeys(item_.keys);  // it may have run
     if (owner_) {
-      // A release may run twice; a take-back that may have run once must not run again.
-      if (item_.kind == Kind::Release || failure == valkey::Failure::NotConnected) {
+      if (again) {
         owner_->keep(std::move(item_));
       } else {
         owner_->giveUp(item_, valkey::toString(failure));
@@ -44,8 +48,7 @@ class Resender::Sent final : public valkey::CallTarget {
   Item item_;
 };
 
-Resender::Resender(uv_loop_t* loop, stats::WorkerStats& stats)
-    : loop_(loop), stats_(stats) {}
+Resender::Resender(uv_loop_t* loop, stats::WorkerStats& stats) : loop_(loop), stats_(stats) {}
 
 Resender::~Resender() {
   for (Sent* s : sent_) s->orphan();
@@ -61,8 +64,8 @@ void Resender::stop() {
 }
 
 void Resender::send(const std::shared_ptr<valkey::Store>& store, Kind kind, std::string command,
-                    std::string first_key) {
-  Item item{store, kind, std::move(command), std::move(first_key), loopNow(loop_)};
+                    std::string first_key, std::vector<std::string> keys) {
+  Item item{store, kind, std::move(command), std::move(first_key), std::move(keys), loopNow(loop_)};
   if (!trySend(item)) keep(std::move(item));
 }
 
@@ -74,9 +77,9 @@ bool Resender::trySend(Item& item) {
   const std::string first_key = item.first_key;
   const Kind kind = item.kind;
   auto* sent = new Sent(this, std::move(item));
-  valkey::PendingCall* call =
-      kind == Kind::Release ? store.callDecide(std::move(command), first_key, sent)
-                            : store.callUndo(std::move(command), first_key, sent);
+  valkey::PendingCall* call = kind == Kind::Release
+                                  ? store.callDecide(std::move(command), first_key, sent)
+                                  : store.callUndo(std::move(command), first_key, sent);
   if (call) return true;
   item = std::move(sent->item());
   delete sent;

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <unordered_set>
+#include <vector>
 
 #include "core/timer.h"
 #include "valkey/store.h"
@@ -48,9 +49,11 @@ class Resender {
 
   // Sends `command` (an FCALL of the lease function's release or of the undo function), every
   // key of which is in the slot of `first_key`, now if `store` answers for that key, else
-  // keeps it. Never calls back inline.
+  // keeps it. Never calls back inline. A take-back names the keys it lowers (`keys`): once it
+  // has been sent and has ended, whatever its result (it may have run), the deny caches forget
+  // their refusals (DenyCache::forgetKeys), which may have counted the charge.
   void send(const std::shared_ptr<valkey::Store>& store, Kind kind, std::string command,
-            std::string first_key);
+            std::string first_key, std::vector<std::string> keys = {});
   size_t kept() const { return kept_.size(); }
   // Gives up what is kept and keeps nothing more (the worker stops: its loop must end, and a
   // kept call would hold it).
@@ -62,7 +65,8 @@ class Resender {
     Kind kind;
     std::string command;
     std::string first_key;
-    uint64_t since_ms;  // loop time it was first asked for
+    std::vector<std::string> keys;  // a take-back's
+    uint64_t since_ms;              // loop time it was first asked for
   };
   class Sent;
   friend class Sent;
@@ -79,7 +83,7 @@ class Resender {
   stats::WorkerStats& stats_;
   std::deque<Item> kept_;
   std::unordered_set<Sent*> sent_;  // in flight: told when this goes away
-  std::unique_ptr<Timer> timer_;  // the next round (made when something is first kept)
+  std::unique_ptr<Timer> timer_;    // the next round (made when something is first kept)
   bool stopped_ = false;
 };
 

@@ -14,7 +14,7 @@ import redis
 
 from conftest import (avoid_window_boundary, limit_cfg, metric_sum, parallel_requests,
                       parse_rl_list, ratelimit_toml, route_cfg, wait_admin)
-from rawhttp import build_request
+from rawhttp import RawClient, build_request
 from test_valkey_cluster import Cluster
 
 PREFIX = "rl:v1"  # no hash tag: each key's parts are its tag
@@ -227,3 +227,60 @@ def test_a_slot_taken_in_one_slot_is_freed_when_another_refuses(sluice_factory, 
     # The slot is free: another request of that client (another B) passes.
     assert gw.get("/status/200", [("X-A", a), ("X-B", b + "-2")]).status == 200
     assert int(cluster.cli(owner_s, "EXISTS", key_s)) == 0
+
+
+def test_a_take_back_forgets_the_refusals_cached_from_the_charge_it_took_back(
+        sluice_factory, upstream, spread_cluster):
+    """Issue 23, item 3. per_ip 3/h and per_key 1/h, in different slots. A (an address's key
+    that per_key refuses) and B (the same address, another key) at once: when B's per_ip is
+    decided while A's per_ip charge stands, B is refused (3 of 3) and the worker caches that
+    refusal; A's charge is then taken back (Valkey holds 2 of 3). The cached refusal came from
+    a view the take-back changed: it is forgotten, and the address's next request is decided
+    by Valkey (allowed), not refused from the cache for the rest of the hour."""
+    cluster = spread_cluster
+    limits = [limit_cfg("per_ip", "fixed_window", 3, "1h", by=["ip"]),
+              limit_cfg("per_key", "fixed_window", 1, "1h", by=["api_key"])]
+    gw = sluice_factory(upstream, routes=[route_cfg("api", ["per_ip", "per_key"])],
+                        extra_toml=ratelimit_toml(
+                            None, limits=limits, identity={"trusted_proxies": ["127.0.0.1/32"],
+                                                             "valkey_tenants": False},
+                            valkey_options={"nodes": [f"127.0.0.1:{cluster.ports[0]}"],
+                                            "key_prefix": PREFIX}),
+                        workers=1)
+    wait_admin(gw, "/ready", 200)
+    avoid_window_boundary_cluster(cluster, 3600, 60)
+
+    def request(ip, key):
+        return build_request("GET", "/status/200", [("X-Forwarded-For", ip), ("X-API-Key", key)])
+
+    # (No tenant lookup: B is decided at once, in A's call or the next.) B may still be decided
+    # after the take-back: up to 120 trials, each with an address of its own.
+    races = 0
+    for trial in range(120):
+        ip = f"203.0.{113 + trial // 100}.{trial % 100 + 1}"
+        for key in (f"t{trial}a", f"t{trial}b"):  # per_ip: 2 of 3
+            assert gw.get("/status/200", [("X-Forwarded-For", ip), ("X-API-Key", key)]).status == 200
+        done = metric_sum(gw, "sluice_valkey_compensations_total", result="done")
+        # A (per_key t{trial}a is used up) and B (a fresh key) at once.
+        a, b = (RawClient(gw.port, timeout=5) for _ in range(2))
+        try:
+            a.sock.sendall(request(ip, f"t{trial}a"))
+            b.sock.sendall(request(ip, f"t{trial}c"))
+            ra, rb = a.read_response(), b.read_response()
+        finally:
+            a.close()
+            b.close()
+        assert ra.status == 429 and ra.json()["violated-policies"] == ["per_key"], ra
+        if rb.status != 429:
+            continue  # B was decided after the take-back (3 of 3 then): no race this time
+        assert rb.json()["violated-policies"] == ["per_ip"], rb
+        races += 1
+        # Both refused across slots: A's per_ip and B's per_key are taken back.
+        assert wait_compensations(gw, done + 2) >= done + 2
+        r = gw.get("/status/200", [("X-Forwarded-For", ip), ("X-API-Key", f"t{trial}d")])
+        assert r.status == 200, (f"trial {trial}: refused from a cached refusal that the take-back "
+                                 f"made stale", r.status, r.body)
+        if races >= 2:
+            break
+    print(f"[item3] {races} races in {trial + 1} trials")
+    assert races >= 1, "B was never decided while A's charge stood"

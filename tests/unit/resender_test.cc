@@ -95,7 +95,7 @@ TEST_SUITE("ratelimit: the resender") {
     f.resender->send(f.store, Resender::Kind::TakeBack, "undo-not-sent", "k");
     REQUIRE(f.store->calls.size() == 3);
     f.store->calls[0]->target->onValkeyFailure(Failure::Timeout);
-    f.store->calls[1]->target->onValkeyFailure(Failure::Timeout);  // it may have run
+    f.store->calls[1]->target->onValkeyFailure(Failure::Timeout);       // it may have run
     f.store->calls[2]->target->onValkeyFailure(Failure::NotConnected);  // (MOVED elsewhere)
     CHECK(f.takeBacks(Result::Failed) == 1);
     CHECK(f.resender->kept() == 2);
