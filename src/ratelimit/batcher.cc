@@ -216,9 +216,17 @@ class DecisionBatcher::Split final : public PendingDecision {
       if (!p.answered || p.decision.verdict != Decision::Verdict::Allow) continue;
       charged.clear();
       for (size_t j = 0; j < p.limits.size(); ++j) {
-        if (p.limits[j].charge == Charge::Later) continue;  // (charged nothing yet)
-        if (p.decision.limits[j].outcome == Outcome::Allowed || p.limits[j].config->count_denied) {
-          charged.push_back(&p.limits[j]);
+        const AppliedLimit& l = p.limits[j];
+        if (l.charge == Charge::Later) continue;  // (charged nothing yet)
+        if (p.decision.limits[j].outcome == Outcome::Allowed) {
+          charged.push_back(&l);
+        } else if (l.config->count_denied &&
+                   l.config->algorithm != config::Algorithm::TokenBucket) {
+          // A shadow limit that refused and records refusals: its entries (a window's count, a
+          // log's entries of this call) come back exactly. A token bucket's refusal emptied it
+          // (TAT moved to a full bucket's debt from wherever it was): the bucket cannot tell
+          // from where, so it stays empty, never fuller than before the request.
+          charged.push_back(&l);
         }
       }
       if (charged.empty()) continue;

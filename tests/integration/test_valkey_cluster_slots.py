@@ -284,3 +284,72 @@ def test_a_take_back_forgets_the_refusals_cached_from_the_charge_it_took_back(
             break
     print(f"[item3] {races} races in {trial + 1} trials")
     assert races >= 1, "B was never decided while A's charge stood"
+
+
+def _shadow_and_strict(sluice_factory, upstream, cluster, shadow, strict):
+    """A gateway with a shadow limit by X-A and a strict one by X-B, and values a, b whose
+    keys are on different primaries (so in different slots: a request is split)."""
+    gw = sluice_factory(upstream, routes=[route_cfg("api", [shadow["name"], strict["name"]])],
+                        extra_toml=spread_toml(cluster, [shadow, strict]), workers=1)
+    wait_admin(gw, "/ready", 200)
+    avoid_window_boundary_cluster(cluster, 3600, 60)
+    a, b = values_in_other_slots(cluster, shadow["name"], strict["name"])
+    from test_admin_limits import peek
+    key = peek(gw, f"/limits/{shadow['name']}?header:X-A={a}")["key"]
+    node = redis.Redis(port=cluster.owner(slot(cluster, key)))
+    return gw, [("X-A", a), ("X-B", b)], key, node
+
+
+def test_a_shadow_sliding_log_take_back_restores_its_entries(sluice_factory, upstream,
+                                                             spread_cluster):
+    """Issue 23, item 4. A shadow sliding_log (3 an hour, count_denied) that is full records a
+    refused request; when another slot refuses that request, the take-back removes its entry,
+    and the newest `keep` (3) entries are those the log had before it (before: the entry the
+    request's own pushed out was lost, and the shadow limit counted one request fewer)."""
+    cluster = spread_cluster
+    shadow = limit_cfg("shadow", "sliding_log", 3, "1h", by=["header:X-A"], shadow=True,
+                       count_denied=True)
+    strict = limit_cfg("strict", "fixed_window", 4, "1h", by=["header:X-B"])
+    gw, hdrs, key, node = _shadow_and_strict(sluice_factory, upstream, cluster, shadow, strict)
+
+    def entries():
+        log = node.get(key) or b""
+        return list(struct.unpack(f"<{len(log) // 8}d", log))
+
+    for _ in range(4):  # the 4th is over the shadow log's 3: recorded as shadow_denied
+        assert gw.get("/status/200", hdrs).status == 200
+    before = entries()
+    assert len(before) >= 3
+    done = metric_sum(gw, "sluice_valkey_compensations_total", result="done")
+    r = gw.get("/status/200", hdrs)  # strict refuses: the shadow's record is taken back
+    assert r.status == 429 and r.json()["violated-policies"] == ["strict"], r
+    assert wait_compensations(gw, done + 1) >= done + 1
+    after = entries()
+    assert after[-3:] == before[-3:], (before, after)
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total", limit="shadow",
+                      outcome="shadow_denied") == 2
+
+
+def test_a_shadow_token_bucket_take_back_never_fills_it(sluice_factory, upstream,
+                                                        spread_cluster):
+    """Issue 23, item 4. A shadow token bucket (5, cost 4, count_denied) with 1 token left
+    refuses a request and, counting it, empties itself; when another slot refuses that
+    request, the take-back must not give the bucket more than it had (before: it gave back
+    the 4 tokens of the cost, 4 tokens where it had 1). The refusal's emptying cannot be
+    undone to the microsecond (the bucket does not know from where), so it stays empty."""
+    cluster = spread_cluster
+    shadow = limit_cfg("shadow_tb", "token_bucket", 5, "1h", by=["header:X-A"], cost=4,
+                       shadow=True, count_denied=True)
+    strict = limit_cfg("strict", "fixed_window", 1, "1h", by=["header:X-B"])
+    gw, hdrs, key, node = _shadow_and_strict(sluice_factory, upstream, cluster, shadow, strict)
+    assert gw.get("/status/200", hdrs).status == 200  # 5 -> 1 token
+    tat_before = int(node.get(key))
+    done = metric_sum(gw, "sluice_valkey_compensations_total", result="done")
+    r = gw.get("/status/200", hdrs)  # strict refuses; the shadow bucket refused it too
+    assert r.status == 429 and r.json()["violated-policies"] == ["strict"], r
+    time.sleep(0.3)  # (a take-back, if any, is answered)
+    tat_after = int(node.get(key))
+    assert tat_after >= tat_before, "the take-back gave the bucket tokens it never had"
+    assert metric_sum(gw, "sluice_valkey_compensations_total", result="done") == done
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total", limit="shadow_tb",
+                      outcome="shadow_denied") == 1

@@ -22,6 +22,7 @@
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/headers.h"
 #include "ratelimit/keys.h"
+#include "ratelimit/quota.h"
 #include "ratelimit/script_codec.h"
 #include "replies.h"
 #include "valkey/reply.h"
@@ -302,6 +303,49 @@ TEST_SUITE("ratelimit: quotas that share a key") {
     CHECK(sluice::config::overriddenBurst(config.limits[1], pro.limits["implicit"]) == 50);
     CHECK(sluice::config::overriddenBurst(config.limits[1], lite.limits["implicit"]) == 7);
     CHECK(sluice::config::overriddenBurst(config.limits[2], pro.limits["explicit"]) == 4);
+  }
+}
+
+TEST_SUITE("ratelimit: a client's quota (one function for the request path and /limits)") {
+  TEST_CASE("a plan overrides limit and burst; a tenant is found by API key or by name") {
+    Config config;
+    LimitConfig tb = limitConfig("tb", Algorithm::TokenBucket, {}, 10, 1000);
+    tb.burst = 50;
+    tb.burst_explicit = true;
+    LimitConfig implicit = limitConfig("implicit", Algorithm::TokenBucket, {}, 10, 1000);
+    config.limits = {tb, implicit};
+    sluice::config::PlanConfig pro;
+    pro.name = "pro";
+    pro.limits["tb"].limit = 20;
+    pro.limits["implicit"].limit = 30;
+    config.plans = {pro};
+    sluice::config::TenantConfig acme;
+    acme.name = "acme";
+    acme.plan = "pro";
+    acme.api_keys = {"key_abc"};
+    config.tenants = {acme};
+    config.tenant_by_api_key["key_abc"] = 0;
+
+    AppliedLimit a;
+    resolveQuota(tb, nullptr, &a);
+    CHECK(a.limit == 10);
+    CHECK(a.burst == 50);
+    const sluice::config::TenantConfig* by_key = tenantOfApiKey(config, "key_abc");
+    REQUIRE(by_key);
+    CHECK(by_key->name == "acme");
+    CHECK(tenantOfApiKey(config, "other") == nullptr);
+    CHECK(tenantNamed(config, "acme") == by_key);
+    CHECK(tenantNamed(config, "nobody") == nullptr);
+    const sluice::config::PlanConfig* plan = planNamed(config, by_key->plan);
+    REQUIRE(plan);
+    CHECK(planNamed(config, "") == nullptr);
+    CHECK(planNamed(config, "gold") == nullptr);
+    resolveQuota(tb, plan, &a);
+    CHECK(a.limit == 20);
+    CHECK(a.burst == 50);  // an explicit burst stays
+    resolveQuota(implicit, plan, &a);
+    CHECK(a.limit == 30);
+    CHECK(a.burst == 30);  // an implicit one follows the limit
   }
 }
 
