@@ -4,8 +4,7 @@
 
 namespace sluice::ratelimit {
 
-const config::TenantConfig* tenantOfApiKey(const config::Config& config,
-                                           std::string_view api_key) {
+const config::TenantConfig* tenantOfApiKey(const config::Config& config, std::string_view api_key) {
   auto owned = config.tenant_by_api_key.find(std::string(api_key));
   return owned == config.tenant_by_api_key.end() ? nullptr : &config.tenants[owned->second];
 }
