@@ -2,12 +2,15 @@
 -- first, one 8-byte little-endian double each, in one string key that expires one window after
 -- its newest entry. An entry older than the window no longer counts and is dropped the next
 -- time the key is written. A request of `cost` adds `cost` entries. Memory is bounded:
--- accepted requests never exceed the limit, and with count_denied the log keeps its newest
--- `keep` entries (the largest limit of the quotas that share the key: a plan's and the limit's
--- own), so a key never holds more than that, even while a client keeps hammering. Trimming to
--- the refused request's own limit would erase what a larger quota on the same key still
--- counts; `keep` entries are all that any of them reads (a quota of L refuses at L entries and
--- waits for the (L - cost + 1)th newest to expire).
+-- accepted requests never exceed the limit, and with count_denied a refused request keeps the
+-- newest `keep` + `cost` entries (keep: the largest limit of the quotas that share the key, a
+-- plan's and the limit's own), so a key never holds more than that, even while a client keeps
+-- hammering. Trimming to the refused request's own limit would erase what a larger quota on
+-- the same key still counts; `keep` entries are all that any of them reads (a quota of L
+-- refuses at L entries and waits for the (L - cost + 1)th newest to expire). The `cost` more
+-- are those the request's own entries would push out: a take-back (a shadow limit's record of
+-- a request refused in another cluster slot) removes its entries and leaves the newest `keep`
+-- as they were before it.
 --
 -- Standalone (EVAL this file):
 --   KEYS[1]  the key
@@ -64,7 +67,7 @@ end
 local function settle(k, p, allowed, charge)
   if not charge then return end
   local log, count = log_of[k] .. rep(pack('<d', now), p.cost), count_of[k] + p.cost
-  local keep = max(p.keep or p.limit, p.limit)
+  local keep = max(p.keep or p.limit, p.limit) + p.cost
   if not allowed and count > keep then
     log, count = sub(log, -keep * ENTRY), keep
   end

@@ -11,6 +11,7 @@
 #include "identity/client_address.h"
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/keys.h"
+#include "ratelimit/quota.h"
 
 namespace sluice::admin {
 
@@ -47,13 +48,6 @@ bool clientKey(const config::Config& config, std::string_view text, std::string*
   *out = address.isV4() ? address.toString()
                         : identity::clientKeyText(address, config.identity.ipv6_prefix);
   return true;
-}
-
-const config::PlanConfig* planOfTenant(const config::Config& config, std::string_view tenant) {
-  for (const auto& t : config.tenants) {
-    if (t.name == tenant) return t.plan.empty() ? nullptr : config.findPlan(t.plan);
-  }
-  return nullptr;
 }
 
 // A Valkey call that answers one /limits request: a peek (GET) or a DEL (DELETE).
@@ -212,14 +206,14 @@ bool resolveLimit(const config::Config& config, std::string_view name,
     if (part.kind == config::KeyPartKind::Ip && !clientKey(config, it->value, &value)) {
       return fail("ip: not an IP address: " + it->value);
     }
+    // The plan as the request path finds it: the tenant's (named, or owning the API key).
     if (part.kind == config::KeyPartKind::Tenant) {
       by_tenant = true;
-      plan = planOfTenant(config, value);
+      const config::TenantConfig* tenant = ratelimit::tenantNamed(config, value);
+      plan = tenant ? ratelimit::planNamed(config, tenant->plan) : nullptr;
     } else if (part.kind == config::KeyPartKind::ApiKey) {
-      auto owned = config.tenant_by_api_key.find(value);
-      if (owned != config.tenant_by_api_key.end()) {
-        const config::TenantConfig& tenant = config.tenants[owned->second];
-        if (!tenant.plan.empty()) api_key_plan = config.findPlan(tenant.plan);
+      if (const config::TenantConfig* tenant = ratelimit::tenantOfApiKey(config, value)) {
+        api_key_plan = ratelimit::planNamed(config, tenant->plan);
       }
     }
     values.push_back(std::move(value));
@@ -227,16 +221,8 @@ bool resolveLimit(const config::Config& config, std::string_view name,
   if (!by_tenant) plan = api_key_plan;
   out->config = limit;
   out->key = ratelimit::limitKey(config.valkey.key_prefix, *limit, values);
-  out->limit = limit->limit;
-  out->burst = limit->burst;
+  ratelimit::resolveQuota(*limit, plan, out);
   out->cost = 1;
-  if (plan) {
-    auto it = plan->limits.find(limit->name);
-    if (it != plan->limits.end()) {
-      out->limit = it->second.limit;
-      out->burst = config::overriddenBurst(*limit, it->second);
-    }
-  }
   return true;
 }
 
@@ -255,14 +241,19 @@ std::string errorJson(std::string_view message, const std::vector<std::string>& 
 }
 
 std::string limitJson(const ratelimit::AppliedLimit& limit, const ratelimit::PeekResult& peek) {
-  const int64_t wait_ms = peek.retry_ms > 0 ? peek.retry_ms : peek.reset_ms;
-  const int64_t reset = (std::max<int64_t>(0, wait_ms) + 999) / 1000;
+  // Read as a decision's values are, so `remaining` is what the RateLimit header's `r` would
+  // be (never above `quota`, 0 when refused).
+  const int64_t values[3] = {peek.remaining, peek.reset_ms, peek.retry_ms};
+  const ratelimit::LimitResult r = ratelimit::limitResultFromValues(limit, values);
+  const bool refused = r.retry_ms > 0;
+  const int64_t remaining = refused ? 0 : r.remaining;
+  const int64_t reset = ((refused ? r.retry_ms : r.reset_ms) + 999) / 1000;
   return "{\"limit\": " + http::jsonString(limit.config->name) +
          ", \"key\": " + http::jsonString(limit.key) +
          ", \"algorithm\": " + http::jsonString(ratelimit::algorithmName(limit.config->algorithm)) +
          ", \"quota\": " + std::to_string(limit.limit) +
-         ", \"remaining\": " + std::to_string(std::max<int64_t>(0, peek.remaining)) +
-         ", \"reset\": " + std::to_string(reset) + "}";
+         ", \"remaining\": " + std::to_string(remaining) + ", \"reset\": " + std::to_string(reset) +
+         "}";
 }
 
 AdminResult handleLimits(const AdminRequest& request, const Respond& respond,

@@ -324,6 +324,7 @@ void Worker::checkDrained() {
   // Nothing in flight: release every handle so that uv_run returns.
   drain_deadline_.reset();
   drain_poll_.reset();
+  context_->resender().stop();  // (what it keeps would hold the loop; the leases free them)
   if (const auto& snapshot = context_->snapshot()) {
     for (const auto& cluster : snapshot->clusters) cluster->retire();
     if (snapshot->valkey) snapshot->valkey->stop();

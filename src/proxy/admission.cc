@@ -8,6 +8,7 @@
 #include "ratelimit/applied_limits.h"
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/headers.h"
+#include "ratelimit/quota.h"
 #include "stats/stats.h"
 
 namespace sluice::proxy {
@@ -110,10 +111,8 @@ void Admission::onBodyComplete() {
 bool Admission::resolveTenant() {
   if (!facts_.api_key) return true;
   const config::Config& config = *snapshot_->config;
-  auto owned = config.tenant_by_api_key.find(*facts_.api_key);
-  if (owned != config.tenant_by_api_key.end()) {
-    const config::TenantConfig& tenant = config.tenants[owned->second];
-    return onTenant(true, tenant.name, tenant.plan);
+  if (const config::TenantConfig* tenant = ratelimit::tenantOfApiKey(config, *facts_.api_key)) {
+    return onTenant(true, tenant->name, tenant->plan);
   }
   valkey::Store* client = snapshot_->valkey.get();
   if (config.identity.valkey_tenants && client) {
@@ -141,7 +140,7 @@ bool Admission::onTenant(bool known, const std::string& tenant, const std::strin
     return true;
   }
   facts_.tenant = tenant;
-  facts_.plan = plan.empty() ? nullptr : snapshot_->config->findPlan(plan);
+  facts_.plan = ratelimit::planNamed(*snapshot_->config, plan);
   return true;
 }
 
@@ -184,6 +183,7 @@ void Admission::decide() {
   }
   sent_ms_ = now;
   sent_ns_ = uv_hrtime();
+  forget_mark_ = ratelimit::DenyCache::forgetMark();
   bool slots = false;
   for (ratelimit::AppliedLimit& l : applied_) {
     if (l.config->algorithm != config::Algorithm::Concurrency) continue;
@@ -220,7 +220,7 @@ void Admission::onDecision(const ratelimit::Decision& decision) {
   decision_ = nullptr;
   valkey_ns_ = uv_hrtime() - sent_ns_;
   ratelimit::rememberRefusals(*snapshot_->deny_cache, applied_, decision, sent_ms_,
-                              uv_now(worker_.loop()));
+                              uv_now(worker_.loop()), forget_mark_);
   keepSlots(&decision);
   apply(decision);
 }

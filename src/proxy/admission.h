@@ -108,6 +108,7 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   std::vector<ratelimit::LeaseKeeper::Id> slots_;  // concurrency slots held
   bool slots_asked_ = false;  // the pending decision may take concurrency slots
   uint64_t sent_ms_ = 0;      // loop time when the decision was asked, for the deny cache
+  uint64_t forget_mark_ = 0;  // DenyCache::forgetMark() then
   uint64_t sent_ns_ = 0;
   uint64_t valkey_ns_ = 0;
   State state_ = State::Idle;

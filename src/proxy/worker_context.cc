@@ -6,6 +6,7 @@
 #include "proxy/downstream_connection.h"
 #include "ratelimit/batcher.h"
 #include "ratelimit/leases.h"
+#include "ratelimit/resender.h"
 #include "stats/stats.h"
 
 namespace sluice::proxy {
@@ -13,8 +14,9 @@ namespace sluice::proxy {
 WorkerContext::WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats)
     : loop_(loop),
       stats_(stats),
-      decisions_(std::make_unique<ratelimit::DecisionBatcher>(*stats)),
-      leases_(std::make_unique<ratelimit::LeaseKeeper>(loop, *stats)) {
+      resender_(std::make_unique<ratelimit::Resender>(loop, *stats)),
+      decisions_(std::make_unique<ratelimit::DecisionBatcher>(*stats, *resender_)),
+      leases_(std::make_unique<ratelimit::LeaseKeeper>(loop, *stats, *resender_)) {
   std::random_device random;
   char buf[24];
   std::snprintf(buf, sizeof buf, "%08x%08x", random(), random());

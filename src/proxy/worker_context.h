@@ -32,6 +32,7 @@ namespace sluice::ratelimit {
 class DecisionBatcher;
 class DenyCache;
 class LeaseKeeper;
+class Resender;
 }  // namespace sluice::ratelimit
 
 namespace sluice::identity {
@@ -88,6 +89,9 @@ class WorkerContext {
   // The concurrency slots its requests hold (renewed, freed when they end); flushed by the
   // same hook, after the batcher.
   ratelimit::LeaseKeeper& leases() const { return *leases_; }
+  // What both send that must not be lost (releases, take-backs): kept while Valkey does not
+  // answer, sent when it does (ratelimit/resender.h).
+  ratelimit::Resender& resender() const { return *resender_; }
 
   const std::shared_ptr<Snapshot>& snapshot() const { return snapshot_; }
   void setSnapshot(std::shared_ptr<Snapshot> snapshot) { snapshot_ = std::move(snapshot); }
@@ -108,6 +112,8 @@ class WorkerContext {
  private:
   uv_loop_t* loop_;
   stats::WorkerStats* stats_;
+  // Before the two that send through it (destroyed after them).
+  std::unique_ptr<ratelimit::Resender> resender_;
   std::unique_ptr<ratelimit::DecisionBatcher> decisions_;
   std::unique_ptr<ratelimit::LeaseKeeper> leases_;
   std::shared_ptr<Snapshot> snapshot_;

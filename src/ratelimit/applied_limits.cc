@@ -1,6 +1,7 @@
 #include "ratelimit/applied_limits.h"
 
 #include "ratelimit/keys.h"
+#include "ratelimit/quota.h"
 
 namespace sluice::ratelimit {
 
@@ -32,20 +33,12 @@ void appliedLimits(const config::Config& config, const config::RouteConfig& rout
     if (!applies) continue;
     endLimitKey(&key);
     applied.config = &limit;
-    applied.limit = limit.limit;
-    applied.burst = limit.burst;
+    resolveQuota(limit, facts.plan, &applied);
     applied.cost = limit.cost;
     applied.charge = Charge::Now;
     if (!limit.cost_from_header.empty()) {
       applied.cost = 1;  // admitted while anything is left; charged from the response
       applied.charge = Charge::Later;
-    }
-    if (facts.plan) {
-      auto it = facts.plan->limits.find(limit.name);
-      if (it != facts.plan->limits.end()) {
-        applied.limit = it->second.limit;
-        applied.burst = config::overriddenBurst(limit, it->second);
-      }
     }
     ++n;
   }

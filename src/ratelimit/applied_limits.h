@@ -11,8 +11,8 @@
 namespace sluice::ratelimit {
 
 // Keys of every limit of `route` whose key parts the request has; a limit with an absent part
-// (no API key, say) does not apply. The tenant's plan overrides limit and burst; an implicit
-// burst follows an overridden limit, an explicit one stays. When a part is ambiguous (given
+// (no API key, say) does not apply. The quota is the plan's of facts.plan (resolveQuota,
+// ratelimit/quota.h). When a part is ambiguous (given
 // twice with different values), returns nothing and names the part in *ambiguous: the request
 // must be refused, or a client could pick what the limit sees. Fills *out (its entries and
 // their keys are reused: the next request of a connection builds its keys without allocating).

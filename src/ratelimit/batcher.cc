@@ -121,40 +121,6 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
   std::deque<std::vector<AppliedLimit>> charges_;  // the limits of charges (their own copies)
 };
 
-// A call that takes back what one slot's call charged for a request refused in another slot.
-// It belongs to itself until its reply or failure.
-class DecisionBatcher::Compensation final : public valkey::CallTarget {
- public:
-  static void send(valkey::Store& store, stats::WorkerStats& stats, std::string command,
-                   std::string_view first_key) {
-    auto* c = new Compensation(stats);
-    if (!store.callUndo(std::move(command), first_key, c)) c->failed("not connected");
-  }
-
-  void onValkeyReply(valkey::Reply& reply) override {
-    if (reply.isError()) {
-      failed(reply.text);
-      return;
-    }
-    stats_.valkey_compensations[stats::CompensationResult::Done].inc();
-    delete this;
-  }
-  void onValkeyFailure(valkey::Failure failure) override { failed(valkey::toString(failure)); }
-
- private:
-  explicit Compensation(stats::WorkerStats& stats) : stats_(stats) {}
-  void failed(std::string_view why) {
-    stats_.valkey_compensations[stats::CompensationResult::Failed].inc();
-    SLUICE_LOG_WARN(
-        "valkey: could not take back the charges of a refused request ({}); they "
-        "stay until their keys expire",
-        logging::sanitize(why));
-    delete this;
-  }
-
-  stats::WorkerStats& stats_;
-};
-
 // A request whose limits are in several slots: one part per slot, each a request of its own in
 // its slot's batch. Kept alive by its parts' entries, so that it outlives a requester that
 // cancels and still takes back what its parts charged.
@@ -181,9 +147,9 @@ class DecisionBatcher::Split final : public PendingDecision {
   };
 
   // `slots`: the slot of each limit's key.
-  Split(DecisionTarget* target, std::shared_ptr<valkey::Store> store, stats::WorkerStats& stats,
+  Split(DecisionTarget* target, std::shared_ptr<valkey::Store> store, Resender& resender,
         const std::vector<AppliedLimit>& limits, const std::vector<unsigned>& slots)
-      : target_(target), store_(std::move(store)), stats_(stats), count_(limits.size()) {
+      : target_(target), store_(std::move(store)), resender_(resender), count_(limits.size()) {
     for (size_t i = 0; i < limits.size(); ++i) {
       const unsigned slot = slots[i];
       auto it =
@@ -250,29 +216,41 @@ class DecisionBatcher::Split final : public PendingDecision {
       if (!p.answered || p.decision.verdict != Decision::Verdict::Allow) continue;
       charged.clear();
       for (size_t j = 0; j < p.limits.size(); ++j) {
-        if (p.limits[j].charge == Charge::Later) continue;  // (charged nothing yet)
-        if (p.decision.limits[j].outcome == Outcome::Allowed || p.limits[j].config->count_denied) {
-          charged.push_back(&p.limits[j]);
+        const AppliedLimit& l = p.limits[j];
+        if (l.charge == Charge::Later) continue;  // (charged nothing yet)
+        if (p.decision.limits[j].outcome == Outcome::Allowed) {
+          charged.push_back(&l);
+        } else if (l.config->count_denied &&
+                   l.config->algorithm != config::Algorithm::TokenBucket) {
+          // A shadow limit that refused and records refusals: its entries (a window's count, a
+          // log's entries of this call) come back exactly. A token bucket's refusal emptied it
+          // (TAT moved to a full bucket's debt from wherever it was): the bucket cannot tell
+          // from where, so it stays empty, never fuller than before the request.
+          charged.push_back(&l);
         }
       }
       if (charged.empty()) continue;
-      Compensation::send(*store_, stats_,
-                         undoCommand(store_->decideFunction(), charged, p.decision.charged_at_us),
-                         p.limits.front().key);
+      std::vector<std::string> keys;
+      keys.reserve(charged.size());
+      for (const AppliedLimit* l : charged) keys.push_back(l->key);
+      resender_.send(store_, Resender::Kind::TakeBack,
+                     undoCommand(store_->decideFunction(), charged, p.decision.charged_at_us),
+                     p.limits.front().key, std::move(keys));
     }
   }
 
   DecisionTarget* target_;  // null once told or cancelled
   std::shared_ptr<const void> limits_owner_;
   std::shared_ptr<valkey::Store> store_;
-  stats::WorkerStats& stats_;
+  Resender& resender_;
   size_t count_;            // the request's limits
   std::deque<Part> parts_;  // (a deque: parts stay where they are, targets of entries)
   size_t waiting_ = 0;
   std::string why_;  // of the last part that failed
 };
 
-DecisionBatcher::DecisionBatcher(stats::WorkerStats& stats) : stats_(stats) {}
+DecisionBatcher::DecisionBatcher(stats::WorkerStats& stats, Resender& resender)
+    : stats_(stats), resender_(resender) {}
 
 DecisionBatcher::~DecisionBatcher() {
   for (Batch* batch : queued_) batch->drop();
@@ -291,7 +269,7 @@ PendingDecision* DecisionBatcher::decide(const std::shared_ptr<valkey::Store>& s
     one_slot = one_slot && slots_.back() == slots_.front();
   }
   if (one_slot) return batchFor(store, slots_.front())->add(limits, target);
-  auto split = std::make_shared<Split>(target, store, stats_, limits, slots_);
+  auto split = std::make_shared<Split>(target, store, resender_, limits, slots_);
   split->keepAlive(limits_owner);  // copied for a split only, not on every decision
   for (Split::Part& part : split->parts()) {
     batchFor(store, part.slot)->add(part.limits, &part)->keep = split;

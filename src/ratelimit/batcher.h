@@ -14,8 +14,10 @@
 // of calls. The request is allowed only if every part allows; when one refuses (or fails and
 // its on_error denies), the charges the other parts made are taken back, one call per slot
 // (FCALL of the undo function). Meanwhile a concurrent request may see those charges and be
-// refused early; no limit ever admits more than its quota. A take-back that fails leaves the
-// charge until its key expires (counted in sluice_valkey_compensations_total).
+// refused early; no limit ever admits more than its quota. A take-back goes through the
+// worker's Resender: one that cannot be sent now is sent when Valkey answers for its slot
+// again; one that fails after it may have run, or waited too long, leaves the charge until
+// its key expires (counted in sluice_valkey_compensations_total).
 //
 // Ownership: the worker owns its batcher (in its WorkerContext, which outlives every request),
 // one for every configuration generation: a request names the store of its own snapshot, and
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "ratelimit/decision.h"
+#include "ratelimit/resender.h"
 #include "valkey/store.h"
 
 namespace sluice::stats {
@@ -64,7 +67,8 @@ class DecisionBatcher {
  public:
   static constexpr size_t kMaxRequests = 64;
 
-  explicit DecisionBatcher(stats::WorkerStats& stats);
+  // `resender` (the take-backs) outlives the batcher.
+  DecisionBatcher(stats::WorkerStats& stats, Resender& resender);
   ~DecisionBatcher();  // a batch not sent yet is dropped; its targets are not called
   DecisionBatcher(const DecisionBatcher&) = delete;
   DecisionBatcher& operator=(const DecisionBatcher&) = delete;
@@ -95,12 +99,12 @@ class DecisionBatcher {
  private:
   class Batch;
   class Split;
-  class Compensation;
 
   // The open batch of `store`'s `slot` (a new one when it has none or it is full).
   Batch* batchFor(const std::shared_ptr<valkey::Store>& store, unsigned slot);
 
   stats::WorkerStats& stats_;
+  Resender& resender_;
   std::vector<Batch*> queued_;   // not sent yet, in order
   std::vector<Batch*> sending_;  // (reused by flush())
   struct Open {                  // the batch of a store's slot that takes requests

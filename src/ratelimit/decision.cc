@@ -67,27 +67,33 @@ void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* 
   d.limits.clear();
   int64_t retry_ms = 0;
   for (size_t i = 0; i < limits.size(); ++i) {
-    const int64_t* l = &values[3 * i];
-    LimitResult r;
-    r.config = limits[i].config;
-    r.limit = limits[i].limit;
-    // Never more than the quota announced in RateLimit-Policy (a token bucket whose burst is
-    // above its limit holds more).
-    r.remaining = std::clamp<int64_t>(l[0], 0, r.limit);
-    r.reset_ms = std::max<int64_t>(0, l[1]);
-    r.retry_ms = std::max<int64_t>(0, l[2]);
-    if (r.retry_ms == 0) {  // the limit allows this request
-      r.outcome = Outcome::Allowed;
-    } else if (r.config->shadow) {
-      r.outcome = Outcome::ShadowDenied;
-    } else {
-      r.outcome = Outcome::Denied;
+    const LimitResult r = limitResultFromValues(limits[i], &values[3 * i]);
+    if (r.outcome == Outcome::Denied) {
       d.verdict = Decision::Verdict::Deny;
       retry_ms = std::max(retry_ms, r.retry_ms);
     }
     d.limits.push_back(r);
   }
   if (d.verdict == Decision::Verdict::Deny) d.retry_after_s = retryAfterSeconds(retry_ms);
+}
+
+LimitResult limitResultFromValues(const AppliedLimit& limit, const int64_t* l) {
+  LimitResult r;
+  r.config = limit.config;
+  r.limit = limit.limit;
+  // Never more than the quota announced in RateLimit-Policy (a token bucket whose burst is
+  // above its limit holds more).
+  r.remaining = std::clamp<int64_t>(l[0], 0, r.limit);
+  r.reset_ms = std::max<int64_t>(0, l[1]);
+  r.retry_ms = std::max<int64_t>(0, l[2]);
+  if (r.retry_ms == 0) {  // the limit allows this request
+    r.outcome = Outcome::Allowed;
+  } else if (r.config->shadow) {
+    r.outcome = Outcome::ShadowDenied;
+  } else {
+    r.outcome = Outcome::Denied;
+  }
+  return r;
 }
 
 Decision decisionOnError(const std::vector<AppliedLimit>& limits) {

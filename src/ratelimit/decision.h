@@ -61,6 +61,9 @@ struct Decision {
 // retry_ms, as DecisionReader reads them), into *decision (whose vector is reused).
 void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* values,
                         Decision* decision);
+// One limit's result from its 3 values, as decisionFromValues reads them (and the admin's
+// /limits a peek): `remaining` never above the quota the RateLimit-Policy announces.
+LimitResult limitResultFromValues(const AppliedLimit& limit, const int64_t* values);
 
 // Valkey unreachable, late or failing: each limit decides by its on_error. A shadow limit
 // never refuses, whatever its on_error.

@@ -11,12 +11,13 @@ namespace sluice::ratelimit {
 
 namespace {
 
-// One renewal or release call; it belongs to itself until its reply or failure.
-class LeaseCallTarget final : public valkey::CallTarget {
+// One renewal call; it belongs to itself until its reply or failure. (Releases go through the
+// Resender.)
+class RenewalTarget final : public valkey::CallTarget {
  public:
-  static void send(valkey::Store& store, stats::WorkerStats& stats, LeaseOp op, std::string command,
+  static void send(valkey::Store& store, stats::WorkerStats& stats, std::string command,
                    std::string_view first_key) {
-    auto* call = new LeaseCallTarget(stats, op);
+    auto* call = new RenewalTarget(stats);
     if (!store.callDecide(std::move(command), first_key, call)) call->failed("not connected");
   }
 
@@ -25,31 +26,29 @@ class LeaseCallTarget final : public valkey::CallTarget {
       failed(reply.text);
       return;
     }
-    counter(stats::CompensationResult::Done).inc();
+    stats_.lease_calls[stats::LeaseCall::Renew][stats::CompensationResult::Done].inc();
     delete this;
   }
   void onValkeyFailure(valkey::Failure failure) override { failed(valkey::toString(failure)); }
 
  private:
-  LeaseCallTarget(stats::WorkerStats& stats, LeaseOp op) : stats_(stats), op_(op) {}
-  stats::Counter& counter(stats::CompensationResult::Value result) {
-    return stats_.lease_calls[op_ == LeaseOp::Renew ? stats::LeaseCall::Renew
-                                                    : stats::LeaseCall::Release][result];
-  }
+  explicit RenewalTarget(stats::WorkerStats& stats) : stats_(stats) {}
   void failed(std::string_view why) {
-    counter(stats::CompensationResult::Failed).inc();
-    SLUICE_LOG_WARN("valkey: could not {} concurrency slots ({}); their leases free them",
-                    op_ == LeaseOp::Renew ? "renew" : "free", logging::sanitize(why));
+    stats_.lease_calls[stats::LeaseCall::Renew][stats::CompensationResult::Failed].inc();
+    SLUICE_LOG_WARN(
+        "valkey: could not renew concurrency slots ({}); the next renewal does, or their "
+        "leases free them",
+        logging::sanitize(why));
     delete this;
   }
 
   stats::WorkerStats& stats_;
-  LeaseOp op_;
 };
 
 }  // namespace
 
-LeaseKeeper::LeaseKeeper(uv_loop_t* loop, stats::WorkerStats& stats) : loop_(loop), stats_(stats) {
+LeaseKeeper::LeaseKeeper(uv_loop_t* loop, stats::WorkerStats& stats, Resender& resender)
+    : loop_(loop), stats_(stats), resender_(resender) {
   std::random_device random;
   char buf[24];
   std::snprintf(buf, sizeof buf, "%08x%08x-", random(), random());
@@ -102,7 +101,7 @@ void LeaseKeeper::flush() {
 void LeaseKeeper::send(LeaseOp op, const std::vector<const Slot*>& slots) {
   // Grouped by store and cluster slot, in order of first appearance.
   struct Group {
-    valkey::Store* store;
+    const std::shared_ptr<valkey::Store>* store;
     unsigned cluster_slot;
     std::vector<LeaseItem> items;
   };
@@ -110,16 +109,19 @@ void LeaseKeeper::send(LeaseOp op, const std::vector<const Slot*>& slots) {
   for (const Slot* s : slots) {
     const unsigned cluster_slot = s->store->slotOf(s->key);
     auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
-      return g.store == s->store.get() && g.cluster_slot == cluster_slot;
+      return g.store->get() == s->store.get() && g.cluster_slot == cluster_slot;
     });
-    if (it == groups.end())
-      it = groups.insert(groups.end(), Group{s->store.get(), cluster_slot, {}});
+    if (it == groups.end()) it = groups.insert(groups.end(), Group{&s->store, cluster_slot, {}});
     it->items.push_back({&s->key, &s->name, s->lease_ms});
   }
   for (const Group& g : groups) {
-    LeaseCallTarget::send(*g.store, stats_, op,
-                          leaseCommand(g.store->decideFunction(), op, g.items),
-                          *g.items.front().key);
+    valkey::Store& store = **g.store;
+    std::string command = leaseCommand(store.decideFunction(), op, g.items);
+    if (op == LeaseOp::Release) {
+      resender_.send(*g.store, Resender::Kind::Release, std::move(command), *g.items.front().key);
+    } else {
+      RenewalTarget::send(store, stats_, std::move(command), *g.items.front().key);
+    }
   }
 }
 

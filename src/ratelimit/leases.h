@@ -10,9 +10,12 @@
 // Renewals and releases go per store and cluster slot, one FCALL of the lease function each,
 // sent by flush(), which the worker's end-of-iteration hook calls after the decision
 // batcher's flush: a release follows the decision that took its slot on the same connection,
-// so a request that leaves while its decision is in flight frees what that decision takes. A
-// renewal or release that fails is logged and counted; the lease then frees the slot. Single-
-// threaded, on one worker's loop; owned by its WorkerContext.
+// so a request that leaves while its decision is in flight frees what that decision takes.
+// Releases go through the worker's Resender: one that cannot be sent now (the connection is
+// suspect after a decision ran past its deadline, or is being replaced) is sent when Valkey
+// answers for its key again, behind the decision it frees (ratelimit/resender.h). A renewal
+// that fails is logged and counted; the next one renews the slot, or its lease frees it.
+// Single-threaded, on one worker's loop; owned by its WorkerContext.
 
 #include <uv.h>
 
@@ -23,6 +26,7 @@
 #include <vector>
 
 #include "core/timer.h"
+#include "ratelimit/resender.h"
 #include "ratelimit/script_codec.h"
 #include "valkey/store.h"
 
@@ -36,7 +40,8 @@ class LeaseKeeper {
  public:
   using Id = uint64_t;  // 0: none
 
-  LeaseKeeper(uv_loop_t* loop, stats::WorkerStats& stats);
+  // `resender` outlives the keeper.
+  LeaseKeeper(uv_loop_t* loop, stats::WorkerStats& stats, Resender& resender);
   ~LeaseKeeper();
   LeaseKeeper(const LeaseKeeper&) = delete;
   LeaseKeeper& operator=(const LeaseKeeper&) = delete;
@@ -74,6 +79,7 @@ class LeaseKeeper {
 
   uv_loop_t* loop_;
   stats::WorkerStats& stats_;
+  Resender& resender_;
   std::string prefix_;
   uint64_t counter_ = 0;
   Id next_id_ = 0;

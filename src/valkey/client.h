@@ -78,6 +78,7 @@ class Client final : public Store {
   PendingCall* command(std::vector<std::string> argv, CallTarget* target) override;
   void cancel(PendingCall* call) override;
   bool accepting() override { return !refuseCall(); }
+  bool answersFor(std::string_view) override { return answering(); }
   void flush() override;
   // What both use, and a cluster's routed calls: `command` in RESP (resp.h). `script`: an
   // FCALL of the decide function (a missing function reloads it); `asking`: sent after ASKING

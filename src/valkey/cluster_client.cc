@@ -247,6 +247,12 @@ PendingCall* ClusterClient::command(std::vector<std::string> argv, CallTarget* t
   return route(std::make_unique<RoutedCall>(*this, target, formatCommand(argv), false, slot));
 }
 
+bool ClusterClient::answersFor(std::string_view key) {
+  if (stopped_) return false;
+  const int index = slots_[keySlot(key)];
+  return index >= 0 && nodes_[index]->client->answering();
+}
+
 PendingCall* ClusterClient::route(std::unique_ptr<RoutedCall> call) {
   if (stopped_) return nullptr;
   if (dispatch(call.get()) == Dispatch::NotSent) return nullptr;

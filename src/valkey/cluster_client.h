@@ -65,6 +65,8 @@ class ClusterClient final : public Store, private CallTarget {
   void cancel(PendingCall* call) override;
   // Until stopped: whether the slot's node takes the call is known when it is sent.
   bool accepting() override { return !stopped_; }
+  // The owner of the key's slot (as the map says) is connected and answering.
+  bool answersFor(std::string_view key) override;
   void flush() override;
 
  private:

@@ -55,6 +55,10 @@ class Store {
   // Whether a call made now would be sent (connected and answering). False counts as a refused
   // call in the metrics, as a call refused by callDecide or command would.
   virtual bool accepting() = 0;
+  // Whether a call for `key` would be sent now: the node of its slot is connected and
+  // answering (no call of it ran past its deadline without a reply since). Counts nothing:
+  // what a call kept for later (ratelimit/resender.h) waits for.
+  virtual bool answersFor(std::string_view key) = 0;
   // Writes what the calls made so far queued (valkey/uv_adapter.h). Called once per loop
   // iteration, by the worker's end-of-iteration hook (app/worker.h), after the decision
   // batcher's flush; commands of a connected store are not written otherwise. May answer

@@ -328,3 +328,35 @@ def test_reload_moves_limits_to_the_new_valkey_and_token(sluice_factory, upstrea
     assert gw.get("/echo").status == 200
     assert peek(gw, "/limits/lim?ip=127.0.0.1", good)["remaining"] == 4
     assert limit_keys(second.client, "rl:*") == [r.json()["key"]]
+
+
+def test_remaining_is_what_the_header_says_and_one_quota_for_both_paths(sluice_factory, upstream,
+                                                                        valkey):
+    """Issue 23, item 4. A token bucket whose burst (50) is above its limit (10): GET never
+    shows `remaining` above `quota`, and shows what the RateLimit header said (before: 50 of
+    10). A plan's quota, found through an API key's tenant or a tenant part, is the same on
+    the request path (RateLimit-Policy) and in /limits: one function resolves it."""
+    limits = [limit_cfg("tb", "token_bucket", 10, "1h", by=["api_key"], burst=50),
+              limit_cfg("per_tenant", "fixed_window", 10, "1h", by=["tenant"])]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits,
+                            plans=[{"name": "pro", "limits": {"tb": 20, "per_tenant": 30}}],
+                            tenants=[{"name": "acme", "plan": "pro", "api_keys": ["key_pro"]}])
+    fresh = peek(gw, "/limits/tb?api_key=k1")
+    assert fresh["quota"] == 10 and fresh["remaining"] == 10, fresh
+    for _ in range(3):
+        r = gw.get("/echo", [("X-API-Key", "k1")])
+        assert r.status == 200
+        header = parse_rl_list(r.header("RateLimit"))["tb"]
+        assert header["r"] == 10, header  # 47 tokens and more left: never above q
+        got = peek(gw, "/limits/tb?api_key=k1")
+        assert got["quota"] == 10 and got["remaining"] == header["r"], got
+
+    r = gw.get("/echo", [("X-API-Key", "key_pro")])
+    assert r.status == 200
+    policy = r.header("RateLimit-Policy").split(", ")
+    assert '"tb";q=20;w=3600' in policy and '"per_tenant";q=30;w=3600' in policy, policy
+    state = parse_rl_list(r.header("RateLimit"))
+    tb = peek(gw, "/limits/tb?api_key=key_pro")
+    assert tb["quota"] == 20 and tb["remaining"] == state["tb"]["r"] == 20, (tb, state)
+    tenant = peek(gw, "/limits/per_tenant?tenant=acme")
+    assert tenant["quota"] == 30 and tenant["remaining"] == state["per_tenant"]["r"] == 29

@@ -254,3 +254,37 @@ def test_admin_shows_free_slots_and_delete_frees_them(sluice_factory, upstream, 
     assert admin(gw, "DELETE", "/limits/in_flight?ip=127.0.0.1").status == 204
     assert held(valkey) == 0, "a reset frees every slot of the client"
     c.close()
+
+
+def _slots_taken_while_valkey_paused(gw, valkey, paused_s):
+    """Two requests at once while Valkey is paused: both decisions go out, time out and are
+    answered by on_error (allow); Valkey resumes after `paused_s` and runs them."""
+    valkey.pause()
+    try:
+        results = slow_requests([gw.port], "/status/200", 2)
+        assert [s for s, _, _ in results] == [200, 200], results
+        time.sleep(max(0.0, paused_s - max(sec for _, _, sec in results)))
+    finally:
+        valkey.resume()
+    return time.monotonic()
+
+
+def test_slot_is_freed_even_when_its_decision_timed_out(sluice_factory, upstream, valkey):
+    # Issue 23, item 2. Paused shorter than the stall limit (10 x 200 ms: the connection stays
+    # and the late replies come on it), then longer (the connection is replaced): either way
+    # Valkey runs the queued decisions when it resumes, and the releases that the suspect
+    # connection refused are sent once it answers, within about a resend round.
+    gw = sluice_with_limits(sluice_factory, upstream, valkey,
+                            [in_flight(2, lease="30s", on_error="allow")], workers=1,
+                            valkey_options={"timeout": "200ms"})
+    for paused_s in (0.8, 3.0):
+        resumed = _slots_taken_while_valkey_paused(gw, valkey, paused_s)
+        time.sleep(0.3)  # (Valkey has run what was waiting for it)
+        freed = wait_held(valkey, 0, timeout=3.0)
+        took = time.monotonic() - resumed
+        assert freed == 0, f"paused {paused_s}s: {freed} slots still held {took:.1f}s after"
+        again = slow_requests([gw.port], "/slow/300", 2)
+        assert [s for s, _, _ in again] == [200, 200], (paused_s, again)
+        assert metric_sum(gw, "sluice_concurrency_lease_calls_total", op="release",
+                          result="done") >= 2
+    assert wait_slots_metric(gw, 0) == 0

@@ -62,7 +62,8 @@ class Model:
             # A refused request that counts empties the bucket (never refills it).
             self.state[name] = used + q.cost * token if allowed else max(used, q.burst * token)
         elif self.algorithm == "sliding_log" and not allowed:
-            self.state[name] = min(used + q.cost, self.keep[name[0]])  # the newest `keep` stay
+            # The newest `keep` + cost stay (a take-back of the cost leaves `keep`).
+            self.state[name] = min(used + q.cost, self.keep[name[0]] + q.cost)
         else:
             self.state[name] = used + q.cost
 

@@ -95,8 +95,9 @@ def test_sliding_log_plan_on_a_shared_key(sluice_factory, upstream, valkey, mode
     """per_ip 5 a minute with count_denied (the default), plan pro 60. The log counts every
     request from the address; the pro quota admits while it holds fewer than 60, the free one
     while it holds fewer than 5. A refused request without the key is recorded, and the log
-    keeps its newest 60 entries (the largest quota on the key), never the refused request's
-    own 5: the pro tenant gets nothing more in the minute."""
+    keeps its newest 60 entries (the largest quota on the key; and the cost of the last refused
+    request, which a take-back would remove), never the refused request's own 5: the pro
+    tenant gets nothing more in the minute."""
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
                             [limit_cfg("per_ip", "sliding_log", 5, "1m")], workers=2,
                             plans=[{"name": "pro", "limits": {"per_ip": 60}}], tenants=TENANTS)
@@ -104,8 +105,8 @@ def test_sliding_log_plan_on_a_shared_key(sluice_factory, upstream, valkey, mode
     # Each of the 5 requests without the key takes at most one of the 60 entries.
     assert 55 <= pro and pro + free <= 60 and free <= 5, f"pro {pro}, free {free}"
     (key,) = limit_keys(valkey.client, "rl:v1:per_ip:*")
-    assert len(stored(valkey, key, "sliding_log")) == 60, \
-        "refused attempts recorded, the newest 60 kept"
+    assert len(stored(valkey, key, "sliding_log")) == 61, \
+        "refused attempts recorded, the newest 60 kept (+ the last refused one's cost)"
     r = gw.get("/status/200", [("X-API-Key", PRO_KEY)])
     assert r.status == 429 and int(r.header("retry-after")) >= 50, r.headers
 
@@ -139,7 +140,8 @@ def test_cached_refusal_announces_the_longest_wait(sluice_factory, upstream, val
     if count_denied:
         assert asked == 5, "each refusal reaches Valkey, which records it"
         (log,) = limit_keys(valkey.client, "rl:v1:quarter:*")
-        assert len(stored(valkey, log, "sliding_log")) == 2, "recorded, and the newest 2 kept"
+        assert len(stored(valkey, log, "sliding_log")) == 3, \
+            "recorded, and the newest 2 kept (+ the last refused one's cost)"
     else:
         assert asked == 0, "answered from the deny cache"
 

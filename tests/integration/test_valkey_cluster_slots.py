@@ -14,7 +14,7 @@ import redis
 
 from conftest import (avoid_window_boundary, limit_cfg, metric_sum, parallel_requests,
                       parse_rl_list, ratelimit_toml, route_cfg, wait_admin)
-from rawhttp import build_request
+from rawhttp import RawClient, build_request
 from test_valkey_cluster import Cluster
 
 PREFIX = "rl:v1"  # no hash tag: each key's parts are its tag
@@ -227,3 +227,129 @@ def test_a_slot_taken_in_one_slot_is_freed_when_another_refuses(sluice_factory, 
     # The slot is free: another request of that client (another B) passes.
     assert gw.get("/status/200", [("X-A", a), ("X-B", b + "-2")]).status == 200
     assert int(cluster.cli(owner_s, "EXISTS", key_s)) == 0
+
+
+def test_a_take_back_forgets_the_refusals_cached_from_the_charge_it_took_back(
+        sluice_factory, upstream, spread_cluster):
+    """Issue 23, item 3. per_ip 3/h and per_key 1/h, in different slots. A (an address's key
+    that per_key refuses) and B (the same address, another key) at once: when B's per_ip is
+    decided while A's per_ip charge stands, B is refused (3 of 3) and the worker caches that
+    refusal; A's charge is then taken back (Valkey holds 2 of 3). The cached refusal came from
+    a view the take-back changed: it is forgotten, and the address's next request is decided
+    by Valkey (allowed), not refused from the cache for the rest of the hour."""
+    cluster = spread_cluster
+    limits = [limit_cfg("per_ip", "fixed_window", 3, "1h", by=["ip"]),
+              limit_cfg("per_key", "fixed_window", 1, "1h", by=["api_key"])]
+    gw = sluice_factory(upstream, routes=[route_cfg("api", ["per_ip", "per_key"])],
+                        extra_toml=ratelimit_toml(
+                            None, limits=limits, identity={"trusted_proxies": ["127.0.0.1/32"],
+                                                             "valkey_tenants": False},
+                            valkey_options={"nodes": [f"127.0.0.1:{cluster.ports[0]}"],
+                                            "key_prefix": PREFIX}),
+                        workers=1)
+    wait_admin(gw, "/ready", 200)
+    avoid_window_boundary_cluster(cluster, 3600, 60)
+
+    def request(ip, key):
+        return build_request("GET", "/status/200", [("X-Forwarded-For", ip), ("X-API-Key", key)])
+
+    # (No tenant lookup: B is decided at once, in A's call or the next.) B may still be decided
+    # after the take-back: up to 120 trials, each with an address of its own.
+    races = 0
+    for trial in range(120):
+        ip = f"203.0.{113 + trial // 100}.{trial % 100 + 1}"
+        for key in (f"t{trial}a", f"t{trial}b"):  # per_ip: 2 of 3
+            assert gw.get("/status/200", [("X-Forwarded-For", ip), ("X-API-Key", key)]).status == 200
+        done = metric_sum(gw, "sluice_valkey_compensations_total", result="done")
+        # A (per_key t{trial}a is used up) and B (a fresh key) at once.
+        a, b = (RawClient(gw.port, timeout=5) for _ in range(2))
+        try:
+            a.sock.sendall(request(ip, f"t{trial}a"))
+            b.sock.sendall(request(ip, f"t{trial}c"))
+            ra, rb = a.read_response(), b.read_response()
+        finally:
+            a.close()
+            b.close()
+        assert ra.status == 429 and ra.json()["violated-policies"] == ["per_key"], ra
+        if rb.status != 429:
+            continue  # B was decided after the take-back (3 of 3 then): no race this time
+        assert rb.json()["violated-policies"] == ["per_ip"], rb
+        races += 1
+        # Both refused across slots: A's per_ip and B's per_key are taken back.
+        assert wait_compensations(gw, done + 2) >= done + 2
+        r = gw.get("/status/200", [("X-Forwarded-For", ip), ("X-API-Key", f"t{trial}d")])
+        assert r.status == 200, (f"trial {trial}: refused from a cached refusal that the take-back "
+                                 f"made stale", r.status, r.body)
+        if races >= 2:
+            break
+    print(f"[item3] {races} races in {trial + 1} trials")
+    assert races >= 1, "B was never decided while A's charge stood"
+
+
+def _shadow_and_strict(sluice_factory, upstream, cluster, shadow, strict):
+    """A gateway with a shadow limit by X-A and a strict one by X-B, and values a, b whose
+    keys are on different primaries (so in different slots: a request is split)."""
+    gw = sluice_factory(upstream, routes=[route_cfg("api", [shadow["name"], strict["name"]])],
+                        extra_toml=spread_toml(cluster, [shadow, strict]), workers=1)
+    wait_admin(gw, "/ready", 200)
+    avoid_window_boundary_cluster(cluster, 3600, 60)
+    a, b = values_in_other_slots(cluster, shadow["name"], strict["name"])
+    from test_admin_limits import peek
+    key = peek(gw, f"/limits/{shadow['name']}?header:X-A={a}")["key"]
+    node = redis.Redis(port=cluster.owner(slot(cluster, key)))
+    return gw, [("X-A", a), ("X-B", b)], key, node
+
+
+def test_a_shadow_sliding_log_take_back_restores_its_entries(sluice_factory, upstream,
+                                                             spread_cluster):
+    """Issue 23, item 4. A shadow sliding_log (3 an hour, count_denied) that is full records a
+    refused request; when another slot refuses that request, the take-back removes its entry,
+    and the newest `keep` (3) entries are those the log had before it (before: the entry the
+    request's own pushed out was lost, and the shadow limit counted one request fewer)."""
+    cluster = spread_cluster
+    shadow = limit_cfg("shadow", "sliding_log", 3, "1h", by=["header:X-A"], shadow=True,
+                       count_denied=True)
+    strict = limit_cfg("strict", "fixed_window", 4, "1h", by=["header:X-B"])
+    gw, hdrs, key, node = _shadow_and_strict(sluice_factory, upstream, cluster, shadow, strict)
+
+    def entries():
+        log = node.get(key) or b""
+        return list(struct.unpack(f"<{len(log) // 8}d", log))
+
+    for _ in range(4):  # the 4th is over the shadow log's 3: recorded as shadow_denied
+        assert gw.get("/status/200", hdrs).status == 200
+    before = entries()
+    assert len(before) >= 3
+    done = metric_sum(gw, "sluice_valkey_compensations_total", result="done")
+    r = gw.get("/status/200", hdrs)  # strict refuses: the shadow's record is taken back
+    assert r.status == 429 and r.json()["violated-policies"] == ["strict"], r
+    assert wait_compensations(gw, done + 1) >= done + 1
+    after = entries()
+    assert after[-3:] == before[-3:], (before, after)
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total", limit="shadow",
+                      outcome="shadow_denied") == 2
+
+
+def test_a_shadow_token_bucket_take_back_never_fills_it(sluice_factory, upstream,
+                                                        spread_cluster):
+    """Issue 23, item 4. A shadow token bucket (5, cost 4, count_denied) with 1 token left
+    refuses a request and, counting it, empties itself; when another slot refuses that
+    request, the take-back must not give the bucket more than it had (before: it gave back
+    the 4 tokens of the cost, 4 tokens where it had 1). The refusal's emptying cannot be
+    undone to the microsecond (the bucket does not know from where), so it stays empty."""
+    cluster = spread_cluster
+    shadow = limit_cfg("shadow_tb", "token_bucket", 5, "1h", by=["header:X-A"], cost=4,
+                       shadow=True, count_denied=True)
+    strict = limit_cfg("strict", "fixed_window", 1, "1h", by=["header:X-B"])
+    gw, hdrs, key, node = _shadow_and_strict(sluice_factory, upstream, cluster, shadow, strict)
+    assert gw.get("/status/200", hdrs).status == 200  # 5 -> 1 token
+    tat_before = int(node.get(key))
+    done = metric_sum(gw, "sluice_valkey_compensations_total", result="done")
+    r = gw.get("/status/200", hdrs)  # strict refuses; the shadow bucket refused it too
+    assert r.status == 429 and r.json()["violated-policies"] == ["strict"], r
+    time.sleep(0.3)  # (a take-back, if any, is answered)
+    tat_after = int(node.get(key))
+    assert tat_after >= tat_before, "the take-back gave the bucket tokens it never had"
+    assert metric_sum(gw, "sluice_valkey_compensations_total", result="done") == done
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total", limit="shadow_tb",
+                      outcome="shadow_denied") == 1

@@ -47,10 +47,12 @@ Reply errorReply(std::string text) {
 struct Fixture {
   Fixture() {
     store = std::make_shared<FakeStore>();
-    batcher = std::make_unique<DecisionBatcher>(stats);
+    resender = std::make_unique<Resender>(l.get(), stats);
+    batcher = std::make_unique<DecisionBatcher>(stats, *resender);
   }
   ~Fixture() {
     batcher.reset();
+    resender.reset();
     l.close();
   }
   // The worker's end-of-iteration hook: the batches queued so far go out, then the store
@@ -62,6 +64,7 @@ struct Fixture {
 
   sluice::testing::TestLoop l;
   sluice::stats::WorkerStats stats;
+  std::unique_ptr<Resender> resender;
   std::shared_ptr<FakeStore> store;
   std::unique_ptr<DecisionBatcher> batcher;
 };

@@ -16,6 +16,7 @@
 #include "batcher_support.h"
 #include "config/config.h"
 #include "fake_store.h"
+#include "loop_support.h"
 #include "ratelimit/script_codec.h"
 #include "replies.h"
 #include "stats/stats.h"
@@ -43,16 +44,25 @@ uint64_t compensations(sluice::stats::WorkerStats& stats, Result::Value result) 
   return stats.valkey_compensations[result].value();
 }
 
-// A fake store and a batcher (which holds no loop handle: the worker's hook flushes it).
+// A fake store and a batcher (which holds no loop handle: the worker's hook flushes it); its
+// take-backs go through a Resender on a loop of the test's own.
 struct Fixture {
   Fixture() {
     store = std::make_shared<FakeStore>();
-    batcher = std::make_unique<DecisionBatcher>(stats);
+    resender = std::make_unique<Resender>(l.get(), stats);
+    batcher = std::make_unique<DecisionBatcher>(stats, *resender);
+  }
+  ~Fixture() {
+    batcher.reset();
+    resender.reset();
+    l.close();
   }
   // The end of a loop iteration: the batches queued so far go out.
   void iterate() { batcher->flush(); }
 
+  sluice::testing::TestLoop l;
   sluice::stats::WorkerStats stats;
+  std::unique_ptr<Resender> resender;
   std::shared_ptr<FakeStore> store;
   std::unique_ptr<DecisionBatcher> batcher;
 };
@@ -171,7 +181,7 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     CHECK(compensations(f.stats, Result::Failed) == 1);
   }
 
-  TEST_CASE("a take-back that cannot be sent is counted as failed") {
+  TEST_CASE("a take-back that cannot be sent is kept and sent once the store answers") {
     Fixture f;
     LimitConfig a = limitConfig("a"), b = limitConfig("b");
     const std::vector<AppliedLimit> limits = {applied(a, "1:a:{x}"), applied(b, "2:b:{x}")};
@@ -180,12 +190,22 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     f.iterate();
     Reply allowed = decideReply({9, 100, 0});
     f.store->calls[0]->target->onValkeyReply(allowed);
-    f.store->refuse_calls = 1 << 30;  // the node is gone
+    f.store->refuse_calls = 1 << 30;  // the node does not answer now
     Reply refused = decideReply({0, 100, 100});
     f.store->calls[1]->target->onValkeyReply(refused);
     CHECK(r.decision->verdict == Decision::Verdict::Deny);
-    CHECK(compensations(f.stats, Result::Failed) == 1);
-    CHECK(compensations(f.stats, Result::Done) == 0);
+    CHECK(f.resender->kept() == 1);
+    sluice::testing::runFor(f.l.get(), 3 * Resender::kTickMs);
+    CHECK(f.store->calls.size() == 2);  // still kept
+    CHECK(compensations(f.stats, Result::Failed) == 0);
+    f.store->refuse_calls = 0;  // it answers again
+    REQUIRE(sluice::testing::runUntil(f.l.get(), [&] { return f.store->calls.size() == 3; }));
+    CHECK(f.store->calls[2]->command == undoCommand("decide_f", {&limits[0]}, kTime));
+    CHECK(f.resender->kept() == 0);
+    Reply changed = integer(1);
+    f.store->calls[2]->target->onValkeyReply(changed);
+    CHECK(compensations(f.stats, Result::Done) == 1);
+    CHECK(compensations(f.stats, Result::Failed) == 0);
   }
 }
 

@@ -44,6 +44,7 @@ class FakeStore final : public sluice::valkey::Store {
     return digit_slots ? static_cast<unsigned>(key.front() - '0') : 0;
   }
   bool accepting() override { return accepts; }
+  bool answersFor(std::string_view) override { return accepts && refuse_calls == 0; }
   void flush() override { ++flushes; }
   sluice::valkey::PendingCall* command(std::vector<std::string>,
                                        sluice::valkey::CallTarget*) override {

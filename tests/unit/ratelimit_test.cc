@@ -22,6 +22,7 @@
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/headers.h"
 #include "ratelimit/keys.h"
+#include "ratelimit/quota.h"
 #include "ratelimit/script_codec.h"
 #include "replies.h"
 #include "valkey/reply.h"
@@ -302,6 +303,49 @@ TEST_SUITE("ratelimit: quotas that share a key") {
     CHECK(sluice::config::overriddenBurst(config.limits[1], pro.limits["implicit"]) == 50);
     CHECK(sluice::config::overriddenBurst(config.limits[1], lite.limits["implicit"]) == 7);
     CHECK(sluice::config::overriddenBurst(config.limits[2], pro.limits["explicit"]) == 4);
+  }
+}
+
+TEST_SUITE("ratelimit: a client's quota (one function for the request path and /limits)") {
+  TEST_CASE("a plan overrides limit and burst; a tenant is found by API key or by name") {
+    Config config;
+    LimitConfig tb = limitConfig("tb", Algorithm::TokenBucket, {}, 10, 1000);
+    tb.burst = 50;
+    tb.burst_explicit = true;
+    LimitConfig implicit = limitConfig("implicit", Algorithm::TokenBucket, {}, 10, 1000);
+    config.limits = {tb, implicit};
+    sluice::config::PlanConfig pro;
+    pro.name = "pro";
+    pro.limits["tb"].limit = 20;
+    pro.limits["implicit"].limit = 30;
+    config.plans = {pro};
+    sluice::config::TenantConfig acme;
+    acme.name = "acme";
+    acme.plan = "pro";
+    acme.api_keys = {"key_abc"};
+    config.tenants = {acme};
+    config.tenant_by_api_key["key_abc"] = 0;
+
+    AppliedLimit a;
+    resolveQuota(tb, nullptr, &a);
+    CHECK(a.limit == 10);
+    CHECK(a.burst == 50);
+    const sluice::config::TenantConfig* by_key = tenantOfApiKey(config, "key_abc");
+    REQUIRE(by_key);
+    CHECK(by_key->name == "acme");
+    CHECK(tenantOfApiKey(config, "other") == nullptr);
+    CHECK(tenantNamed(config, "acme") == by_key);
+    CHECK(tenantNamed(config, "nobody") == nullptr);
+    const sluice::config::PlanConfig* plan = planNamed(config, by_key->plan);
+    REQUIRE(plan);
+    CHECK(planNamed(config, "") == nullptr);
+    CHECK(planNamed(config, "gold") == nullptr);
+    resolveQuota(tb, plan, &a);
+    CHECK(a.limit == 20);
+    CHECK(a.burst == 50);  // an explicit burst stays
+    resolveQuota(implicit, plan, &a);
+    CHECK(a.limit == 30);
+    CHECK(a.burst == 30);  // an implicit one follows the limit
   }
 }
 
@@ -750,7 +794,8 @@ TEST_SUITE("ratelimit: deny cache") {
                                               applied(long_log, "rl:long:a")};
     // Valkey refused both: the window for 25 s, the log for 900 s.
     DenyCache cache;
-    rememberRefusals(cache, limits, bothRefused(minute, long_log), 1000, 1010);
+    rememberRefusals(cache, limits, bothRefused(minute, long_log), 1000, 1010,
+                     DenyCache::forgetMark());
     CHECK(cache.size() == 2);
     Decision d;
     REQUIRE(refusalFromCache(cache, limits, 2000, &d));
@@ -776,7 +821,7 @@ TEST_SUITE("ratelimit: deny cache") {
     shadow.shadow = true;
     DenyCache cache;
     const std::vector<AppliedLimit> both = {applied(minute, "rl:minute:a"), applied(log, "rl:l:a")};
-    rememberRefusals(cache, both, bothRefused(minute, log), 1000, 1000);
+    rememberRefusals(cache, both, bothRefused(minute, log), 1000, 1000, DenyCache::forgetMark());
     CHECK(cache.size() == 1);  // the log counts denied requests: never cached
     Decision d;
     CHECK_FALSE(refusalFromCache(cache, both, 2000, &d));
@@ -784,6 +829,54 @@ TEST_SUITE("ratelimit: deny cache") {
     // A shadow limit records nothing for a refused request: it does not stop the cache.
     CHECK(refusalFromCache(cache, {both[0], applied(shadow, "rl:s:a")}, 2000, &d));
     CHECK(d.retry_after_s == 24);
+  }
+
+  TEST_CASE("forgetKeys: every cache drops the refusals of those keys (a take-back)") {
+    DenyCache a;
+    DenyCache b;
+    a.remember("rl:v1:per_ip:{1.2.3.4}|3|3|1", 5000, 1000);
+    a.remember("rl:v1:per_ip:{1.2.3.4}|10|10|1", 5000, 1000);  // another plan's quota
+    a.remember("rl:v1:per_ip:{5.6.7.8}|3|3|1", 5000, 1000);
+    b.remember("rl:v1:per_ip:{1.2.3.4}|3|3|1", 5000, 1000);
+    CHECK(a.size() == 3);
+    DenyCache::forgetKeys({"rl:v1:per_ip:{1.2.3.4}"});
+    CHECK(a.remaining("rl:v1:per_ip:{1.2.3.4}|3|3|1", 1000) == 0);
+    CHECK(a.remaining("rl:v1:per_ip:{1.2.3.4}|10|10|1", 1000) == 0);
+    CHECK(a.remaining("rl:v1:per_ip:{5.6.7.8}|3|3|1", 1000) == 4000);
+    CHECK(a.size() == 1);
+    CHECK(b.remaining("rl:v1:per_ip:{1.2.3.4}|3|3|1", 1000) == 0);
+    b.remember("rl:v1:per_ip:{1.2.3.4}|3|3|1", 5000, 1000);  // remembered after: kept
+    CHECK(b.remaining("rl:v1:per_ip:{1.2.3.4}|3|3|1", 1000) == 4000);
+  }
+
+  TEST_CASE("a refusal decided before a take-back of its key ended is not remembered") {
+    LimitConfig minute = limitConfig("minute", Algorithm::FixedWindow, {}, 2, 60000);
+    LimitConfig other = limitConfig("other", Algorithm::FixedWindow, {}, 2, 60000);
+    const std::vector<AppliedLimit> limits = {applied(minute, "rl:minute:a"),
+                                              applied(other, "rl:other:a")};
+    DenyCache cache;
+    const uint64_t asked = DenyCache::forgetMark();
+    DenyCache::forgetKeys({"rl:minute:a"});  // its take-back ended while the answer was coming
+    CHECK(DenyCache::forgottenSince(asked, "rl:minute:a"));
+    CHECK_FALSE(DenyCache::forgottenSince(asked, "rl:other:a"));
+    CHECK_FALSE(DenyCache::forgottenSince(DenyCache::forgetMark(), "rl:minute:a"));
+    rememberRefusals(cache, limits, bothRefused(minute, other), 1000, 1000, asked);
+    CHECK(cache.size() == 1);  // only the other key's refusal
+    Decision d;
+    CHECK_FALSE(refusalFromCache(cache, {limits[0]}, 2000, &d));
+    CHECK(refusalFromCache(cache, {limits[1]}, 2000, &d));
+  }
+
+  TEST_CASE("a cache or a request older than the forget log forgets everything") {
+    DenyCache cache;
+    cache.remember("k1|1|1|1", 5000, 1000);
+    const uint64_t asked = DenyCache::forgetMark();
+    std::vector<std::string> many;
+    for (size_t i = 0; i <= DenyCache::kForgetLog; ++i) many.push_back("x" + std::to_string(i));
+    DenyCache::forgetKeys(many);
+    CHECK(DenyCache::forgottenSince(asked, "k1"));
+    CHECK(cache.remaining("k1|1|1|1", 1000) == 0);
+    CHECK(cache.size() == 0);
   }
 
   TEST_CASE("a time already past is not remembered") {
