@@ -75,7 +75,7 @@ end
 -- Keeps the key a lease past its last take (never shorter than it was: another gateway's
 -- lease may be longer).
 local function extend(key, lease_ms)
-  if redis.call('PTTL', key) < lease_ms then redis.call('PEXPIRE', key, lease_ms) end
+  if redis.call('PTTL', key) < lease_ms then redis.call('PEXPIRE', key, format('%d', lease_ms)) end
 end
 
 local function finish()

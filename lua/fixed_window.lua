@@ -18,9 +18,12 @@
 -- it keeps each key's state by the key's index for the whole call, and writes each changed key
 -- once.
 -- (library functions as locals: a global lookup per use costs more)
-local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local floor, ceil, max, min, format = math.floor, math.ceil, math.max, math.min, string.format
 local pack, unpack = struct.pack, struct.unpack
 local WINDOWS = 4294967296  -- window numbers are kept modulo this ('I')
+-- Counts saturate here (2^52): above any limit (at most 10^15) with any cost added, and exact
+-- in doubles. Window ends are whole milliseconds below 2^53 (windows are at most 10^15 ms).
+local MAX_COUNT = 4503599627370496
 
 -- By key index: the key, its window number, the count, whether the stored value is of this
 -- window (its expiry is right), the window's end (ms) and the wait until then (ms).
@@ -47,11 +50,15 @@ local function check(k, key, value, p, now_us)
     local current, used = false, 0
     if value and #value == 12 then
       local stored_n, count = unpack('<Id', value)
-      if stored_n == n % WINDOWS then used, current = count, true end
+      if stored_n == n % WINDOWS then
+        used, current = count, true
+        if not (used >= 0) then used = 0 elseif used > MAX_COUNT then used = MAX_COUNT end
+      end
     end
     key_of[k], window_of[k], used_of[k], current_of[k] = key, n, used, current
+    -- (in ms: (n + 1) * window in us may pass 2^53 for the longest windows)
     end_of[k] = (n + 1) * p.window + spread(p.window, now_us)
-    reset_of[k] = ceil(((n + 1) * window - now_us) / 1000)
+    reset_of[k] = (n + 1) * p.window - floor(now_us / 1000)
   end
   return used_of[k] + p.cost <= p.limit
 end
@@ -63,7 +70,7 @@ local function settle(k, p, allowed, charge)
     changes = changes + 1
     changed[changes] = k
   end
-  used_of[k] = used_of[k] + p.cost
+  used_of[k] = min(used_of[k] + p.cost, MAX_COUNT)
 end
 
 local function report(k, p, allowed, out, pos)
@@ -81,7 +88,7 @@ local function finish()
     if current_of[k] then
       redis.call('SET', key_of[k], value, 'KEEPTTL')
     else
-      redis.call('SET', key_of[k], value, 'PXAT', end_of[k])
+      redis.call('SET', key_of[k], value, 'PXAT', format('%d', end_of[k]))
     end
   end
 end

@@ -24,6 +24,7 @@
 -- once.
 -- (library functions as locals: a global lookup per use costs more)
 local floor, ceil, max, rep, sub = math.floor, math.ceil, math.max, string.rep, string.sub
+local format = string.format
 local pack, unpack = struct.pack, struct.unpack
 local ENTRY = 8
 
@@ -102,7 +103,7 @@ end
 local function finish()
   for i = 1, changes do
     local k = changed[i]
-    redis.call('SET', key_of[k], log_of[k], 'PX', ceil(window_of[k] / 1000))
+    redis.call('SET', key_of[k], log_of[k], 'PX', format('%d', ceil(window_of[k] / 1000)))
   end
 end
 

@@ -21,9 +21,16 @@
 -- it keeps each key's state by the key's index for the whole call, and writes each changed key
 -- once.
 -- (library functions as locals: a global lookup per use costs more)
-local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local floor, ceil, max, min, format = math.floor, math.ceil, math.max, math.min, string.format
 local pack, unpack = struct.pack, struct.unpack
 local WINDOWS = 4294967296  -- window numbers are kept modulo this ('I')
+-- Counts saturate here (2^52): above any limit (at most 10^15) with any cost added, and exact
+-- in doubles. Expiry times are whole milliseconds below 2^53 (windows are at most 10^15 ms).
+local MAX_COUNT = 4503599627370496
+local function count_of(v)
+  if not (v >= 0) then return 0 end
+  return min(v, MAX_COUNT)
+end
 
 -- By key index: the key, the window number, its length and how much of it has passed (us),
 -- the current and previous counts, whether the stored value is of this window (its expiry is
@@ -49,9 +56,9 @@ local function check(k, key, value, p, now_us)
     if value and #value == 20 then
       local stored_n, stored_current, stored_previous = unpack('<Idd', value)
       if stored_n == n % WINDOWS then
-        current, previous, same = stored_current, stored_previous, true
+        current, previous, same = count_of(stored_current), count_of(stored_previous), true
       elseif stored_n == (n - 1) % WINDOWS then
-        previous = stored_current
+        previous = count_of(stored_current)
       end
     end
     key_of[k], window_of[k], length_of[k], elapsed_of[k] = key, n, window, now_us - n * window
@@ -71,7 +78,7 @@ local function settle(k, p, allowed, charge)
     changes = changes + 1
     changed[changes] = k
   end
-  current_of[k] = current_of[k] + p.cost
+  current_of[k] = min(current_of[k] + p.cost, MAX_COUNT)
 end
 
 -- Microseconds until current + previous * weight + cost <= limit, nothing else arriving.
@@ -107,7 +114,7 @@ local function finish()
     if same_of[k] then
       redis.call('SET', key_of[k], value, 'KEEPTTL')
     else
-      redis.call('SET', key_of[k], value, 'PXAT', expiry_of[k])
+      redis.call('SET', key_of[k], value, 'PXAT', format('%d', expiry_of[k]))
     end
   end
 end

@@ -26,7 +26,14 @@
 -- (TAT - now, exact to a fraction of a microsecond), and writes TAT once, rounded up to a
 -- whole microsecond (never a token more).
 -- (library functions as locals: a global lookup per use costs more)
-local floor, ceil, max, format = math.floor, math.ceil, math.max, string.format
+local floor, ceil, max, min, format = math.floor, math.ceil, math.max, math.min, string.format
+
+-- The ceiling of a bucket's debt (TAT - now) and of every wait it reports: 2^31 - 1 seconds
+-- (68 years; what a Retry-After is sure to be read as). A charge beyond it (a huge cost from a
+-- response) saturates there, and a bucket whose burst takes longer than that to refill admits
+-- only while its debt stays below it (never more than its quota). TAT stays below
+-- now + MAX_DEBT_US, far below 2^53 us, where doubles stop being exact, until the year 2187.
+local MAX_DEBT_US = 2147483647e6
 
 -- Float sums of `window / limit` are exact to far below a microsecond; this absorbs their
 -- rounding, so that `burst` requests at one instant all fit.
@@ -51,22 +58,22 @@ local function check(k, key, value, p, now_us)
     local debt = 0
     if value then
       local tat = value + 0
-      if tat > now_us then debt = tat - now_us end
+      if tat > now_us then debt = min(tat - now_us, MAX_DEBT_US) end
     end
     key_of[k], debt_of[k] = key, debt
   end
   local debt = debt_of[k]
   local token_us = p.window * 1000 / p.limit
-  return debt + p.cost * token_us <= p.burst * token_us + SLACK_US
+  return debt + p.cost * token_us <= min(p.burst * token_us, MAX_DEBT_US) + SLACK_US
 end
 
 local function settle(k, p, allowed, charge)
   if not charge then return end
   local token_us = p.window * 1000 / p.limit
   if allowed then
-    debt_of[k] = debt_of[k] + p.cost * token_us
+    debt_of[k] = min(debt_of[k] + p.cost * token_us, MAX_DEBT_US)
   else  -- a refused request that counts empties the bucket (it never refills it)
-    debt_of[k] = max(debt_of[k], p.burst * token_us)
+    debt_of[k] = max(debt_of[k], min(p.burst * token_us, MAX_DEBT_US))
   end
   if queued[k] ~= call then
     queued[k] = call
@@ -88,7 +95,7 @@ local function report(k, p, allowed, out, pos)
   end
   out[pos + 1] = max(0, floor(p.burst - debt / token_us + 1e-9))
   out[pos + 2] = ceil(debt / 1000 - 1e-9)
-  out[pos + 3] = allowed and 0 or max(1, ceil(retry / 1000 - 1e-9))
+  out[pos + 3] = allowed and 0 or max(1, ceil(min(retry, MAX_DEBT_US) / 1000 - 1e-9))
   return pos + 3
 end
 
@@ -98,8 +105,9 @@ local function finish()
     local k = changed[i]
     local debt = debt_of[k]
     if debt > SLACK_US then
-      local tat = ceil(now + debt - SLACK_US)
-      redis.call('SET', key_of[k], format('%d', tat), 'PX', ceil((tat - now) / 1000))
+      local tat = ceil(now + debt - SLACK_US)  -- debt <= MAX_DEBT_US: a whole number < 2^53
+      redis.call('SET', key_of[k], format('%d', tat), 'PX',
+                 format('%d', ceil((tat - now) / 1000)))
     end
   end
 end
@@ -115,12 +123,12 @@ local function undo(key, limit, window_ms, cost, at_us, now_us)
   if not value then return 0 end
   local tat = value + 0
   local back = cost * window_ms * 1000 / limit - max(0, now_us - at_us)
-  if back <= 0 then return 0 end
-  tat = ceil(tat - back)
-  if tat <= now_us then
+  if not (back > 0) then return 0 end
+  tat = ceil(min(tat, now_us + MAX_DEBT_US) - back)
+  if not (tat > now_us) then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, format('%d', tat), 'PX', ceil((tat - now_us) / 1000))
+    redis.call('SET', key, format('%d', tat), 'PX', format('%d', ceil((tat - now_us) / 1000)))
   end
   return 1
 end
