@@ -2,7 +2,9 @@
 -- one string key holding the theoretical arrival time TAT (microseconds, server time). A token
 -- is `window / limit` of time (T); the bucket is empty by (TAT - now) / T tokens and full when
 -- TAT <= now. A request of `cost` fits when max(TAT, now) + cost * T - now <= burst * T; it
--- moves TAT there. The key expires at TAT, when the bucket is full again.
+-- moves TAT there. The key expires at TAT, when the bucket is full again, plus a random spread
+-- of up to a tenth of the window (at most a minute): a TAT that has passed reads as a full
+-- bucket, so the spread changes no decision.
 --
 -- Quotas that share a key (a plan's and the limit's own, for one client with and without its
 -- API key) share TAT: time refills every one of them alike, each request moves TAT by its own
@@ -27,6 +29,7 @@
 -- whole microsecond (never a token more).
 -- (library functions as locals: a global lookup per use costs more)
 local floor, ceil, max, min, format = math.floor, math.ceil, math.max, math.min, string.format
+local random = math.random
 
 -- The ceiling of a bucket's debt (TAT - now) and of every wait it reports: 2^31 - 1 seconds
 -- (68 years; what a Retry-After is sure to be read as). A charge beyond it (a huge cost from a
@@ -39,7 +42,14 @@ local MAX_DEBT_US = 2147483647e6
 -- rounding, so that `burst` requests at one instant all fit.
 local SLACK_US = 1e-6
 
-local key_of, debt_of = {}, {}  -- by key index: the key, TAT - now (us)
+-- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to a tenth of the
+-- window (at most a minute), drawn per key, so that keys written together do not all expire
+-- in the same millisecond. A key may outlive its window this way, never die before it.
+local function spread(window_ms)
+  return random(0, max(0, min(floor(window_ms / 10), 60000)))
+end
+
+local key_of, debt_of, window_of = {}, {}, {}  -- by key index: the key, TAT - now (us), window
 -- The call (a number) that first met each key index: state of another call is stale. The
 -- tables live as long as the library, so a call reuses them instead of building new ones.
 local seen, queued = {}, {}  -- by key index: the call that read it, that queued it
@@ -60,7 +70,7 @@ local function check(k, key, value, p, now_us)
       local tat = value + 0
       if tat > now_us then debt = min(tat - now_us, MAX_DEBT_US) end
     end
-    key_of[k], debt_of[k] = key, debt
+    key_of[k], debt_of[k], window_of[k] = key, debt, p.window
   end
   local debt = debt_of[k]
   local token_us = p.window * 1000 / p.limit
@@ -107,7 +117,7 @@ local function finish()
     if debt > SLACK_US then
       local tat = ceil(now + debt - SLACK_US)  -- debt <= MAX_DEBT_US: a whole number < 2^53
       redis.call('SET', key_of[k], format('%d', tat), 'PX',
-                 format('%d', ceil((tat - now) / 1000)))
+                 format('%d', ceil((tat - now) / 1000) + spread(window_of[k])))
     end
   end
 end
@@ -128,7 +138,8 @@ local function undo(key, limit, window_ms, cost, at_us, now_us)
   if not (tat > now_us) then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, format('%d', tat), 'PX', format('%d', ceil((tat - now_us) / 1000)))
+    redis.call('SET', key, format('%d', tat), 'PX',
+               format('%d', ceil((tat - now_us) / 1000) + spread(window_ms)))
   end
   return 1
 end

@@ -119,7 +119,7 @@ def test_sliding_log_memory_bounded_while_hammering(valkey, count_denied):
         assert len(entries) <= limit, f"sliding_log holds {len(entries)} entries after {i + 1}"
         assert entries == sorted(entries), "oldest first"
         pttl = c.pttl("t:sl")
-        assert 0 < pttl <= 2000, f"TTL {pttl}"
+        assert 0 < pttl <= 2000 + 200, f"TTL {pttl} (a window, and a spread of a tenth)"
         if i < limit:
             assert r[:2] == [1, limit - 1 - i]
             assert len(entries) == i + 1, "one entry per accepted request"
@@ -259,8 +259,8 @@ def test_token_bucket_refill_and_ttl(valkey):
     # Bounds from the server's clock, not from how fast this machine makes the calls: the TTL
     # runs to TAT (PX rounded up to the millisecond), and the refused call computed its reset
     # between t_start and t_refused.
-    assert (tat - t_pttl) / 1000 - 1 <= pttl <= (tat - t_start) / 1000 + 1, \
-        f"TTL = until full again: {pttl}"
+    assert (tat - t_pttl) / 1000 - 1 <= pttl <= (tat - t_start) / 1000 + 1 + window_ms / 10, \
+        f"TTL = until full again (and a spread of up to a tenth of the window): {pttl}"
     assert (tat - t_refused) / 1000 - 1 <= refused[2] <= (tat - t_start) / 1000 + 1, \
         "reset_ms: until the bucket is full"
     now = server_time_us(c)
