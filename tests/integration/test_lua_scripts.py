@@ -85,7 +85,7 @@ def test_fixed_window_an_earlier_window_counts_as_empty(valkey):
     c.set("t:old", struct.pack("<Id", (n - 1) % WINDOW_NUMBERS, 7), px=600_000)
     assert run(c, "fixed_window", "t:old", 3, 60000)[:2] == [1, 2]
     assert stored(valkey, "t:old", "fixed_window") == (n % WINDOW_NUMBERS, 1)
-    assert c.pttl("t:old") <= 60000
+    assert c.pttl("t:old") <= 60000 + 6000, "this window (and a spread of up to a tenth)"
 
 
 def test_fixed_window_count_denied_and_cost(valkey):
