@@ -5,7 +5,9 @@
 -- renews the lease while the request lasts and frees the slot when it ends (the lease
 -- function of decide.lua). A slot whose lease ended (its gateway died, or could not renew)
 -- counts as free: each call first drops them. The key expires a lease after the last take or
--- renewal, so a key whose gateways all died goes away by itself.
+-- renewal (plus a random spread of up to a tenth of the lease, at most a minute: slots whose
+-- lease ended count as free whatever the key's expiry), so a key whose gateways all died goes
+-- away by itself.
 --
 -- Standalone (EVAL this file):
 --   KEYS[1]  the key (a sorted set)
@@ -17,6 +19,14 @@
 -- decide.lua); its window_ms is the lease, and the request's slot name comes with the call.
 -- (library functions as locals: a global lookup per use costs more)
 local max, format, type = math.max, string.format, type
+local floor, min, random = math.floor, math.min, math.random
+
+-- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to a tenth of the
+-- window (at most a minute), drawn per key, so that keys written together do not all expire
+-- in the same millisecond. A key may outlive its window this way, never die before it.
+local function spread(window_ms)
+  return random(0, max(0, min(floor(window_ms / 10), 60000)))
+end
 
 -- By key index: the key, the live slots, whether it held another type (replaced when written),
 -- the lease (ms) and the slot names this call takes.
@@ -75,7 +85,9 @@ end
 -- Keeps the key a lease past its last take (never shorter than it was: another gateway's
 -- lease may be longer).
 local function extend(key, lease_ms)
-  if redis.call('PTTL', key) < lease_ms then redis.call('PEXPIRE', key, lease_ms) end
+  if redis.call('PTTL', key) < lease_ms then
+    redis.call('PEXPIRE', key, format('%d', lease_ms + spread(lease_ms)))
+  end
 end
 
 local function finish()

@@ -16,6 +16,10 @@
 --                      whether it fits or not (that later charge; the limit may go into
 --                      debt). Then one ARGV per concurrency limit of the request, in order:
 --                      the name of the slot it takes (a lease, unique per request)
+--   numbers            whole: limit, window_ms, burst and keep 1 .. 10^15, a cost 0 .. 10^15
+--                      (kMaxCost); a request naming one outside (or a key past KEYS) fails
+--                      alone, its error in the reply; waits in the reply are at most
+--                      (2^31 - 1) s (kMaxWaitMs), the gateway clamps any larger one
 --   reply              the call's time T (server microseconds; every charge of the call is of
 --                      that time), then per request, in order: remaining, reset_ms, retry_ms
 --                      per limit (retry_ms 0: the limit allows, at least 1: it refuses; the
@@ -67,7 +71,8 @@
 --                     even if it does not fit); slot: a concurrency limit's slot name
 --   settle(k, p, allowed, charge, slot)       makes this request count (charge) or not
 --   report(k, p, allowed, out, pos) -> pos    writes its 3 reply values after out[pos]
---   finish()                                  writes every key the call changed
+--   finish()                                  writes every key the call changed (it never
+--                     fails: each module keeps the values it writes within its ceilings)
 --   undo(key, limit, window_ms, cost, at_us, now_us) -> 1 if it changed the key
 --                     takes back `cost` charged at at_us (the time of an earlier call), as
 --                     exactly as the key allows (see each module), reading and writing the key
@@ -82,7 +87,7 @@ local modules
 -- What the running call decides with (set when it starts): its KEYS, their values (one MGET
 -- instead of one command per limit; a key of another type reads as absent, and the write
 -- replaces it), the server's time (us), the reply.
-local keys, values, now
+local keys, values, now, nkeys
 local reply = {}
 
 -- The module of a limit's algorithm (found for `p` once).
@@ -121,18 +126,42 @@ local function read_definitions(ARGV)
   return d
 end
 
--- (Numbers are read with `+ 0`: on Valkey's Lua, half the cost of tonumber.)
-local function params_of(ref)
+-- The ceiling of every count a call brings: limits, bursts, costs and windows (ms) are whole
+-- numbers from 0 (a cost) or 1 to 10^15, the configuration's range, so that the modules'
+-- arithmetic on them stays exact in Lua's doubles (below 2^53) and every value they write is a
+-- whole number that format('%d') renders exactly. A value outside fails only the requests that
+-- name it (params_of runs once per text).
+local MAX_COUNT = 1e15
+local function bounded(text, low, what, ref)
+  local v = tonumber(text)
+  if v == nil or not (v >= low and v <= MAX_COUNT) or v % 1 ~= 0 then
+    error(what .. ' out of range in ' .. ref)
+  end
+  return v
+end
+
+-- The parameters of a limit definition's 7 fields (from fields[a + 1]) and a cost.
+local function params_from(fields, a, cost, mode, ref)
+  return {algorithm = fields[a + 1], limit = bounded(fields[a + 2], 1, 'limit', ref),
+          window = bounded(fields[a + 3], 1, 'window', ref),
+          burst = bounded(fields[a + 4], 1, 'burst', ref), cost = bounded(cost, 0, 'cost', ref),
+          count_denied = fields[a + 5] == '1', shadow = fields[a + 6] == '1',
+          keep = bounded(fields[a + 7], 1, 'keep', ref), later = mode == '~',
+          forced = mode == '!', slots = fields[a + 1] == 'concurrency',
+          module = false}  -- (every field in the constructor: one added resizes the table)
+end
+
+-- The definition index j of ref, valid or an error.
+local function definition_of(ref)
   local j, cost, mode = string.match(ref, '^(%d+):(%d+)([~!]?)$')
-  j = j and j + 0
+  j = j and tonumber(j)
   if j == nil or j < 1 or 7 * j > #definitions then error('no limit definition in ' .. ref) end
-  local a = 7 * (j - 1)
-  local p = {algorithm = definitions[a + 1], limit = definitions[a + 2] + 0,
-             window = definitions[a + 3] + 0, burst = definitions[a + 4] + 0, cost = cost + 0,
-             count_denied = definitions[a + 5] == '1', shadow = definitions[a + 6] == '1',
-             keep = definitions[a + 7] + 0, later = mode == '~', forced = mode == '!',
-             slots = definitions[a + 1] == 'concurrency',
-             module = false}  -- (every field in the constructor: one added resizes the table)
+  return j, cost, mode
+end
+
+local function params_of(ref)
+  local j, cost, mode = definition_of(ref)
+  local p = params_from(definitions, 7 * (j - 1), cost, mode, ref)
   params[ref] = p
   return p
 end
@@ -140,9 +169,11 @@ end
 -- A request's limits, by their text: the parameters of each (shared, read-only), where its
 -- key is (`at`: a key index, or false for the next new key) and how many slot names follow
 -- the text (`slots`: its concurrency limits). Modules are found when deciding, so an unknown
--- algorithm fails only its requests.
+-- algorithm fails only its requests. A text that cannot be read keeps why in `error` (its
+-- request answers that; the call's others are decided): its keys and slot names are still
+-- counted, so that the requests after it find theirs.
 local function limits_of(text)
-  local list = {n = 0, fresh = 0, slots = 0, special = false, at = {}}
+  local list = {n = 0, fresh = 0, slots = 0, special = false, at = {}, error = false}
   local from = 1
   while true do
     local comma = string.find(text, ',', from, true)
@@ -151,16 +182,31 @@ local function limits_of(text)
     local i = list.n + 1
     local mark = string.find(ref, '@', 1, true)
     if mark then
-      list.at[i] = string.sub(ref, mark + 1) + 0
+      local at = tonumber(string.sub(ref, mark + 1))
+      if at == nil or at < 1 or at % 1 ~= 0 then
+        list.error = list.error or ('bad key index in ' .. ref)
+        at = 1
+      end
+      list.at[i] = at
       ref = string.sub(ref, 1, mark - 1)
     else
       list.fresh = list.fresh + 1
       list.at[i] = false
     end
-    local p = params[ref] or params_of(ref)
-    list[i] = p
-    if p.slots then list.slots = list.slots + 1 end
-    if p.slots or p.later or p.forced then list.special = true end
+    local ok, p = true, params[ref]
+    if not p then ok, p = pcall(params_of, ref) end
+    if ok then
+      list[i] = p
+      if p.slots then list.slots = list.slots + 1 end
+      if p.slots or p.later or p.forced then list.special = true end
+    else
+      if type(p) == 'table' then p = p.err end
+      list.error = list.error or tostring(p)
+      local found, j = pcall(definition_of, ref)
+      if found and definitions[7 * (j - 1) + 1] == 'concurrency' then
+        list.slots = list.slots + 1
+      end
+    end
     list.n = i
     if not comma then break end
     from = comma + 1
@@ -183,6 +229,7 @@ local function decide(list, k, pos)
     local p = list[1]
     local m = p.module or module_of(p)
     local i = at[1] or k + 1
+    if i > nkeys then error('no key ' .. i) end
     local allowed = m.check(i, keys[i], values[i], p, now)
     m.settle(i, p, allowed, allowed or p.count_denied)
     return m.report(i, p, allowed, reply, pos)
@@ -196,6 +243,7 @@ local function decide(list, k, pos)
       fresh = fresh + 1
       i = fresh
     end
+    if i > nkeys then error('no key ' .. i) end
     local allowed = (p.module or module_of(p)).check(i, keys[i], values[i], p, now)
     indices[j], fits[j] = i, allowed
     if not allowed and not p.shadow then refused = true end
@@ -228,6 +276,7 @@ local function decide_special(list, k, pos, ARGV, s)
       fresh = fresh + 1
       i = fresh
     end
+    if i > nkeys then error('no key ' .. i) end
     local slot = false
     if p.slots then
       slot = ARGV[s]
@@ -262,7 +311,7 @@ end
 local function decide_batch(KEYS, ARGV)
   local t = redis.call('TIME')
   now = t[1] * 1000000 + t[2]  -- (strings: `+` and `*` read them)
-  keys, values = KEYS, redis.call('MGET', unpack(KEYS))
+  keys, values, nkeys = KEYS, redis.call('MGET', unpack(KEYS)), #KEYS
   build_modules()
   for _, module in pairs(modules) do module.start() end
   local cursor = 2 + 7 * read_definitions(ARGV)
@@ -275,9 +324,10 @@ local function decide_batch(KEYS, ARGV)
     local list = parsed[text] or limits_of(text)
     cursor = cursor + 1
     local ok, result
-    if list.special then
+    if list.error then
+      ok, result = false, list.error
+    elseif list.special then
       ok, result = pcall(decide_special, list, k, pos, ARGV, cursor)
-      cursor = cursor + list.slots
     else
       ok, result = pcall(decide, list, k, pos)
     end
@@ -288,6 +338,7 @@ local function decide_batch(KEYS, ARGV)
       pos = pos + 1
       reply[pos] = tostring(result)
     end
+    cursor = cursor + list.slots
     k = k + list.fresh
   end
   reply[pos + 1] = nil  -- the end (what a longer call or a failed request wrote lies past it)
@@ -335,9 +386,7 @@ local function peek(KEYS, ARGV)
   local t = redis.call('TIME')
   local now_us = t[1] * 1000000 + t[2]
   build_modules()
-  local p = {algorithm = ARGV[1], limit = ARGV[2] + 0, window = ARGV[3] + 0,
-             burst = ARGV[4] + 0, cost = 1, count_denied = ARGV[5] == '1',
-             shadow = ARGV[6] == '1', keep = ARGV[7] + 0, module = false}
+  local p = params_from(ARGV, 0, '1', '', 'the peek')
   local module = module_of(p)
   local key = KEYS[1]
   local value = false  -- as MGET reads it: a key of another type is absent

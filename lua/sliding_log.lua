@@ -1,16 +1,17 @@
 -- sliding_log: the times of the requests in the last window (server microseconds), oldest
 -- first, one 8-byte little-endian double each, in one string key that expires one window after
--- its newest entry. An entry older than the window no longer counts and is dropped the next
--- time the key is written. A request of `cost` adds `cost` entries. Memory is bounded:
--- accepted requests never exceed the limit, and with count_denied a refused request keeps the
--- newest `keep` + `cost` entries (keep: the largest limit of the quotas that share the key, a
--- plan's and the limit's own), so a key never holds more than that, even while a client keeps
--- hammering. Trimming to the refused request's own limit would erase what a larger quota on
--- the same key still counts; `keep` entries are all that any of them reads (a quota of L
--- refuses at L entries and waits for the (L - cost + 1)th newest to expire). The `cost` more
--- are those the request's own entries would push out: a take-back (a shadow limit's record of
--- a request refused in another cluster slot) removes its entries and leaves the newest `keep`
--- as they were before it.
+-- its newest entry (plus a random spread of up to a tenth of the window, at most a minute).
+-- An entry older than the window no longer counts and is dropped the next time the key is
+-- written. A request of `cost` adds `cost` entries. Memory is bounded: accepted requests never
+-- exceed the limit, and with count_denied a refused request keeps the newest `keep` + `cost`
+-- entries (keep: the largest limit of the quotas that share the key, a plan's and the limit's
+-- own), so a key never holds more than that, even while a client keeps hammering. Trimming to
+-- the refused request's own limit would erase what a larger quota on the same key still
+-- counts; `keep` entries are all that any of them reads (a quota of L refuses at L entries and
+-- waits for the (L - cost + 1)th newest to expire). The `cost` more are those the request's
+-- own entries would push out: a take-back (a shadow limit's record of a request refused in
+-- another cluster slot) removes its entries and leaves the newest `keep` as they were before
+-- it.
 --
 -- Standalone (EVAL this file):
 --   KEYS[1]  the key
@@ -27,8 +28,16 @@
 -- once.
 -- (library functions as locals: a global lookup per use costs more)
 local floor, ceil, max, rep, sub = math.floor, math.ceil, math.max, string.rep, string.sub
+local format, min, random = string.format, math.min, math.random
 local pack, unpack = struct.pack, struct.unpack
 local ENTRY = 8
+
+-- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to a tenth of the
+-- window (at most a minute), drawn per key, so that keys written together do not all expire
+-- in the same millisecond. A key may outlive its window this way, never die before it.
+local function spread(window_ms)
+  return random(0, max(0, min(floor(window_ms / 10), 60000)))
+end
 
 -- By key index: the key, its live entries, how many, the window (us).
 local key_of, log_of, count_of, window_of = {}, {}, {}, {}
@@ -105,7 +114,8 @@ end
 local function finish()
   for i = 1, changes do
     local k = changed[i]
-    redis.call('SET', key_of[k], log_of[k], 'PX', ceil(window_of[k] / 1000))
+    local window_ms = ceil(window_of[k] / 1000)
+    redis.call('SET', key_of[k], log_of[k], 'PX', format('%d', window_ms + spread(window_ms)))
   end
 end
 

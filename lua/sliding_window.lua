@@ -2,8 +2,8 @@
 -- the estimate is current + previous * (window - elapsed) / window. One string key holds
 -- struct '<Idd' (the window number modulo 2^32, the current count, the previous count) and
 -- expires at the end of the next window, where its current count still weighs as previous,
--- plus a spread of up to a tenth of the window (at most a minute), so that the keys of many
--- clients do not all expire in the same millisecond (Valkey stalls while it deletes them).
+-- plus a random spread of up to a tenth of the window (at most a minute), so that the keys of
+-- many clients do not all expire in the same millisecond (Valkey stalls while it deletes them).
 -- What a key holds for an older window is read as what it means now: its current count
 -- becomes previous one window later, and nothing after that.
 --
@@ -21,9 +21,23 @@
 -- it keeps each key's state by the key's index for the whole call, and writes each changed key
 -- once.
 -- (library functions as locals: a global lookup per use costs more)
-local floor, ceil, max, min = math.floor, math.ceil, math.max, math.min
+local floor, ceil, max, min, format = math.floor, math.ceil, math.max, math.min, string.format
 local pack, unpack = struct.pack, struct.unpack
+local random = math.random
 local WINDOWS = 4294967296  -- window numbers are kept modulo this ('I')
+-- Counts saturate here (2^52): above any limit (at most 10^15) with any cost added, and exact
+-- in doubles. Expiry times are whole milliseconds below 2^53 (windows are at most 10^15 ms).
+local MAX_COUNT = 4503599627370496
+-- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to a tenth of the
+-- window (at most a minute), drawn per key, so that keys written together do not all expire
+-- in the same millisecond. A key may outlive its window this way, never die before it.
+local function spread(window_ms)
+  return random(0, max(0, min(floor(window_ms / 10), 60000)))
+end
+local function count_of(v)
+  if not (v >= 0) then return 0 end
+  return min(v, MAX_COUNT)
+end
 
 -- By key index: the key, the window number, its length and how much of it has passed (us),
 -- the current and previous counts, whether the stored value is of this window (its expiry is
@@ -49,15 +63,13 @@ local function check(k, key, value, p, now_us)
     if value and #value == 20 then
       local stored_n, stored_current, stored_previous = unpack('<Idd', value)
       if stored_n == n % WINDOWS then
-        current, previous, same = stored_current, stored_previous, true
+        current, previous, same = count_of(stored_current), count_of(stored_previous), true
       elseif stored_n == (n - 1) % WINDOWS then
-        previous = stored_current
+        previous = count_of(stored_current)
       end
     end
     key_of[k], window_of[k], length_of[k], elapsed_of[k] = key, n, window, now_us - n * window
-    -- The spread (ms), from the time of the call: the keys of different calls spread evenly.
-    expiry_of[k] = (n + 2) * p.window +
-                   floor(now_us / 1000) % max(1, min(floor(p.window / 10), 60000))
+    expiry_of[k] = (n + 2) * p.window + spread(p.window)
     current_of[k], previous_of[k], same_of[k] = current, previous, same
   end
   local window = length_of[k]
@@ -71,7 +83,7 @@ local function settle(k, p, allowed, charge)
     changes = changes + 1
     changed[changes] = k
   end
-  current_of[k] = current_of[k] + p.cost
+  current_of[k] = min(current_of[k] + p.cost, MAX_COUNT)
 end
 
 -- Microseconds until current + previous * weight + cost <= limit, nothing else arriving.
@@ -107,7 +119,7 @@ local function finish()
     if same_of[k] then
       redis.call('SET', key_of[k], value, 'KEEPTTL')
     else
-      redis.call('SET', key_of[k], value, 'PXAT', expiry_of[k])
+      redis.call('SET', key_of[k], value, 'PXAT', format('%d', expiry_of[k]))
     end
   end
 end

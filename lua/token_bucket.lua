@@ -2,7 +2,9 @@
 -- one string key holding the theoretical arrival time TAT (microseconds, server time). A token
 -- is `window / limit` of time (T); the bucket is empty by (TAT - now) / T tokens and full when
 -- TAT <= now. A request of `cost` fits when max(TAT, now) + cost * T - now <= burst * T; it
--- moves TAT there. The key expires at TAT, when the bucket is full again.
+-- moves TAT there. The key expires at TAT, when the bucket is full again, plus a random spread
+-- of up to a tenth of the window (at most a minute): a TAT that has passed reads as a full
+-- bucket, so the spread changes no decision.
 --
 -- Quotas that share a key (a plan's and the limit's own, for one client with and without its
 -- API key) share TAT: time refills every one of them alike, each request moves TAT by its own
@@ -26,13 +28,28 @@
 -- (TAT - now, exact to a fraction of a microsecond), and writes TAT once, rounded up to a
 -- whole microsecond (never a token more).
 -- (library functions as locals: a global lookup per use costs more)
-local floor, ceil, max, format = math.floor, math.ceil, math.max, string.format
+local floor, ceil, max, min, format = math.floor, math.ceil, math.max, math.min, string.format
+local random = math.random
+
+-- The ceiling of a bucket's debt (TAT - now) and of every wait it reports: 2^31 - 1 seconds
+-- (68 years; what a Retry-After is sure to be read as). A charge beyond it (a huge cost from a
+-- response) saturates there, and a bucket whose burst takes longer than that to refill admits
+-- only while its debt stays below it (never more than its quota). TAT stays below
+-- now + MAX_DEBT_US, far below 2^53 us, where doubles stop being exact, until the year 2187.
+local MAX_DEBT_US = 2147483647e6
 
 -- Float sums of `window / limit` are exact to far below a microsecond; this absorbs their
 -- rounding, so that `burst` requests at one instant all fit.
 local SLACK_US = 1e-6
 
-local key_of, debt_of = {}, {}  -- by key index: the key, TAT - now (us)
+-- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to a tenth of the
+-- window (at most a minute), drawn per key, so that keys written together do not all expire
+-- in the same millisecond. A key may outlive its window this way, never die before it.
+local function spread(window_ms)
+  return random(0, max(0, min(floor(window_ms / 10), 60000)))
+end
+
+local key_of, debt_of, window_of = {}, {}, {}  -- by key index: the key, TAT - now (us), window
 -- The call (a number) that first met each key index: state of another call is stale. The
 -- tables live as long as the library, so a call reuses them instead of building new ones.
 local seen, queued = {}, {}  -- by key index: the call that read it, that queued it
@@ -51,22 +68,22 @@ local function check(k, key, value, p, now_us)
     local debt = 0
     if value then
       local tat = value + 0
-      if tat > now_us then debt = tat - now_us end
+      if tat > now_us then debt = min(tat - now_us, MAX_DEBT_US) end
     end
-    key_of[k], debt_of[k] = key, debt
+    key_of[k], debt_of[k], window_of[k] = key, debt, p.window
   end
   local debt = debt_of[k]
   local token_us = p.window * 1000 / p.limit
-  return debt + p.cost * token_us <= p.burst * token_us + SLACK_US
+  return debt + p.cost * token_us <= min(p.burst * token_us, MAX_DEBT_US) + SLACK_US
 end
 
 local function settle(k, p, allowed, charge)
   if not charge then return end
   local token_us = p.window * 1000 / p.limit
   if allowed then
-    debt_of[k] = debt_of[k] + p.cost * token_us
+    debt_of[k] = min(debt_of[k] + p.cost * token_us, MAX_DEBT_US)
   else  -- a refused request that counts empties the bucket (it never refills it)
-    debt_of[k] = max(debt_of[k], p.burst * token_us)
+    debt_of[k] = max(debt_of[k], min(p.burst * token_us, MAX_DEBT_US))
   end
   if queued[k] ~= call then
     queued[k] = call
@@ -88,7 +105,7 @@ local function report(k, p, allowed, out, pos)
   end
   out[pos + 1] = max(0, floor(p.burst - debt / token_us + 1e-9))
   out[pos + 2] = ceil(debt / 1000 - 1e-9)
-  out[pos + 3] = allowed and 0 or max(1, ceil(retry / 1000 - 1e-9))
+  out[pos + 3] = allowed and 0 or max(1, ceil(min(retry, MAX_DEBT_US) / 1000 - 1e-9))
   return pos + 3
 end
 
@@ -98,8 +115,9 @@ local function finish()
     local k = changed[i]
     local debt = debt_of[k]
     if debt > SLACK_US then
-      local tat = ceil(now + debt - SLACK_US)
-      redis.call('SET', key_of[k], format('%d', tat), 'PX', ceil((tat - now) / 1000))
+      local tat = ceil(now + debt - SLACK_US)  -- debt <= MAX_DEBT_US: a whole number < 2^53
+      redis.call('SET', key_of[k], format('%d', tat), 'PX',
+                 format('%d', ceil((tat - now) / 1000) + spread(window_of[k])))
     end
   end
 end
@@ -115,12 +133,13 @@ local function undo(key, limit, window_ms, cost, at_us, now_us)
   if not value then return 0 end
   local tat = value + 0
   local back = cost * window_ms * 1000 / limit - max(0, now_us - at_us)
-  if back <= 0 then return 0 end
-  tat = ceil(tat - back)
-  if tat <= now_us then
+  if not (back > 0) then return 0 end
+  tat = ceil(min(tat, now_us + MAX_DEBT_US) - back)
+  if not (tat > now_us) then
     redis.call('DEL', key)
   else
-    redis.call('SET', key, format('%d', tat), 'PX', ceil((tat - now_us) / 1000))
+    redis.call('SET', key, format('%d', tat), 'PX',
+               format('%d', ceil((tat - now_us) / 1000) + spread(window_ms)))
   end
   return 1
 end

@@ -2,6 +2,8 @@
 
 #include <uv.h>
 
+#include <algorithm>
+
 #include "core/logging.h"
 #include "identity/tenant_cache.h"
 #include "identity/tenant_lookup.h"
@@ -257,17 +259,19 @@ void Admission::keepSlots(const ratelimit::Decision* decision) {
 
 namespace {
 
-// The cost a response reports in `field`: a non-negative integer; else (absent, repeated with
-// different values, not a number, too large) nullopt.
+// The cost a response reports in `field`: a non-negative integer, saturated at
+// ratelimit::kMaxCost (a larger one is charged the ceiling, never wraps); else (absent,
+// repeated with different values, not a number) nullopt.
 std::optional<int64_t> reportedCost(const http::MessageHead& response, const std::string& field) {
   const identity::FieldValue value = identity::headerField(response.headers, field);
   if (value.ambiguous || !value.value) return std::nullopt;
   const std::string& text = *value.value;
-  if (text.empty() || text.size() > 15) return std::nullopt;  // (below 10^15: exact in Lua)
+  if (text.empty()) return std::nullopt;
   int64_t n = 0;
   for (char c : text) {
     if (c < '0' || c > '9') return std::nullopt;
-    n = n * 10 + (c - '0');
+    // (n <= kMaxCost before the step: n * 10 + 9 cannot overflow)
+    n = std::min<int64_t>(n * 10 + (c - '0'), ratelimit::kMaxCost);
   }
   return n;
 }

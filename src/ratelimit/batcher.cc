@@ -28,7 +28,8 @@ struct Entry final : PendingDecision {
 // deletes itself when that call ends.
 class DecisionBatcher::Batch final : public valkey::CallTarget {
  public:
-  explicit Batch(std::shared_ptr<valkey::Store> store) : store_(std::move(store)) {}
+  Batch(std::shared_ptr<valkey::Store> store, stats::WorkerStats& stats)
+      : store_(std::move(store)), stats_(stats) {}
 
   Entry* add(const std::vector<AppliedLimit>& limits, DecisionTarget* target) {
     script_.add(limits);
@@ -63,12 +64,28 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     if (reply.type != valkey::Reply::Type::Array) {
       SLUICE_LOG_WARN("valkey: unexpected decision reply: {}",
                       logging::sanitize(reply.isError() ? reply.text : "not an array"));
+      if (!reply.isError()) stats_.valkey_errors[stats::ValkeyError::Malformed].inc();
       failAll(reply.isError() ? "error reply" : "unexpected reply");
       return;
     }
+    // The whole reply's shape first: one of the wrong shape (an element missing, of another
+    // type, one too many) tells no request anything from it.
+    std::string error;
+    {
+      DecisionReader shape(reply.elements);
+      for (const Entry& e : entries_) {
+        if (shape.next(e.count, &error) == ReplyPart::Malformed) {
+          malformed();
+          return;
+        }
+      }
+      if (!shape.done()) {
+        malformed();
+        return;
+      }
+    }
     // Request after request, in the order they joined.
     DecisionReader reader(reply.elements);
-    std::string error;
     Decision decision;  // one for all: its vector is reused
     for (Entry& e : entries_) {
       switch (reader.next(e.count, &error)) {
@@ -83,14 +100,10 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
           SLUICE_LOG_WARN("valkey: the decision of a request failed: {}", logging::sanitize(error));
           take(e)->onDecisionError("error in the script");
           break;
-        case ReplyPart::Malformed:
+        case ReplyPart::Malformed:  // (not after the check above)
           malformed();
           return;
       }
-    }
-    if (!reader.done()) {
-      malformed();
-      return;
     }
     delete this;
   }
@@ -110,12 +123,16 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     }
     delete this;
   }
+  // A reply of the wrong shape (an element missing, of another type, one too many): every
+  // request of the call decides by on_error, and it is counted.
   void malformed() {
+    stats_.valkey_errors[stats::ValkeyError::Malformed].inc();
     SLUICE_LOG_WARN("valkey: unexpected decision reply: wrong shape");
     failAll("unexpected reply");
   }
 
   std::shared_ptr<valkey::Store> store_;  // of the requests' snapshot
+  stats::WorkerStats& stats_;
   ScriptBatch script_;
   std::deque<Entry> entries_;
   std::deque<std::vector<AppliedLimit>> charges_;  // the limits of charges (their own copies)
@@ -293,7 +310,7 @@ DecisionBatcher::Batch* DecisionBatcher::batchFor(const std::shared_ptr<valkey::
   auto it = std::find_if(open_.begin(), open_.end(),
                          [&](const Open& o) { return o.slot == slot && o.store == store.get(); });
   if (it != open_.end() && it->batch->requests() < kMaxRequests) return it->batch;
-  Batch* batch = new Batch(store);
+  Batch* batch = new Batch(store, stats_);
   queued_.push_back(batch);
   if (it != open_.end()) {
     it->batch = batch;

@@ -55,8 +55,10 @@ void appendDecimal(std::string& out, int64_t value) {
   out.append(digits, static_cast<size_t>(end - digits));
 }
 
+int64_t boundedWaitMs(int64_t ms) { return std::clamp<int64_t>(ms, 0, kMaxWaitMs); }
+
 int64_t retryAfterSeconds(int64_t retry_ms) {
-  return std::max<int64_t>(1, (retry_ms + 999) / 1000);
+  return std::max<int64_t>(1, (boundedWaitMs(retry_ms) + 999) / 1000);
 }
 
 void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* values,
@@ -84,8 +86,8 @@ LimitResult limitResultFromValues(const AppliedLimit& limit, const int64_t* l) {
   // Never more than the quota announced in RateLimit-Policy (a token bucket whose burst is
   // above its limit holds more).
   r.remaining = std::clamp<int64_t>(l[0], 0, r.limit);
-  r.reset_ms = std::max<int64_t>(0, l[1]);
-  r.retry_ms = std::max<int64_t>(0, l[2]);
+  r.reset_ms = boundedWaitMs(l[1]);
+  r.retry_ms = boundedWaitMs(l[2]);
   if (r.retry_ms == 0) {  // the limit allows this request
     r.outcome = Outcome::Allowed;
   } else if (r.config->shadow) {

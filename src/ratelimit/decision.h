@@ -12,6 +12,15 @@
 
 namespace sluice::ratelimit {
 
+// The ceilings of what a decision carries. A cost (a limit's `cost`, one a response reports) is
+// at most kMaxCost: the configuration's largest count, so that the scripts' arithmetic on it
+// stays exact in Lua's doubles (below 2^53); a larger reported cost saturates here. A wait
+// (retry_ms, reset_ms, a token bucket's debt) is at most kMaxWaitMs: 2^31 - 1 seconds (68
+// years), what a Retry-After is sure to be read as; the scripts keep debts below it, and the
+// gateway saturates any larger value a reply holds.
+inline constexpr int64_t kMaxCost = 1'000'000'000'000'000;
+inline constexpr int64_t kMaxWaitMs = int64_t{2'147'483'647} * 1000;
+
 enum class Outcome { Allowed, Denied, ErrorAllowed, ErrorDenied, ShadowDenied };
 const char* toString(Outcome outcome);
 
@@ -77,7 +86,10 @@ Decision decisionFromCache(const std::vector<AppliedLimit>& limits,
 // Appends `value` in decimal (script arguments, header values).
 void appendDecimal(std::string& out, int64_t value);
 
-// Seconds for Retry-After from milliseconds: rounded up, at least 1.
+// A wait from a reply (ms), within [0, kMaxWaitMs].
+int64_t boundedWaitMs(int64_t ms);
+
+// Seconds for Retry-After from milliseconds: rounded up, at least 1, at most kMaxWaitMs / 1000.
 int64_t retryAfterSeconds(int64_t retry_ms);
 
 }  // namespace sluice::ratelimit

@@ -6,7 +6,7 @@ namespace sluice::ratelimit {
 
 namespace {
 
-int64_t ceilSeconds(int64_t ms) { return (std::max<int64_t>(0, ms) + 999) / 1000; }
+int64_t ceilSeconds(int64_t ms) { return (boundedWaitMs(ms) + 999) / 1000; }
 
 int64_t windowSeconds(const config::LimitConfig& limit) {
   return std::max<int64_t>(1, ceilSeconds(limit.window.count()));

@@ -203,8 +203,8 @@ bool readPeekReply(const valkey::Reply& reply, PeekResult* out) {
     if (e.type != Type::Integer) return false;
   }
   out->remaining = reply.elements[0].integer;
-  out->reset_ms = reply.elements[1].integer;
-  out->retry_ms = reply.elements[2].integer;
+  out->reset_ms = boundedWaitMs(reply.elements[1].integer);
+  out->retry_ms = boundedWaitMs(reply.elements[2].integer);
   return true;
 }
 

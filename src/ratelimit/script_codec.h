@@ -19,6 +19,10 @@
 //                      whether it fits or not (that later charge; the limit may go into
 //                      debt). Then one ARGV per concurrency limit of the request, in order:
 //                      the name of the slot it takes (a lease, unique per request)
+//   numbers            whole: limit, window_ms, burst and keep 1 .. 10^15, a cost 0 .. 10^15
+//                      (kMaxCost); a request naming one outside (or a key past KEYS) fails
+//                      alone, its error in the reply; waits in the reply are at most
+//                      (2^31 - 1) s (kMaxWaitMs), the gateway clamps any larger one
 //   reply              the call's time T (server microseconds; every charge of the call is of
 //                      that time), then per request, in order: remaining, reset_ms, retry_ms
 //                      per limit (retry_ms 0: the limit allows, at least 1: it refuses; the

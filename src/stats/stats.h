@@ -240,9 +240,20 @@ struct UpstreamError : Listed<UpstreamError> {
 
 struct ValkeyError : Listed<ValkeyError> {
   static constexpr const char* kName = "kind";
-  enum Value : size_t { NotConnected, Timeout, Disconnected, Error, Redirect, Unresponsive, kSize };
+  // malformed: a reply of the wrong shape for its call, or one no call gets (its connection
+  // is dropped).
+  enum Value : size_t {
+    NotConnected,
+    Timeout,
+    Disconnected,
+    Error,
+    Redirect,
+    Unresponsive,
+    Malformed,
+    kSize
+  };
   static constexpr std::array<const char*, kSize> kValues = {
-      "not_connected", "timeout", "disconnected", "error", "redirect", "unresponsive"};
+      "not_connected", "timeout", "disconnected", "error", "redirect", "unresponsive", "malformed"};
 };
 
 struct NodeError : Listed<NodeError> {

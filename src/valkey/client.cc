@@ -207,8 +207,17 @@ void Client::onHandshakeReply(bool ok, const std::string& error) {
 void Client::onDisconnect(const redisAsyncContext* context, int) noexcept {
   auto* self = static_cast<Client*>(context->data);
   if (self->context_ != context) return;  // dropped by us, already handled
-  SLUICE_LOG_WARN("valkey {}: connection lost: {}", self->options_.address.text,
-                  context->errstr ? context->errstr : "closed");
+  if (context->err == REDIS_ERR_PROTOCOL || context->err == REDIS_ERR_OOM) {
+    // A reply hiredis could not read, or one beyond the bounds of valkey/reply.h (an array
+    // of 2,000,000,000 elements): nothing after it on this connection can be read. Its calls
+    // failed (decided by on_error); the connection is made anew.
+    self->stats_.valkey_errors[stats::ValkeyError::Malformed].inc();
+    SLUICE_LOG_WARN("valkey {}: malformed reply ({}); reconnecting", self->options_.address.text,
+                    context->errstr);
+  } else {
+    SLUICE_LOG_WARN("valkey {}: connection lost: {}", self->options_.address.text,
+                    context->errstr ? context->errstr : "closed");
+  }
   self->context_ = nullptr;
   self->publishReady(false);
   self->state_ = State::Backoff;

@@ -85,7 +85,7 @@ def test_fixed_window_an_earlier_window_counts_as_empty(valkey):
     c.set("t:old", struct.pack("<Id", (n - 1) % WINDOW_NUMBERS, 7), px=600_000)
     assert run(c, "fixed_window", "t:old", 3, 60000)[:2] == [1, 2]
     assert stored(valkey, "t:old", "fixed_window") == (n % WINDOW_NUMBERS, 1)
-    assert c.pttl("t:old") <= 60000
+    assert c.pttl("t:old") <= 60000 + 6000, "this window (and a spread of up to a tenth)"
 
 
 def test_fixed_window_count_denied_and_cost(valkey):
@@ -122,7 +122,7 @@ def test_sliding_log_memory_bounded_while_hammering(valkey, count_denied):
         assert len(entries) <= bound, f"sliding_log holds {len(entries)} entries after {i + 1}"
         assert entries == sorted(entries), "oldest first"
         pttl = c.pttl("t:sl")
-        assert 0 < pttl <= 2000, f"TTL {pttl}"
+        assert 0 < pttl <= 2000 + 200, f"TTL {pttl} (a window, and a spread of a tenth)"
         if i < limit:
             assert r[:2] == [1, limit - 1 - i]
             assert len(entries) == i + 1, "one entry per accepted request"
@@ -266,8 +266,8 @@ def test_token_bucket_refill_and_ttl(valkey):
     # Bounds from the server's clock, not from how fast this machine makes the calls: the TTL
     # runs to TAT (PX rounded up to the millisecond), and the refused call computed its reset
     # between t_start and t_refused.
-    assert (tat - t_pttl) / 1000 - 1 <= pttl <= (tat - t_start) / 1000 + 1, \
-        f"TTL = until full again: {pttl}"
+    assert (tat - t_pttl) / 1000 - 1 <= pttl <= (tat - t_start) / 1000 + 1 + window_ms / 10, \
+        f"TTL = until full again (and a spread of up to a tenth of the window): {pttl}"
     assert (tat - t_refused) / 1000 - 1 <= refused[2] <= (tat - t_start) / 1000 + 1, \
         "reset_ms: until the bucket is full"
     now = server_time_us(c)

@@ -8,6 +8,10 @@ answer (200 or 429, and the RateLimit remaining of an admitted request) and the 
 Valkey must agree. Windows are long (an hour, a day) so that nothing refills or ages out while a
 sequence runs; the tests that exercise time are in test_ratelimit_algorithms.py.
 
+Limit "a" of a fixed_window, sliding_window or token_bucket sequence is at times a cost_from
+limit, and some requests' responses report costs up to 10^29: huge costs saturate at 10^15,
+debts and counts at their ceilings (README "Cost from the response"), and the model with them.
+
 Bounded: SLUICE_MODEL_SECONDS (default 6) per algorithm. The seed is printed; SLUICE_MODEL_SEED
 replays one.
 """
@@ -28,6 +32,13 @@ WINDOW = {"fixed_window": ("1h", 3600), "sliding_window": ("1h", 3600),
           "sliding_log": ("1h", 3600), "token_bucket": ("1d", 86400)}
 API_KEYS = {"k-none": None, "k-one": "one", "k-two": "two"}  # API key -> plan (None: no plan)
 USERS = ["u1", "u2", None]  # X-User values (None: absent, limit "b" does not apply)
+FIELD = "X-Tokens-Used"
+# What a response reports (None: no field, charged `cost`): small, huge, saturated, malformed.
+REPORTS = [None, "0", "1", "4", "1000000000000", "300000000000000", "999999999999999",
+           "1000000000000000", "123456789012345678901234567890", "abc"]
+MAX_COST = 10**15  # a larger reported cost is charged this
+MAX_DEBT_S = 2**31 - 1  # a token bucket's debt saturates here
+MAX_COUNT = 2**52  # window counters saturate here
 
 
 class Quota:
@@ -35,7 +46,8 @@ class Quota:
 
     def __init__(self, cfg: dict, limit: int, burst: int):
         self.cfg, self.limit, self.burst = cfg, limit, burst
-        self.cost = cfg.get("cost", 1)
+        self.later = bool(cfg.get("cost_from"))  # checked as cost 1, charged from the response
+        self.cost = 1 if self.later else cfg.get("cost", 1)
         self.shadow = cfg.get("shadow", False)
         self.count_denied = cfg.get("count_denied", cfg["algorithm"] == "sliding_log")
 
@@ -60,12 +72,27 @@ class Model:
         if self.algorithm == "token_bucket":
             token = Fraction(self.window_s, q.limit)
             # A refused request that counts empties the bucket (never refills it).
-            self.state[name] = used + q.cost * token if allowed else max(used, q.burst * token)
+            self.state[name] = (min(used + q.cost * token, MAX_DEBT_S) if allowed else
+                                max(used, min(q.burst * token, MAX_DEBT_S)))
         elif self.algorithm == "sliding_log" and not allowed:
             # The newest `keep` + cost stay (a take-back of the cost leaves `keep`).
             self.state[name] = min(used + q.cost, self.keep[name[0]] + q.cost)
         else:
-            self.state[name] = used + q.cost
+            self.state[name] = min(used + q.cost, MAX_COUNT)
+
+    def force(self, name: tuple, q: Quota, report) -> None:
+        """The charge of a cost_from limit when its response arrives: what it reports (digits
+        only, saturated at MAX_COST), else `cost`; whether it fits or not."""
+        cost = q.cfg.get("cost", 1)
+        if report is not None and report.isdigit():
+            cost = min(int(report), MAX_COST)
+        if cost == 0:
+            return
+        used = self.state.get(name, 0)
+        if self.algorithm == "token_bucket":
+            self.state[name] = min(used + cost * Fraction(self.window_s, q.limit), MAX_DEBT_S)
+        else:
+            self.state[name] = min(used + cost, MAX_COUNT)
 
     def remaining(self, name: tuple, q: Quota) -> int:
         used = self.state.get(name, 0)
@@ -86,7 +113,7 @@ class Model:
                 charge = not fits[n] and not q.shadow and q.count_denied
             else:
                 charge = fits[n] or q.count_denied
-            if charge:
+            if charge and not q.later:  # (a cost_from limit: charged from the response)
                 self.charge(n, q, fits[n])
         if refused:
             return False, {}
@@ -136,6 +163,9 @@ def run_sequence(sluice_factory, upstream, valkey, algorithm: str, rng: random.R
                  requests: int) -> int:
     limits = [random_limit(rng, "a", algorithm, "ip"),
               random_limit(rng, "b", algorithm, "header:X-User")]
+    huge = algorithm != "sliding_log" and rng.random() < 0.5
+    if huge:
+        limits[0]["cost_from"] = f"response_header:{FIELD}"
     plans = random_plans(rng, limits)
     tenants = [{"name": f"t-{k}", "plan": p, "api_keys": [k]} if p else
                {"name": f"t-{k}", "api_keys": [k]} for k, p in API_KEYS.items()]
@@ -157,15 +187,38 @@ def run_sequence(sluice_factory, upstream, valkey, algorithm: str, rng: random.R
             quotas[("b", user)] = quota_of(limits[1], plan)
         headers = ([("X-API-Key", api_key)] if api_key else []) + ([("X-User", user)] if user else [])
         allowed, remaining = model.decide(quotas)
-        r = gw.get("/status/200", headers)
-        where = f"request {i} (key {api_key}, user {user}); {context}; model {model.state}"
+        report = rng.choice(REPORTS) if huge else None
+        r = gw.get("/status/200" if report is None else f"/response-headers?{FIELD}={report}",
+                   headers)
+        where = (f"request {i} (key {api_key}, user {user}, reports {report}); {context}; "
+                 f"model {model.state}")
         assert r.status == (200 if allowed else 429), f"{r.status}: {where}"
+        if allowed and huge:
+            model.force(("a", "127.0.0.1"), quotas[("a", "127.0.0.1")], report)
+            wait_charged(valkey, algorithm, model)
         if allowed:
             shown = {n: v["r"] for n, v in parse_rl_list(r.header("ratelimit")).items()}
             assert shown == remaining, f"RateLimit {shown}, model {remaining}: {where}"
     check_counters(valkey, algorithm, model, context)
     gw.stop()
     return requests
+
+
+def wait_charged(valkey, algorithm: str, model: Model) -> None:
+    """Until limit "a" holds what the model says (its charge arrives with a later call)."""
+    key = "rl:v1:a:{127.0.0.1}"
+    expected = model.state.get(("a", "127.0.0.1"), 0)
+    if expected == 0:
+        return
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        if algorithm == "token_bucket":
+            debt_s = ((stored(valkey, key, algorithm) or 0) - server_time_us(valkey.client)) / 1e6
+            if debt_s >= float(expected) - 120:
+                return
+        elif used(valkey, key, algorithm, WINDOW[algorithm][1]) == expected:
+            return
+        time.sleep(0.005)
 
 
 def check_counters(valkey, algorithm: str, model: Model, context: str) -> None:

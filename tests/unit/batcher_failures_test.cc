@@ -104,7 +104,7 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     CHECK(r.error == "timeout");
   }
 
-  TEST_CASE("a reply too short: the requests it answers are told, the rest decide by on_error") {
+  TEST_CASE("a reply too short: the whole call is an error, every request decides by on_error") {
     Fixture f;
     LimitConfig a = limitConfig("a");
     const std::vector<AppliedLimit> one = {applied(a, "1:a:{x}")};
@@ -116,14 +116,14 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     REQUIRE(f.store->calls.size() == 1);
     Reply short_reply = decideReply({9, 100, 0, 8});  // the second request's values cut off
     f.store->calls[0]->target->onValkeyReply(short_reply);
-    REQUIRE(r1.told == 1);
-    REQUIRE(r1.decision);
-    CHECK(r1.decision->verdict == Decision::Verdict::Allow);
-    CHECK(r1.decision->limits[0].remaining == 9);
-    CHECK(r1.decision->charged_at_us == kTime);
+    // A reply of the wrong shape says nothing anyone can trust: not even the first part.
+    CHECK(r1.told == 1);
+    CHECK_FALSE(r1.decision);
+    CHECK(r1.error == "unexpected reply");
     CHECK(r2.told == 1);
     CHECK_FALSE(r2.decision);
     CHECK(r2.error == "unexpected reply");
+    CHECK(f.stats.valkey_errors[sluice::stats::ValkeyError::Malformed].value() == 1);
   }
 
   TEST_CASE("a reply too long, not an array, or without the call's time: unexpected reply") {
@@ -138,12 +138,12 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     REQUIRE(f.batcher->decide(f.store, three, &r3));
     f.iterate();
     REQUIRE(f.store->calls.size() == 3);
-    // Too long: the request was told its decision before the extra values were seen; the call
-    // ends there (nobody is told twice).
+    // Too long: the whole reply's shape is checked before anyone is told.
     Reply too_long = decideReply({9, 100, 0, 1, 2, 3});
     f.store->calls[0]->target->onValkeyReply(too_long);
     CHECK(r1.told == 1);
-    REQUIRE(r1.decision);
+    CHECK_FALSE(r1.decision);
+    CHECK(r1.error == "unexpected reply");
     Reply not_array = sluice::testing::integer(1);
     f.store->calls[1]->target->onValkeyReply(not_array);
     CHECK(r2.told == 1);
@@ -153,6 +153,7 @@ TEST_SUITE("ratelimit: the decision batcher, failures and lifetimes") {
     f.store->calls[2]->target->onValkeyReply(empty);
     CHECK(r3.told == 1);
     CHECK(r3.error == "unexpected reply");
+    CHECK(f.stats.valkey_errors[sluice::stats::ValkeyError::Malformed].value() == 3);
   }
 
   TEST_CASE("a request the script failed: told on its own, its neighbours decided") {

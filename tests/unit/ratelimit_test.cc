@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -367,6 +368,24 @@ TEST_SUITE("ratelimit: decision") {
     CHECK(retryAfterSeconds(1001) == 2);
     CHECK(retryAfterSeconds(59999) == 60);
     CHECK(retryAfterSeconds(3600000) == 3600);
+  }
+
+  TEST_CASE("waits saturate at kMaxWaitMs: Retry-After never above 2^31 - 1, never overflows") {
+    CHECK(retryAfterSeconds(kMaxWaitMs) == 2147483647);
+    CHECK(retryAfterSeconds(kMaxWaitMs + 1) == 2147483647);
+    CHECK(retryAfterSeconds(std::numeric_limits<int64_t>::max()) == 2147483647);
+    CHECK(retryAfterSeconds(std::numeric_limits<int64_t>::min()) == 1);
+    CHECK(boundedWaitMs(-1) == 0);
+    CHECK(boundedWaitMs(std::numeric_limits<int64_t>::max()) == kMaxWaitMs);
+    LimitConfig a = limitConfig("a", Algorithm::TokenBucket, {}, 10, 1000);
+    const std::vector<AppliedLimit> limits = {applied(a, "ka")};
+    const int64_t huge = std::numeric_limits<int64_t>::max();
+    const auto d = decisionFromReply(limits, integers({0, huge, huge}));
+    REQUIRE(d.has_value());
+    CHECK(d->verdict == Decision::Verdict::Deny);
+    CHECK(d->retry_after_s == 2147483647);
+    CHECK(d->limits[0].retry_ms == kMaxWaitMs);
+    CHECK(d->limits[0].reset_ms == kMaxWaitMs);
   }
 
   TEST_CASE("decisionFromReply: allowed") {

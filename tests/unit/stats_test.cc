@@ -314,7 +314,7 @@ TEST_SUITE("stats") {
 
   TEST_CASE("Indexed: one value per fixed label value, by number or by enum") {
     Indexed<Counter, ValkeyError> errors;
-    CHECK(errors.size() == 6);
+    CHECK(errors.size() == 7);
     errors[ValkeyError::Timeout].inc(2);
     errors[static_cast<size_t>(ValkeyError::Timeout)].inc();
     CHECK(errors[ValkeyError::Timeout].value() == 3);

@@ -97,5 +97,39 @@ TEST_SUITE("valkey: replies") {
     CHECK(out == nullptr);  // the partial array is freed with the reader (ASan checks)
   }
 
+  TEST_CASE("an array announcing more elements than any call gets fails the reader, unallocated") {
+    // *2000000000: reserving room for it would throw std::bad_alloc in a noexcept callback.
+    for (const std::string bytes :
+         {std::string("*2000000000\r\n"), std::string("*1\r\n*2147483647\r\n:1\r\n"),
+          "*" + std::to_string(sluice::valkey::kMaxReplyElements + 1) + "\r\n"}) {
+      INFO(bytes);
+      Reader reader;
+      REQUIRE(redisReaderFeed(reader.r, bytes.data(), bytes.size()) == REDIS_OK);
+      void* out = nullptr;
+      CHECK(redisReaderGetReply(reader.r, &out) == REDIS_ERR);
+      CHECK(out == nullptr);
+      CHECK(reader.r->err == REDIS_ERR_OOM);
+    }
+  }
+
+  TEST_CASE("an array within the bounds but larger than the reserve grows as elements arrive") {
+    const size_t n = sluice::valkey::kReplyReserve * 3 + 7;
+    std::string bytes = "*" + std::to_string(n) + "\r\n";
+    for (size_t i = 0; i < n; ++i) bytes += "*2\r\n:" + std::to_string(i) + "\r\n$1\r\nx\r\n";
+    for (size_t step : {bytes.size(), size_t{7}}) {
+      Reader reader;
+      void* object = reader.read(bytes, step);
+      REQUIRE(object != nullptr);
+      const Reply* r = replyOf(object);
+      REQUIRE(r->elements.size() == n);
+      for (size_t i = 0; i < n; ++i) {
+        REQUIRE(r->elements[i].elements.size() == 2);
+        CHECK(r->elements[i].elements[0].integer == static_cast<int64_t>(i));
+        CHECK(r->elements[i].elements[1].text == "x");
+      }
+      replyFunctions()->freeObject(object);
+    }
+  }
+
   TEST_CASE("replyOf(null) is null") { CHECK(replyOf(nullptr) == nullptr); }
 }
