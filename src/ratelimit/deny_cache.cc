@@ -148,8 +148,9 @@ uint64_t DenyCache::remaining(const std::string& key, uint64_t now_ms) {
   auto it = entries_.find(valkey_key);
   if (it == entries_.end()) return 0;
   auto& refusals = it->second;
+  const auto& wanted = quota;  // (clang 14 cannot capture a structured binding)
   auto r = std::find_if(refusals.begin(), refusals.end(),
-                        [&](const Refusal& x) { return x.quota == quota; });
+                        [&](const Refusal& x) { return x.quota == wanted; });
   if (r == refusals.end()) return 0;
   if (r->until_ms <= now_ms) {
     refusals.erase(r);

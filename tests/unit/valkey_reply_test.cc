@@ -99,7 +99,7 @@ TEST_SUITE("valkey: replies") {
 
   TEST_CASE("an array announcing more elements than any call gets fails the reader, unallocated") {
     // *2000000000: reserving room for it would throw std::bad_alloc in a noexcept callback.
-    for (const std::string bytes :
+    for (const std::string& bytes :
          {std::string("*2000000000\r\n"), std::string("*1\r\n*2147483647\r\n:1\r\n"),
           "*" + std::to_string(sluice::valkey::kMaxReplyElements + 1) + "\r\n"}) {
       INFO(bytes);
