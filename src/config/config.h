@@ -128,9 +128,17 @@ struct KeyPart {
   KeyPartKind kind;
   std::string name;  // header / cookie / query / form / json: the name; empty otherwise
   std::string text;  // as written in the configuration, e.g. "header:X-Team"
+  // The limit's fold = "lower": ASCII letters of the value are lowered before it is keyed
+  // (set by the loader on the parts a client writes; ip, route, method and tenant keep theirs).
+  bool fold_lower = false;
 };
 
 enum class OnError { Allow, Deny };
+
+// What a limit does with a request that lacks one of its key parts (absent or empty):
+// Skip: the limit does not apply; Deny: the request is refused (400, naming the limit);
+// Shared: the missing part is keyed as one value common to every request without it.
+enum class OnMissing { Skip, Deny, Shared };
 
 struct LimitConfig {
   std::string name;
@@ -145,6 +153,9 @@ struct LimitConfig {
   int64_t cost = 1;
   bool count_denied = false;  // default true for sliding_log, false otherwise
   OnError on_error = OnError::Allow;
+  // Default: Deny when a part is a body field (form:, json:), which the route's requests
+  // carry by nature, else Skip (README "[[limit]]").
+  OnMissing on_missing = OnMissing::Skip;
   bool shadow = false;
   // concurrency: how long a slot outlives a gateway that stopped renewing it (it died).
   Duration lease{30000};

@@ -133,7 +133,13 @@ FieldValue keyPartValue(const config::KeyPart& part, const RequestFacts& facts) 
       return single(cookieValue(facts.head->headers, part.name));
     case Kind::Query:
       return dropEmpty(queryField(facts.query, part.name));
-    case Kind::Form:
+    case Kind::Form: {
+      FieldValue field = bodyField(part, facts.content_type, facts.body);
+      FieldValue in_query = queryField(facts.query, part.name);
+      if (in_query.ambiguous) field.ambiguous = true;
+      if (in_query.value && !field.ambiguous) addValue(field, std::move(*in_query.value));
+      return dropEmpty(std::move(field));
+    }
     case Kind::Json:
       return dropEmpty(bodyField(part, facts.content_type, facts.body));
   }

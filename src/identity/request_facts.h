@@ -30,11 +30,16 @@ struct FieldValue {
   // Several different values: an application could read any of them, so keying on one would
   // let a client pass a decoy to the limit and the real value to the application.
   bool ambiguous = false;
+  // A json: field that holds something other than a string (an array, a number...): refused,
+  // as the application may read it in a way the key cannot follow.
+  bool not_string = false;
 };
 
 // The value of a key part. Values are raw here; the key encodes them (ratelimit/keys.h).
 // Headers, query parameters and body fields are ambiguous when repeated with different
-// values; cookies take the first (what browsers put first, and servers read).
+// values; cookies take the first (what browsers put first, and servers read). A form: field
+// is read from the body and the query string together (frameworks merge them): the same value
+// in both is one value, different values are ambiguous.
 FieldValue keyPartValue(const config::KeyPart& part, const RequestFacts& facts);
 
 // Every field `name` of `headers`: one value, or ambiguous.

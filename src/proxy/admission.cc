@@ -165,11 +165,10 @@ void Admission::continueAfterTenant() {
 void Admission::decide() {
   state_ = State::Deciding;
   const config::Config& config = *snapshot_->config;
-  std::string ambiguous;
-  ratelimit::appliedLimits(config, *route_, facts_, &ambiguous, &applied_);
-  if (!ambiguous.empty()) {
-    refuse(http::problemResponse(
-        400, "several different values for " + ambiguous + ", which a rate limit is keyed on"));
+  std::string refusal;
+  ratelimit::appliedLimits(config, *route_, facts_, &refusal, &applied_);
+  if (!refusal.empty()) {
+    refuse(http::problemResponse(400, refusal));
     return;
   }
   if (applied_.empty()) {

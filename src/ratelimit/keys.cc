@@ -45,17 +45,34 @@ void beginLimitKey(std::string* key, std::string_view key_prefix, std::string_vi
 void appendKeyPart(std::string* key, size_t index, const config::KeyPart& part,
                    std::string_view value) {
   if (index > 0) *key += ':';
+  if (part.fold_lower) {
+    std::string folded(value);
+    for (char& c : folded) {
+      if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    }
+    *key += encodeKeyPart(folded, false);
+    return;
+  }
   *key += encodeKeyPart(value, part.kind == config::KeyPartKind::Ip);
+}
+
+void appendMissingPart(std::string* key, size_t index) {
+  if (index > 0) *key += ':';
+  *key += kMissingPart;
 }
 
 void endLimitKey(std::string* key) { *key += '}'; }
 
 std::string limitKey(std::string_view key_prefix, const config::LimitConfig& limit,
-                     const std::vector<std::string>& values) {
+                     const std::vector<std::optional<std::string>>& values) {
   std::string key;
   beginLimitKey(&key, key_prefix, limit.name);
   for (size_t i = 0; i < limit.by.size() && i < values.size(); ++i) {
-    appendKeyPart(&key, i, limit.by[i], values[i]);
+    if (values[i]) {
+      appendKeyPart(&key, i, limit.by[i], *values[i]);
+    } else {
+      appendMissingPart(&key, i);
+    }
   }
   endLimitKey(&key);
   return key;

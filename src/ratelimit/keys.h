@@ -7,6 +7,7 @@
 // readable value, so the two forms cannot collide, and ':' (between parts) only in an IPv6
 // address, whose text is canonical.
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,10 @@ namespace sluice::ratelimit {
 // Longest value kept readable in a key.
 inline constexpr size_t kMaxReadablePart = 64;
 
+// How a part that a request lacks is keyed by a limit with on_missing = "shared": '!' is in
+// no readable value and starts no hashed one, so no value can be keyed like it.
+inline constexpr std::string_view kMissingPart = "!none";
+
 // Encodes one part value. `allow_colon` is for IP addresses (IPv6), whose text is canonical.
 std::string encodeKeyPart(std::string_view value, bool allow_colon = false);
 
@@ -26,15 +31,18 @@ std::string hashedPart(std::string_view value);
 
 // The key of one client's counter of a limit, written into *key (its storage is reused):
 // beginLimitKey, then appendKeyPart for each part of the limit's `by`, in order, with its raw
-// value, then endLimitKey. The request path (applied_limits.cc) and the admin's /limits build
-// keys with these, so both name the same counter.
+// value (folded here when the part says so), or appendMissingPart for a part the request lacks
+// (on_missing = "shared"), then endLimitKey. The request path (applied_limits.cc) and the
+// admin's /limits build keys with these, so both name the same counter.
 void beginLimitKey(std::string* key, std::string_view key_prefix, std::string_view limit_name);
 void appendKeyPart(std::string* key, size_t index, const config::KeyPart& part,
                    std::string_view value);
+void appendMissingPart(std::string* key, size_t index);
 void endLimitKey(std::string* key);
 
-// The same at once: `values` holds the raw value of each part of `limit.by`, in order.
+// The same at once: `values` holds the raw value of each part of `limit.by`, in order
+// (nullopt: the part is missing, keyed as kMissingPart).
 std::string limitKey(std::string_view key_prefix, const config::LimitConfig& limit,
-                     const std::vector<std::string>& values);
+                     const std::vector<std::optional<std::string>>& values);
 
 }  // namespace sluice::ratelimit

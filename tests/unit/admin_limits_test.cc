@@ -43,6 +43,13 @@ name = "per_tenant"
 by = ["tenant"]
 limit = 5
 window = "1m"
+[[limit]]
+name = "per_email"
+by = ["ip", "json:email"]
+limit = 5
+window = "1m"
+on_missing = "shared"
+fold = "lower"
 [[plan]]
 name = "pro"
 limits = { per_user = 1000, per_tenant = 50 }
@@ -130,6 +137,12 @@ TEST_SUITE("admin: /limits") {
     CHECK(l.limit == 50);
     REQUIRE(resolveLimit(*config, "per_tenant", query("tenant=nobody"), &l, &error));
     CHECK(l.limit == 5);
+    // fold = "lower" as on the request path; a shared limit's part left out is the shared key.
+    REQUIRE(
+        resolveLimit(*config, "per_email", query("ip=192.0.2.1&json:email=Ann@X.org"), &l, &error));
+    CHECK(l.key == "rl:t:per_email:{192.0.2.1:ann@x.org}");
+    REQUIRE(resolveLimit(*config, "per_email", query("ip=192.0.2.1"), &l, &error));
+    CHECK(l.key == "rl:t:per_email:{192.0.2.1:!none}");
   }
 
   TEST_CASE("resolveLimit: 404 for an unknown limit, 400 naming the expected parts") {

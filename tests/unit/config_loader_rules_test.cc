@@ -245,6 +245,43 @@ limits = { tb = 2 }
           "slots)");
   }
 
+  TEST_CASE("on_missing: deny by default on body fields, skip elsewhere; fold = lower") {
+    using sluice::config::OnMissing;
+    auto limit = [](std::string by, std::string extra = {}) {
+      return "[[limit]]\nname = \"l\"\nby = " + by + "\nlimit = 4\nwindow = \"1m\"\n" + extra;
+    };
+    CHECK(load(limit(R"(["api_key"])"))->limits[0].on_missing == OnMissing::Skip);
+    CHECK(load(limit(R"(["header:X-User", "cookie:c", "query:q", "session"])"))
+              ->limits[0]
+              .on_missing == OnMissing::Skip);
+    CHECK(load(limit(R"(["json:user"])"))->limits[0].on_missing == OnMissing::Deny);
+    CHECK(load(limit(R"(["ip", "form:username"])"))->limits[0].on_missing == OnMissing::Deny);
+    CHECK(load(limit(R"(["json:user"])", "on_missing = \"skip\"\n"))->limits[0].on_missing ==
+          OnMissing::Skip);
+    CHECK(load(limit(R"(["api_key"])", "on_missing = \"shared\"\n"))->limits[0].on_missing ==
+          OnMissing::Shared);
+    CHECK(load(limit(R"(["api_key"])", "on_missing = \"deny\"\n"))->limits[0].on_missing ==
+          OnMissing::Deny);
+    CHECK(errorsOf(limit(R"(["api_key"])", "on_missing = \"refuse\"\n")) ==
+          "t.toml:6:14: limit[0].on_missing: unknown value 'refuse' (expected skip, deny or "
+          "shared)");
+    CHECK(errorsOf(limit(R"(["api_key"])", "on_missing = true\n")) ==
+          "t.toml:6:14: limit[0].on_missing: expected a string, got a boolean");
+    const ConfigPtr folded =
+        load(limit(R"(["ip", "json:email", "header:X-User", "route"])", "fold = \"lower\"\n"));
+    const auto& by = folded->limits[0].by;
+    CHECK_FALSE(by[0].fold_lower);
+    CHECK(by[1].fold_lower);
+    CHECK(by[2].fold_lower);
+    CHECK_FALSE(by[3].fold_lower);
+    CHECK_FALSE(load(limit(R"(["json:email"])", "fold = \"none\"\n"))->limits[0].by[0].fold_lower);
+    CHECK(errorsOf(limit(R"(["json:email"])", "fold = \"upper\"\n")) ==
+          "t.toml:6:8: limit[0].fold: unknown value 'upper' (expected none or lower)");
+    CHECK(errorsOf(limit(R"(["ip", "route"])", "fold = \"lower\"\n")) ==
+          "t.toml:6:8: limit[0].fold: none of the parts of `by` is a value a client writes (ip, "
+          "route, method and tenant are never folded)");
+  }
+
   TEST_CASE("unknown enum values list the choices") {
     CHECK(errorsOf("[server]\nrate_limit_headers = \"draft\"\n") ==
           "t.toml:2:22: server.rate_limit_headers: unknown value 'draft' (expected ietf, legacy, "

@@ -383,12 +383,116 @@ TEST_SUITE("identity: request facts") {
       CHECK(value(Kind::Json, "user") == "alice");
       facts.body = saved;
     }
-    CHECK(value(Kind::Json, "user.id") == "42");
+    auto not_string = [&](std::string name) {
+      return keyPartValue(KeyPart{Kind::Json, std::move(name), ""}, facts).not_string;
+    };
+    // Only strings are values: anything else is refused, not keyed on its JSON text.
+    CHECK_FALSE(value(Kind::Json, "user.id").has_value());
+    CHECK(not_string("user.id"));
+    CHECK(not_string("user"));
+    CHECK_FALSE(not_string("user.email"));
     CHECK_FALSE(value(Kind::Json, "blank").has_value());
     CHECK_FALSE(value(Kind::Json, "user.absent").has_value());
-    CHECK_FALSE(value(Kind::Form, "user").has_value());
+    CHECK_FALSE(not_string("user.absent"));
+    CHECK_FALSE(value(Kind::Form, "email").has_value());
+    CHECK(value(Kind::Form, "user") == "ann@example.com");  // from the query string
     facts.body = "{not json";
     CHECK_FALSE(value(Kind::Json, "user.email").has_value());
+    for (const char* body : {R"({"user":["victim"]})", R"({"user":{"a":"b"}})", R"({"user":1})",
+                             R"({"user":true})", R"({"user":null})"}) {
+      facts.body = body;
+      CHECK(not_string("user"));
+      CHECK_FALSE(value(Kind::Json, "user").has_value());
+    }
+    // JSON is read whatever the media type says: an application may parse it without looking.
+    facts.body = R"({"user":"alice"})";
+    for (const char* type : {"text/plain", "", "application/x-www-form-urlencoded",
+                             "application/octet-stream", "APPLICATION/JSON"}) {
+      facts.content_type = type;
+      CHECK(value(Kind::Json, "user") == "alice");
+    }
+  }
+
+  TEST_CASE("form fields: urlencoded whatever the type, multipart, and the query string") {
+    using sluice::config::KeyPart;
+    using Kind = sluice::config::KeyPartKind;
+    MessageHead head;
+    RequestFacts facts;
+    facts.head = &head;
+    auto field = [&](std::string name = "username") {
+      return keyPartValue(KeyPart{Kind::Form, std::move(name), ""}, facts);
+    };
+    facts.body = "username=alice&password=x";
+    for (const char* type : {"application/x-www-form-urlencoded", "text/plain", ""}) {
+      facts.content_type = type;
+      CHECK(field().value == "alice");
+    }
+    // The query string is read too: alone, the same value, or a different one (ambiguous).
+    facts.content_type = "application/x-www-form-urlencoded";
+    facts.body = "password=x";
+    facts.query = "username=victim";
+    CHECK(field().value == "victim");
+    facts.body = "username=victim&password=x";
+    CHECK(field().value == "victim");
+    CHECK_FALSE(field().ambiguous);
+    facts.body = "username=decoy&password=x";
+    CHECK(field().ambiguous);
+    facts.body = "username=&password=x";
+    CHECK(field().ambiguous);  // an empty body value beside a query one: either may be read
+    facts.query = "username=a&username=b";
+    facts.body = "password=x";
+    CHECK(field().ambiguous);
+    facts.query = "";
+
+    // multipart/form-data (RFC 7578): fields by name; files are not fields.
+    facts.content_type = "multipart/form-data; boundary=XyZ";
+    const std::string multipart =
+        "preamble\r\n"
+        "--XyZ\r\n"
+        "Content-Disposition: form-data; name=\"username\"\r\n"
+        "\r\n"
+        "Victim@Example.com\r\n"
+        "--XyZ  \r\n"
+        "content-disposition: form-data; name=\"avatar\"; filename=\"a.png\"\r\n"
+        "Content-Type: image/png\r\n"
+        "\r\n"
+        "\x89PNG\r\n\r\nbinary\r\n"
+        "--XyZ\r\n"
+        "Content-Disposition: form-data; name=password\r\n"
+        "\r\n"
+        "p\r\nw\r\n"
+        "--XyZ--\r\n"
+        "epilogue";
+    facts.body = multipart;
+    CHECK(field().value == "Victim@Example.com");
+    CHECK_FALSE(field().ambiguous);
+    CHECK(field("password").value == "p\r\nw");
+    CHECK_FALSE(field("avatar").value.has_value());  // a file
+    CHECK_FALSE(field("absent").value.has_value());
+    facts.content_type = "multipart/form-data; charset=utf-8; boundary=\"XyZ\"";
+    CHECK(field().value == "Victim@Example.com");
+    const std::string twice =
+        "--b\r\nContent-Disposition: form-data; name=\"username\"\r\n\r\ndecoy\r\n"
+        "--b\r\nContent-Disposition: form-data; name=\"username\"\r\n\r\nreal\r\n--b--";
+    facts.content_type = "multipart/form-data; boundary=b";
+    facts.body = twice;
+    CHECK(field().ambiguous);
+    // Not well-formed: no field can be read (on_missing decides).
+    for (const std::string& bad : {std::string("--b\r\nContent-Disposition: form-data; "
+                                               "name=\"username\"\r\n\r\nalice"),
+                                   std::string("no delimiter at all"),
+                                   std::string("--b\r\nno colon\r\n\r\nalice\r\n--b--")}) {
+      facts.body = bad;
+      CHECK_FALSE(field().value.has_value());
+    }
+    facts.content_type = "multipart/form-data";  // no boundary
+    facts.body = twice;
+    CHECK_FALSE(field().value.has_value());
+    // A multipart field and the query string are read together as well.
+    facts.content_type = "multipart/form-data; boundary=XyZ";
+    facts.body = multipart;
+    facts.query = "username=other";
+    CHECK(field().ambiguous);
   }
 }
 

@@ -215,8 +215,50 @@ TEST_SUITE("ratelimit: applied limits") {
     h.head.headers.add("X-Team", "red");
     h.head.headers.add("X-Team", "blue");
     appliedLimits(h.config, h.route, h.facts, &ambiguous, &limits);
-    CHECK(ambiguous == "header:X-Team");
+    CHECK(ambiguous ==
+          "several different values for header:X-Team, which a rate limit is keyed on");
     CHECK(limits.empty());
+  }
+
+  TEST_CASE("on_missing: skip, deny (a shadow limit skips), shared; fold lowers the value") {
+    Fixture f;
+    using sluice::config::OnMissing;
+    LimitConfig& team = f.config.limits[4];  // per_team, by header:X-Team
+    team.by[0].text = "header:X-Team";
+    auto run = [&](std::string* refusal) {
+      std::vector<AppliedLimit> out;
+      refusal->clear();
+      appliedLimits(f.config, f.route, f.facts, refusal, &out);
+      return out;
+    };
+    std::string refusal;
+    CHECK(run(&refusal).size() == 2);  // skip: per_ip and composite
+    team.on_missing = OnMissing::Deny;
+    CHECK(run(&refusal).empty());
+    CHECK(refusal == "limit per_team is keyed on header:X-Team, which this request lacks");
+    team.shadow = true;  // never refuses, so it does not apply
+    CHECK(run(&refusal).size() == 2);
+    CHECK(refusal.empty());
+    team.shadow = false;
+    team.on_missing = OnMissing::Shared;
+    auto limits = run(&refusal);
+    REQUIRE(limits.size() == 3);
+    CHECK(limits[2].key == "rl:v1:per_team:{!none}");
+    f.head.headers.add("X-Team", "!none");  // a value is never keyed as the missing part
+    limits = run(&refusal);
+    REQUIRE(limits.size() == 3);
+    CHECK(limits[2].key == "rl:v1:per_team:{" + hashedPart("!none") + "}");
+    // fold: Victim@ and victim@ share a key.
+    sluice::http::MessageHead other;
+    other.method = "POST";
+    other.headers.add("X-Team", "Victim@Example.COM");
+    f.facts.head = &other;
+    team.by[0].fold_lower = true;
+    limits = run(&refusal);
+    REQUIRE(limits.size() == 3);
+    CHECK(limits[2].key == "rl:v1:per_team:{victim@example.com}");
+    CHECK(limitKey("rl:v1", team, {std::string("VICTIM@example.com")}) == limits[2].key);
+    CHECK(limitKey("rl:v1", team, {std::nullopt}) == "rl:v1:per_team:{!none}");
   }
 
   TEST_CASE("part values are encoded: IPv6 keeps its colons, other values do not") {

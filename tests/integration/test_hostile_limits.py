@@ -1,0 +1,97 @@
+"""Limits that cannot be side-stepped by spelling (issue 24): body fields read whatever the
+media type says and in every form a framework reads, on_missing and fold per limit, repeated
+cookies and headers refused, a tenant cache that random API keys cannot empty, a linear JSON
+duplicate-key check, and identity values hashed in Valkey key names."""
+
+import json
+
+from conftest import limit_cfg, route_cfg, sluice_with_limits
+
+TRUSTED_LOOPBACK = {"trusted_proxies": ["127.0.0.1/32"]}
+
+
+def post(gw, target, body, content_type=None, ip=None, extra=()):
+    headers = [("Content-Type", content_type)] if content_type is not None else []
+    headers += list(extra)
+    if ip:
+        headers.append(("X-Forwarded-For", ip))
+    return gw.request("POST", target, headers, body)
+
+
+def multipart(fields, boundary="sluice-b0undary"):
+    body = b""
+    for name, value in fields:
+        body += (f"--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n"
+                 .encode() + value.encode() + b"\r\n")
+    return body + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+# ------------------------------------------------------------------------------ body fields
+
+FIELD_LIMITS = [
+    limit_cfg("per_json_user", "fixed_window", 3, "1h", by=["json:email"], fold="lower"),
+    limit_cfg("per_form_user", "fixed_window", 3, "1h", by=["form:username"], fold="lower"),
+    limit_cfg("json_skip", "fixed_window", 1, "1h", by=["json:email"], on_missing="skip"),
+    limit_cfg("json_shared", "fixed_window", 2, "1h", by=["json:email"], on_missing="shared"),
+]
+FIELD_ROUTES = [
+    route_cfg("login_json", ["per_json_user"], match={"path": "/echo/login.json"}),
+    route_cfg("login_form", ["per_form_user"], match={"path": "/echo/login"}),
+    route_cfg("skip", ["json_skip"], match={"path": "/echo/skip"}),
+    route_cfg("shared", ["json_shared"], match={"path": "/echo/shared"}),
+    route_cfg("other", []),
+]
+
+
+def test_json_and_form_fields_cannot_be_sidestepped_by_spelling(sluice_factory, upstream, valkey):
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, FIELD_LIMITS, FIELD_ROUTES,
+                            identity=TRUSTED_LOOPBACK)
+
+    def j(email):
+        return json.dumps({"email": email, "password": "guess"}).encode()
+
+    # One account's budget, whatever the media type says and however the address is cased.
+    got = [post(gw, "/echo/login.json", j("victim@example.com"), "application/json").status,
+           post(gw, "/echo/login.json", j("Victim@Example.com"), "text/plain").status,
+           post(gw, "/echo/login.json", j("VICTIM@EXAMPLE.COM"), None).status,
+           post(gw, "/echo/login.json", j("victim@example.com"),
+                "application/x-www-form-urlencoded").status]
+    assert got == [200, 200, 200, 429], got
+    # Arrays and other non-strings are refused, not passed uncounted.
+    for value in (["victim@example.com"], {"v": 1}, 42, True, None):
+        r = post(gw, "/echo/login.json", json.dumps({"email": value}).encode(), "application/json")
+        assert r.status == 400, (value, r)
+        assert "json:email must be a string" in r.json()["detail"]
+    # Without the field (or with a body that is not JSON): refused by default, naming the limit.
+    for body in (b'{"user": "victim@example.com"}', b"email=victim@example.com", b""):
+        r = post(gw, "/echo/login.json", body, "application/json")
+        assert r.status == 400, (body, r)
+        assert r.header("content-type").startswith("application/problem+json")
+        assert "per_json_user" in r.json()["detail"] and "json:email" in r.json()["detail"]
+    assert gw.get("/echo/login.json").status == 400, "a GET has no body field either"
+
+    # form: urlencoded, multipart/form-data, and the query string: one budget.
+    mp, mp_type = multipart([("username", "Alice"), ("password", "x")])
+    got = [post(gw, "/echo/login", b"username=alice&password=x",
+                "application/x-www-form-urlencoded").status,
+           post(gw, "/echo/login", mp, mp_type).status,
+           post(gw, "/echo/login?username=ALICE", b"password=x",
+                "application/x-www-form-urlencoded").status,
+           post(gw, "/echo/login", b"username=alice&password=x", "text/plain").status]
+    assert got == [200, 200, 200, 429], got
+    # The body's field and the query's must agree: a decoy in one, the target in the other.
+    r = post(gw, "/echo/login?username=bob", b"username=decoy&password=x",
+             "application/x-www-form-urlencoded")
+    assert r.status == 400 and "form:username" in r.json()["detail"], r
+    mp2, mp2_type = multipart([("username", "decoy"), ("username", "bob")])
+    assert post(gw, "/echo/login", mp2, mp2_type).status == 400
+    assert post(gw, "/echo/login", b"password=x", "application/x-www-form-urlencoded").status == 400
+    assert post(gw, "/echo/login?username=bob", b"username=bob&password=x",
+                "application/x-www-form-urlencoded").status == 200, "the same value twice is one"
+
+    # on_missing = "skip": today's behaviour, explicitly; "shared": one budget for all without.
+    assert [post(gw, "/echo/skip", b"{}", "application/json").status for _ in range(3)] == [200] * 3
+    assert [post(gw, "/echo/shared", b"{}", "application/json", ip=f"203.0.113.{i}").status
+            for i in range(1, 4)] == [200, 200, 429]
+    assert post(gw, "/echo/shared", j("carol@example.com"), "application/json").status == 200
+    assert gw.get("/echo/shared").status == 429, "no body: the same shared budget"
