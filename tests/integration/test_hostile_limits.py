@@ -95,3 +95,42 @@ def test_json_and_form_fields_cannot_be_sidestepped_by_spelling(sluice_factory, 
             for i in range(1, 4)] == [200, 200, 429]
     assert post(gw, "/echo/shared", j("carol@example.com"), "application/json").status == 200
     assert gw.get("/echo/shared").status == 429, "no body: the same shared budget"
+
+
+# ------------------------------------------------------------------------------ repeated parts
+
+def test_duplicate_cookies_and_keyed_headers_are_refused(sluice_factory, upstream, valkey):
+    limits = [limit_cfg("per_session", "fixed_window", 2, "1h", by=["session"]),
+              limit_cfg("per_cart", "fixed_window", 2, "1h", by=["cookie:cart"]),
+              limit_cfg("per_user", "fixed_window", 2, "1h", by=["header:X-User"])]
+    routes = [route_cfg("s", ["per_session"], match={"path_prefix": "/echo/s"}),
+              route_cfg("c", ["per_cart"], match={"path_prefix": "/echo/c"}),
+              route_cfg("u", ["per_user"], match={"path_prefix": "/echo/u"}),
+              route_cfg("other", [])]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits, routes)
+
+    def get(target, headers):
+        return gw.get(target, headers)
+
+    # The decoy first (what this gateway used to key on), the real one last (what Django and
+    # Python's http.cookies read): refused, in one field or in two.
+    for headers in ([("Cookie", "session=decoy; session=real")],
+                    [("Cookie", "session=decoy"), ("Cookie", "a=1; session=real")]):
+        r = get("/echo/s", headers)
+        assert r.status == 400, (headers, r)
+        assert r.header("content-type").startswith("application/problem+json")
+        assert "session" in r.json()["detail"]
+    for headers in ([("Cookie", "cart=decoy; cart=real")],
+                    [("Cookie", "cart=decoy"), ("Cookie", "cart=real")]):
+        r = get("/echo/c", headers)
+        assert r.status == 400 and "cookie:cart" in r.json()["detail"], (headers, r)
+    r = get("/echo/u", [("X-User", "decoy"), ("X-User", "real")])
+    assert r.status == 400 and "header:X-User" in r.json()["detail"], r
+    assert upstream.request_count == 0, "nothing refused reached the upstream"
+    # The same value twice is one value, counted once per request.
+    same = [("Cookie", "session=real; session=real")]
+    assert [get("/echo/s", same).status for _ in range(3)] == [200, 200, 429]
+    assert [get("/echo/u", [("X-User", "bob"), ("X-User", "bob")]).status
+            for _ in range(3)] == [200, 200, 429]
+    # A cookie no limit of the route is keyed on is the application's business.
+    assert get("/echo/other", [("Cookie", "session=decoy; session=real")]).status == 200

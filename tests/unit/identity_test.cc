@@ -262,23 +262,32 @@ TEST_SUITE("identity: client key text") {
 }
 
 TEST_SUITE("identity: request facts") {
-  TEST_CASE("cookieValue") {
-    CHECK(cookieValue(headers({{"Cookie", "a=1; session=abc; b=2"}}), "session") == "abc");
-    CHECK(cookieValue(headers({{"Cookie", "a=1"}, {"cookie", "session=xyz"}}), "session") == "xyz");
-    CHECK(cookieValue(headers({{"Cookie", "  session = abc  ;b=2"}}), "session") == "abc");
-    CHECK(cookieValue(headers({{"Cookie", "session=\"quoted value\""}}), "session") ==
-          "quoted value");
-    CHECK(cookieValue(headers({{"Cookie", "mysession=1; session_id=2; session=3"}}), "session") ==
-          "3");
-    CHECK(cookieValue(headers({{"Cookie", "session=1; session=2"}}), "session") == "1");
-    CHECK(cookieValue(headers({{"Cookie", "session=first"}, {"Cookie", "session=second"}}),
-                      "session") == "first");
-    CHECK(cookieValue(headers({{"Cookie", "session="}}), "session") == "");
-    CHECK(cookieValue(headers({{"Cookie", "a=b=c"}}), "a") == "b=c");
-    CHECK_FALSE(cookieValue(headers({{"Cookie", "Session=1"}}), "session").has_value());
-    CHECK_FALSE(cookieValue(headers({{"Cookie", "a=1; b=2"}}), "session").has_value());
-    CHECK_FALSE(cookieValue(headers({{"Set-Cookie", "session=1"}}), "session").has_value());
-    CHECK_FALSE(cookieValue(headers({}), "session").has_value());
+  TEST_CASE("cookieField") {
+    using Fields = std::initializer_list<std::pair<std::string, std::string>>;
+    auto value = [](Fields fields, std::string_view name = "session") {
+      return cookieField(headers(fields), name).value;
+    };
+    auto ambiguous = [](Fields fields) {
+      return cookieField(headers(fields), "session").ambiguous;
+    };
+    CHECK(value({{"Cookie", "a=1; session=abc; b=2"}}) == "abc");
+    CHECK(value({{"Cookie", "a=1"}, {"cookie", "session=xyz"}}) == "xyz");
+    CHECK(value({{"Cookie", "  session = abc  ;b=2"}}) == "abc");
+    CHECK(value({{"Cookie", "session=\"quoted value\""}}) == "quoted value");
+    CHECK(value({{"Cookie", "mysession=1; session_id=2; session=3"}}) == "3");
+    CHECK(value({{"Cookie", "session="}}) == "");
+    CHECK(value({{"Cookie", "a=b=c"}}, "a") == "b=c");
+    CHECK_FALSE(value({{"Cookie", "Session=1"}}).has_value());
+    CHECK_FALSE(value({{"Cookie", "a=1; b=2"}}).has_value());
+    CHECK_FALSE(value({{"Set-Cookie", "session=1"}}).has_value());
+    CHECK_FALSE(value({}).has_value());
+    // Twice with different values (one field or several): servers disagree on which one wins.
+    CHECK(ambiguous({{"Cookie", "session=decoy; session=real"}}));
+    CHECK(ambiguous({{"Cookie", "session=first"}, {"Cookie", "session=second"}}));
+    CHECK(ambiguous({{"Cookie", "session=; session=real"}}));
+    CHECK_FALSE(ambiguous({{"Cookie", "session=same; session=\"same\""}}));
+    CHECK(value({{"Cookie", "session=same"}, {"Cookie", "session=same"}}) == "same");
+    CHECK_FALSE(ambiguous({{"Cookie", "session=1; Session=2; session_x=3"}}));
   }
 
   TEST_CASE("queryValue and formDecode") {
