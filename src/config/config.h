@@ -78,6 +78,7 @@ struct IdentityConfig {
   bool reject_unknown_api_keys = false;
   bool valkey_tenants = true;  // resolve API keys not in the TOML from Valkey
   Duration tenant_cache_ttl{Duration(10000)};
+  size_t tenant_cache_entries = 65536;  // per worker; the least recently used entry goes
   // Tenants of API keys that are not in the TOML: hash "<tenant_key_prefix>:<api key>" with
   // fields tenant and plan.
   std::string tenant_key_prefix = "sluice:apikey";

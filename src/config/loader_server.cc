@@ -140,6 +140,9 @@ void Loader::loadIdentity(TableReader& r) {
   if (auto v = r.boolean("valkey_tenants")) id.valkey_tenants = *v;
   // Zero is meaningful here: do not cache tenants looked up in Valkey.
   if (auto v = r.duration("tenant_cache_ttl", true)) id.tenant_cache_ttl = *v;
+  if (auto v = r.integer("tenant_cache_entries", 1, 1 << 24)) {
+    id.tenant_cache_entries = static_cast<size_t>(*v);
+  }
   if (auto v = r.string("tenant_key_prefix")) {
     if (v->empty() || hasSpaceOrControl(*v)) {
       r.error("tenant_key_prefix", "must be non-empty, without spaces or control characters");

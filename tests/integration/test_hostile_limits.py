@@ -134,3 +134,34 @@ def test_duplicate_cookies_and_keyed_headers_are_refused(sluice_factory, upstrea
             for _ in range(3)] == [200, 200, 429]
     # A cookie no limit of the route is keyed on is the application's business.
     assert get("/echo/other", [("Cookie", "session=decoy; session=real")]).status == 200
+
+
+# ------------------------------------------------------------------------------ tenant cache
+
+def hmget_calls(valkey):
+    return valkey.client.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0)
+
+
+def test_tenant_cache_random_api_keys_do_not_evict_real_tenants(sluice_factory, upstream, valkey):
+    """A cache full of live entries used to be wiped whole: a client sending random API keys
+    made every real tenant a Valkey lookup again (and, with a slow Valkey, a request without its
+    plan). Now the least recently used entry goes: tenants in use stay cached."""
+    limits = [limit_cfg("per_key", "fixed_window", 1000, "1h", by=["api_key"])]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits,
+                            plans=[{"name": "pro", "limits": {"per_key": 5000}}],
+                            identity={"tenant_cache_ttl": "1h", "tenant_cache_entries": 32})
+    real = [f"real-{i}" for i in range(4)]
+    for key in real:
+        valkey.client.hset(f"sluice:apikey:{key}", mapping={"tenant": key, "plan": "pro"})
+    before = hmget_calls(valkey)
+    randoms = 0
+    for round_ in range(40):
+        for key in real:
+            r = gw.get("/status/200", [("X-API-Key", key)])
+            assert r.status == 200 and "q=5000" in r.header("ratelimit-policy"), r
+        for _ in range(8):  # a quarter of the cache per round: a wipe every fourth round
+            randoms += 1
+            assert gw.get("/status/200", [("X-API-Key", f"rnd-{round_}-{randoms}")]).status == 200
+    lookups = hmget_calls(valkey) - before
+    assert lookups == len(real) + randoms, \
+        f"{lookups} lookups: the real tenants were looked up again ({lookups - randoms} times)"

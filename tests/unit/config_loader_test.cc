@@ -50,6 +50,7 @@ TEST_SUITE("config loader: good files") {
     CHECK_FALSE(c.identity.reject_unknown_api_keys);
     CHECK(c.identity.valkey_tenants);
     CHECK(c.identity.tenant_cache_ttl == 10s);
+    CHECK(c.identity.tenant_cache_entries == 65536);
 
     REQUIRE(c.upstreams.size() == 1);
     const UpstreamConfig& u = c.upstreams[0];
@@ -209,6 +210,7 @@ TEST_SUITE("config loader: good files") {
     CHECK(c.identity.reject_unknown_api_keys);
     CHECK_FALSE(c.identity.valkey_tenants);
     CHECK(c.identity.tenant_cache_ttl == 0ms);
+    CHECK(c.identity.tenant_cache_entries == 1000);
 
     REQUIRE(c.upstreams.size() == 2);
     const UpstreamConfig& secure = c.upstreams[0];
