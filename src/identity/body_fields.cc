@@ -1,7 +1,7 @@
 #include "identity/body_fields.h"
 
-#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 #include <vector>
 
 #include "http/headers.h"
@@ -48,8 +48,10 @@ std::optional<std::string> parameter(std::string_view text, std::string_view nam
 
 FieldValue jsonField(std::string_view body, std::string_view path) {
   // A library parses it (nlohmann-json): strict, no exceptions, depth limited by the body size.
-  // The callback sees every key of every object, to find duplicates.
-  std::vector<std::vector<std::string>> keys;
+  // The callback sees every key of every object, to find duplicates: one hash set per object
+  // being parsed, so the check is linear in the keys (a list per object made a body of 4,000
+  // keys cost 27 ms of the loop).
+  std::vector<std::unordered_set<std::string>> keys;
   bool duplicate = false;
   const nlohmann::json document = nlohmann::json::parse(
       body,
@@ -59,11 +61,8 @@ FieldValue jsonField(std::string_view body, std::string_view path) {
           keys.emplace_back();
         } else if (event == Event::object_end) {
           if (!keys.empty()) keys.pop_back();
-        } else if (event == Event::key && !keys.empty()) {
-          auto& seen = keys.back();
-          const std::string& key = parsed.get_ref<const std::string&>();
-          if (std::find(seen.begin(), seen.end(), key) != seen.end()) duplicate = true;
-          seen.push_back(key);
+        } else if (event == Event::key && !keys.empty() && !duplicate) {
+          if (!keys.back().insert(parsed.get_ref<const std::string&>()).second) duplicate = true;
         }
         return true;
       },

@@ -54,7 +54,8 @@ TEST_SUITE("identity: tenant cache") {
     // ones, they are never the least recently used.
     TenantCache cache(64);
     const int kReal = 8;
-    for (int i = 0; i < kReal; ++i) cache.store("real-" + std::to_string(i), tenant("t"), 1 << 30, 0);
+    for (int i = 0; i < kReal; ++i)
+      cache.store("real-" + std::to_string(i), tenant("t"), 1 << 30, 0);
     int misses = 0;
     size_t largest = 0;
     for (int n = 0; n < 100000; ++n) {
