@@ -234,7 +234,7 @@ bool resolveLimit(const config::Config& config, std::string_view name,
   }
   if (!by_tenant) plan = api_key_plan;
   out->config = limit;
-  out->key = ratelimit::limitKey(config.valkey.key_prefix, *limit, values);
+  out->key = ratelimit::limitKey(config.valkey, *limit, values);
   out->limit = limit->limit;
   out->burst = limit->burst;
   out->cost = 1;

@@ -67,7 +67,10 @@ struct ValkeyConfig {
   std::string password_env;              // name of the variable; never the password itself
   Duration timeout{Duration(25)};        // deadline of one decision
   Duration connect_timeout{Duration(1000)};
-  std::string key_prefix = "rl:v1";
+  // v2: credential and personal parts hashed (README "Keys"); v1 kept them readable.
+  std::string key_prefix = "rl:v2";
+  std::string key_secret_env;  // name of the variable that holds the HMAC secret of key parts
+  std::string key_secret;      // its value when the configuration was loaded; never logged
 };
 
 struct IdentityConfig {

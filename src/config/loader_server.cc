@@ -112,6 +112,23 @@ void Loader::loadValkey(TableReader& r) {
     }
     v.key_prefix = *prefix;
   }
+  if (auto name = r.string("key_secret_env")) {
+    if (!isEnvironmentName(*name)) {
+      r.error("key_secret_env",
+              "expected the name of an environment variable, such as \"SLUICE_KEY_SECRET\" "
+              "(never the secret itself)");
+    } else {
+      const char* secret = std::getenv(name->c_str());
+      if (!secret || !*secret) {
+        r.error("key_secret_env", "the environment variable " + *name +
+                                      " is not set or empty: key parts would be hashed without "
+                                      "the secret, and every gateway must use the same one");
+      } else {
+        v.key_secret = secret;
+      }
+    }
+    v.key_secret_env = *name;
+  }
 }
 
 void Loader::loadIdentity(TableReader& r) {

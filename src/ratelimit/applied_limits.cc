@@ -40,7 +40,7 @@ void appliedLimits(const config::Config& config, const config::RouteConfig& rout
         applies = false;
         break;
       }
-      appendKeyPart(&key, i, part, *value.value);
+      appendKeyPart(&key, i, part, *value.value, config.valkey.key_secret);
     }
     if (!applies) continue;
     endLimitKey(&key);

@@ -3,10 +3,12 @@ media type says and in every form a framework reads, on_missing and fold per lim
 cookies and headers refused, a tenant cache that random API keys cannot empty, a linear JSON
 duplicate-key check, and identity values hashed in Valkey key names."""
 
+import hashlib
+import hmac
 import json
 import time
 
-from conftest import limit_cfg, route_cfg, sluice_with_limits
+from conftest import hashed_part, limit_cfg, limit_keys, route_cfg, sluice_with_limits
 
 TRUSTED_LOOPBACK = {"trusted_proxies": ["127.0.0.1/32"]}
 
@@ -195,3 +197,92 @@ def test_json_duplicate_key_check_is_linear(sluice_factory, upstream, valkey):
     assert best < 1.0, f"a body of 60,000 keys took {best * 1e3:.0f} ms"
     r = post(gw, "/echo/login", body('"k0":"again","user":"alice"'), "application/json")
     assert r.status == 400 and "json:user" in r.json()["detail"], r
+
+
+# ------------------------------------------------------------------------------ key hashing
+
+SECRET = "k3y-secr3t-for-tests"
+
+
+def hmac_part(value: str) -> str:
+    return "~" + hmac.new(SECRET.encode(), value.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+HASH_LIMITS = [limit_cfg("by_key", "fixed_window", 10, "1h", by=["api_key"]),
+               limit_cfg("by_session", "fixed_window", 10, "1h", by=["session"]),
+               limit_cfg("by_cookie", "fixed_window", 10, "1h", by=["cookie:cart"]),
+               limit_cfg("by_header", "fixed_window", 10, "1h", by=["header:X-User", "method"]),
+               limit_cfg("by_query", "fixed_window", 10, "1h", by=["query:u"]),
+               limit_cfg("by_tenant", "fixed_window", 10, "1h", by=["tenant", "route"]),
+               limit_cfg("by_ip", "fixed_window", 10, "1h", by=["ip"])]
+HASH_BODY_LIMITS = [limit_cfg("by_form", "fixed_window", 10, "1h", by=["form:email"]),
+                    limit_cfg("by_json", "fixed_window", 10, "1h", by=["json:email"])]
+
+
+def hashing_gateway(sluice_factory, upstream, valkey, **kw):
+    routes = [route_cfg("form", ["by_form"], match={"path": "/echo/form"}),
+              route_cfg("json", ["by_json"], match={"path": "/echo/json"}),
+              route_cfg("api", [l["name"] for l in HASH_LIMITS])]
+    return sluice_with_limits(sluice_factory, upstream, valkey, HASH_LIMITS + HASH_BODY_LIMITS,
+                              routes, tenants=[{"name": "acme", "api_keys": ["sk_live_Secret1"]}],
+                              **kw)
+
+
+def send_identities(gw):
+    r = gw.get("/status/200?u=victim@example.com",
+               [("X-API-Key", "sk_live_Secret1"), ("Cookie", "session=sess-Secret2; cart=cart-3"),
+                ("X-User", "alice@example.com")])
+    assert r.status == 200, r
+    assert post(gw, "/echo/form", b"email=form@example.com",
+                "application/x-www-form-urlencoded").status == 200
+    r = post(gw, "/echo/json", b'{"email": "json@example.com"}', "application/json")
+    assert r.status == 200, r
+
+
+RAW = ["sk_live_Secret1", "sess-Secret2", "cart-3", "alice@example.com", "victim@example.com",
+       "form@example.com", "json@example.com"]
+
+
+def test_identity_values_are_hashed_in_valkey_key_names(sluice_factory, upstream, valkey,
+                                                       monkeypatch):
+    """API keys, sessions, cookies, headers, query and body fields never appear in Valkey key
+    names (SCAN, MONITOR and SLOWLOG would hand them to anyone who can read Valkey): SHA-256 by
+    default, HMAC-SHA256 with [valkey] key_secret_env. ip, route, method and tenant stay
+    readable. /limits builds the same keys and echoes no raw value."""
+    gw = hashing_gateway(sluice_factory, upstream, valkey)
+    send_identities(gw)
+    keys = limit_keys(valkey.client, "rl:*")
+    assert all(k.startswith("rl:v2:") for k in keys), keys
+    for raw in RAW:
+        assert not [k for k in keys if raw in k], (raw, keys)
+    h = hashed_part
+    assert keys == sorted([
+        f"rl:v2:by_key:{{{h('sk_live_Secret1')}}}", f"rl:v2:by_session:{{{h('sess-Secret2')}}}",
+        f"rl:v2:by_cookie:{{{h('cart-3')}}}", f"rl:v2:by_header:{{{h('alice@example.com')}:GET}}",
+        f"rl:v2:by_query:{{{h('victim@example.com')}}}", "rl:v2:by_tenant:{acme:api}",
+        "rl:v2:by_ip:{127.0.0.1}", f"rl:v2:by_form:{{{h('form@example.com')}}}",
+        f"rl:v2:by_json:{{{h('json@example.com')}}}"]), keys
+    # /limits names the same key, without echoing the value it was given.
+    status, body = gw.admin_get("/limits/by_key?api_key=sk_live_Secret1")
+    assert status == 200, body
+    assert json.loads(body)["key"] == f"rl:v2:by_key:{{{h('sk_live_Secret1')}}}"
+    assert json.loads(body)["remaining"] == 9
+    assert "sk_live" not in body
+    gw.stop()
+
+    # With a secret: HMAC-SHA256, so a dictionary of e-mail addresses finds nothing.
+    valkey.client.flushall()
+    monkeypatch.setenv("SLUICE_TEST_KEY_SECRET", SECRET)
+    gw = hashing_gateway(sluice_factory, upstream, valkey,
+                         valkey_options={"key_secret_env": "SLUICE_TEST_KEY_SECRET"})
+    send_identities(gw)
+    keys = limit_keys(valkey.client, "rl:*")
+    assert f"rl:v2:by_key:{{{hmac_part('sk_live_Secret1')}}}" in keys, keys
+    assert f"rl:v2:by_json:{{{hmac_part('json@example.com')}}}" in keys, keys
+    assert f"rl:v2:by_header:{{{hmac_part('alice@example.com')}:GET}}" in keys, keys
+    assert "rl:v2:by_ip:{127.0.0.1}" in keys and "rl:v2:by_tenant:{acme:api}" in keys
+    assert not [k for k in keys if h("json@example.com") in k], "plain SHA-256 is not used"
+    status, body = gw.admin_get("/limits/by_json?json:email=json@example.com")
+    assert status == 200 and json.loads(body)["key"] == \
+        f"rl:v2:by_json:{{{hmac_part('json@example.com')}}}", body
+    assert json.loads(body)["remaining"] == 9 and "json@example.com" not in body

@@ -20,7 +20,7 @@ from fractions import Fraction
 
 import pytest
 
-from conftest import (avoid_window_boundary, limit_cfg, limit_keys, parse_rl_list,
+from conftest import (avoid_window_boundary, hashed_part, limit_cfg, limit_keys, parse_rl_list,
                       server_time_us, sluice_with_limits, stored, used)
 
 ALGORITHMS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket"]
@@ -173,7 +173,8 @@ def check_counters(valkey, algorithm: str, model: Model, context: str) -> None:
     seen = []
     window_s = WINDOW[algorithm][1]
     for (name, part), expected in sorted(model.state.items()):
-        key = f"rl:v1:{name}:{{{part}}}"
+        # "a" is keyed by address (readable), "b" by header:X-User (hashed).
+        key = f"rl:v2:{name}:{{{hashed_part(part) if name == 'b' else part}}}"
         seen.append(key)
         if algorithm == "token_bucket":
             debt_s = ((stored(valkey, key, algorithm) or 0) - server_time_us(c)) / 1e6
@@ -183,7 +184,7 @@ def check_counters(valkey, algorithm: str, model: Model, context: str) -> None:
             continue
         got = used(valkey, key, algorithm, window_s)
         assert got == expected, f"{key}: Valkey {got}, model {expected}; {context}"
-    left = sorted(set(limit_keys(c, "rl:v1:*")) - set(seen))
+    left = sorted(set(limit_keys(c, "rl:v2:*")) - set(seen))
     assert left == [], f"keys the model does not know: {left}; {context}"
 
 

@@ -407,7 +407,7 @@ api_keys = []
           "t.toml:3:6: limit[0].by: must name at least one key part, such as [\"ip\"]");
     // Cluster mode needs no hash tag in key_prefix: each key's parts are its tag (a tag in the
     // prefix is allowed, and puts every key in its slot).
-    CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\n"))->valkey.key_prefix == "rl:v1");
+    CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\n"))->valkey.key_prefix == "rl:v2");
     CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\nkey_prefix = \"{rl}:v1\"\n"))
               ->valkey.key_prefix == "{rl}:v1");
     CHECK(errorsOf("[valkey]\nnodes = []\n") ==
@@ -455,6 +455,23 @@ api_keys = []
     CHECK(errorsOf("[admin]\ntoken = \"x\"\n").find("admin.token") != std::string::npos);
     ::unsetenv("SLUICE_TEST_ADMIN_TOKEN");
     ::unsetenv("SLUICE_TEST_EMPTY_TOKEN");
+  }
+
+  TEST_CASE("valkey: key_secret_env names a variable that is set and not empty") {
+    ::setenv("SLUICE_TEST_KEY_SECRET", "k3y", 1);
+    ::unsetenv("SLUICE_TEST_UNSET_SECRET");
+    const ConfigPtr c = load("[valkey]\nkey_secret_env = \"SLUICE_TEST_KEY_SECRET\"\n");
+    CHECK(c->valkey.key_secret_env == "SLUICE_TEST_KEY_SECRET");
+    CHECK(c->valkey.key_secret == "k3y");
+    CHECK(load("[valkey]\n")->valkey.key_secret.empty());
+    CHECK(errorsOf("[valkey]\nkey_secret_env = \"SLUICE_TEST_UNSET_SECRET\"\n") ==
+          "t.toml:2:18: valkey.key_secret_env: the environment variable SLUICE_TEST_UNSET_SECRET "
+          "is not set or empty: key parts would be hashed without the secret, and every gateway "
+          "must use the same one");
+    CHECK(errorsOf("[valkey]\nkey_secret_env = \"k3y value\"\n") ==
+          "t.toml:2:18: valkey.key_secret_env: expected the name of an environment variable, "
+          "such as \"SLUICE_KEY_SECRET\" (never the secret itself)");
+    ::unsetenv("SLUICE_TEST_KEY_SECRET");
   }
 
   TEST_CASE("key parts of a limit") {

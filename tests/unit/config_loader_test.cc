@@ -40,7 +40,7 @@ TEST_SUITE("config loader: good files") {
     CHECK(c.log.access_log == "stdout");
     // No limits and no [valkey]: the gateway runs without Valkey.
     CHECK_FALSE(c.hasValkey());
-    CHECK(c.valkey.key_prefix == "rl:v1");
+    CHECK(c.valkey.key_prefix == "rl:v2");
     CHECK(c.valkey.timeout == 25ms);
     CHECK(c.valkey.connect_timeout == 1s);
     CHECK(c.identity.trusted_proxies.empty());
