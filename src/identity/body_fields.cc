@@ -129,8 +129,9 @@ FieldValue multipartField(std::string_view content_type, std::string_view body,
     std::string_view content;
     if (body.substr(at, 2) == kCrlf) {  // a part without header fields
       content = body.substr(at + 2, content_end >= at + 2 ? content_end - at - 2 : 0);
+    } else if (head_end == std::string_view::npos || head_end + 2 >= content_end) {
+      head = body.substr(at, content_end - at);  // header fields only, no empty line: no content
     } else {
-      if (head_end == std::string_view::npos || head_end > content_end) return field;
       head = body.substr(at, head_end - at);
       content = body.substr(head_end + 4, content_end - head_end - 4);
     }

@@ -27,7 +27,7 @@ struct RequestFacts {
 
 // The value of a field that a request may carry more than once.
 struct FieldValue {
-  std::optional<std::string> value;  // absent (or empty): the limit does not apply
+  std::optional<std::string> value;  // absent (or empty): the limit's on_missing decides
   // Several different values: an application could read any of them, so keying on one would
   // let a client pass a decoy to the limit and the real value to the application.
   bool ambiguous = false;

@@ -530,6 +530,14 @@ TEST_SUITE("identity: request facts") {
       facts.body = bad;
       CHECK_FALSE(field().value.has_value());
     }
+    // A part whose header fields run into the next delimiter has no content.
+    facts.body =
+        "--b\r\nContent-Disposition: form-data; name=\"username\"\r\n\r\n--b\r\n"
+        "Content-Disposition: form-data; name=\"x\"\r\n\r\ny\r\n--b--";
+    CHECK_FALSE(field().value.has_value());  // empty: no value
+    CHECK(field("x").value == "y");
+    facts.body = "--b\r\nContent-Disposition: form-data; name=\"username\"\r\n--b--";
+    CHECK_FALSE(field().value.has_value());
     facts.content_type = "multipart/form-data";  // no boundary
     facts.body = twice;
     CHECK_FALSE(field().value.has_value());
