@@ -193,14 +193,22 @@ bool resolveLimit(const config::Config& config, std::string_view name,
       if (params[j].name == n) return fail("key part " + n + " given twice");
     }
   }
-  std::vector<std::string> values;
+  std::vector<std::optional<std::string>> values;
   const config::PlanConfig* plan = nullptr;
   const config::PlanConfig* api_key_plan = nullptr;
   bool by_tenant = false;
   for (const config::KeyPart& part : limit->by) {
     auto it = std::find_if(params.begin(), params.end(),
                            [&](const QueryParam& p) { return p.name == part.text; });
-    if (it == params.end()) return fail("missing key part " + part.text);
+    if (it == params.end()) {
+      // A shared limit keys every request without the part alike: leaving it out names that
+      // key.
+      if (limit->on_missing == config::OnMissing::Shared) {
+        values.emplace_back();
+        continue;
+      }
+      return fail("missing key part " + part.text);
+    }
     if (it->value.empty()) return fail("key part " + part.text + " is empty");
     std::string value = it->value;
     if (part.kind == config::KeyPartKind::Ip && !clientKey(config, it->value, &value)) {
@@ -220,7 +228,7 @@ bool resolveLimit(const config::Config& config, std::string_view name,
   }
   if (!by_tenant) plan = api_key_plan;
   out->config = limit;
-  out->key = ratelimit::limitKey(config.valkey.key_prefix, *limit, values);
+  out->key = ratelimit::limitKey(config.valkey, *limit, values);
   ratelimit::resolveQuota(*limit, plan, out);
   out->cost = 1;
   return true;

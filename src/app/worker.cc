@@ -217,7 +217,8 @@ void Worker::applyConfig(Generation generation) {
   if (old && old->valkey && old->valkey != snapshot->valkey) old->valkey->stop();
   snapshot->deny_cache = std::make_shared<ratelimit::DenyCache>();
   snapshot->policy_items = ratelimit::PolicyItems(*config);
-  snapshot->tenant_cache = std::make_shared<identity::TenantCache>();
+  snapshot->tenant_cache =
+      std::make_shared<identity::TenantCache>(config->identity.tenant_cache_entries);
   const bool listen_changed =
       old && listener_ && old->config->server.listen.text != config->server.listen.text;
   snapshot->config = std::move(config);

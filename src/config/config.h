@@ -74,7 +74,10 @@ struct ValkeyConfig {
   std::string password_env;              // name of the variable; never the password itself
   Duration timeout{Duration(25)};        // deadline of one decision
   Duration connect_timeout{Duration(1000)};
-  std::string key_prefix = "rl:v1";
+  // v2: credential and personal parts hashed (README "Keys"); v1 kept them readable.
+  std::string key_prefix = "rl:v2";
+  std::string key_secret_env;  // name of the variable that holds the HMAC secret of key parts
+  std::string key_secret;      // its value when the configuration was loaded; never logged
 };
 
 struct IdentityConfig {
@@ -85,6 +88,7 @@ struct IdentityConfig {
   bool reject_unknown_api_keys = false;
   bool valkey_tenants = true;  // resolve API keys not in the TOML from Valkey
   Duration tenant_cache_ttl{Duration(10000)};
+  size_t tenant_cache_entries = 65536;  // per worker; the least recently used entry goes
   // Tenants of API keys that are not in the TOML: hash "<tenant_key_prefix>:<api key>" with
   // fields tenant and plan.
   std::string tenant_key_prefix = "sluice:apikey";
@@ -135,9 +139,17 @@ struct KeyPart {
   KeyPartKind kind;
   std::string name;  // header / cookie / query / form / json: the name; empty otherwise
   std::string text;  // as written in the configuration, e.g. "header:X-Team"
+  // The limit's fold = "lower": ASCII letters of the value are lowered before it is keyed
+  // (set by the loader on the parts a client writes; ip, route, method and tenant keep theirs).
+  bool fold_lower = false;
 };
 
 enum class OnError { Allow, Deny };
+
+// What a limit does with a request that lacks one of its key parts (absent or empty):
+// Skip: the limit does not apply; Deny: the request is refused (400, naming the limit);
+// Shared: the missing part is keyed as one value common to every request without it.
+enum class OnMissing { Skip, Deny, Shared };
 
 struct LimitConfig {
   std::string name;
@@ -152,6 +164,9 @@ struct LimitConfig {
   int64_t cost = 1;
   bool count_denied = false;  // default true for sliding_log, false otherwise
   OnError on_error = OnError::Allow;
+  // Default: Deny when a part is a body field (form:, json:), which the route's requests
+  // carry by nature, else Skip (README "[[limit]]").
+  OnMissing on_missing = OnMissing::Skip;
   bool shadow = false;
   // concurrency: how long a slot outlives a gateway that stopped renewing it (it died).
   Duration lease{30000};

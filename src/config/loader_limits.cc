@@ -65,6 +65,7 @@ void Loader::loadLimit(TableReader& r) {
   }
   if (auto v = r.boolean("shadow")) l.shadow = *v;
   if (auto v = r.string("cost_from")) readCostFrom(r, *v, l);
+  readOnMissingAndFold(r, l);
 
   // Known only when both values were read without error, to avoid a second, derived error.
   const bool bucket = l.algorithm == Algorithm::TokenBucket;
@@ -74,6 +75,37 @@ void Loader::loadLimit(TableReader& r) {
                         (bucket ? "burst = " + std::to_string(l.burst)
                                 : "limit = " + std::to_string(l.limit)) +
                         "): no request could ever pass");
+  }
+}
+
+// on_missing and fold, once `by` is read (the default of on_missing depends on its parts).
+void Loader::readOnMissingAndFold(TableReader& r, LimitConfig& l) {
+  using Kind = KeyPartKind;
+  const bool body_part = std::any_of(l.by.begin(), l.by.end(), [](const KeyPart& p) {
+    return p.kind == Kind::Form || p.kind == Kind::Json;
+  });
+  // A login or reset route's requests all carry their body field: one without it is a client
+  // sidestepping the limit. Other parts (an API key, a cookie) are optional by nature.
+  l.on_missing = body_part ? OnMissing::Deny : OnMissing::Skip;
+  if (auto v = r.enumeration<OnMissing>(
+          "on_missing",
+          {{"skip", OnMissing::Skip}, {"deny", OnMissing::Deny}, {"shared", OnMissing::Shared}})) {
+    l.on_missing = *v;
+  }
+  enum class Fold { None, Lower };
+  const auto fold = r.enumeration<Fold>("fold", {{"none", Fold::None}, {"lower", Fold::Lower}});
+  if (fold != Fold::Lower) return;
+  bool folds = false;
+  for (KeyPart& part : l.by) {
+    // Values a client writes; ip (canonical text), route, method and tenant (names) keep theirs.
+    part.fold_lower = part.kind != Kind::Ip && part.kind != Kind::Route &&
+                      part.kind != Kind::Method && part.kind != Kind::Tenant;
+    folds = folds || part.fold_lower;
+  }
+  if (!folds && !l.by.empty()) {
+    r.error("fold",
+            "none of the parts of `by` is a value a client writes (ip, route, method "
+            "and tenant are never folded)");
   }
 }
 

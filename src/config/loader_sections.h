@@ -121,6 +121,7 @@ class Loader {
   void loadLimit(TableReader& r);
 
   void readCostFrom(TableReader& r, const std::string& text, LimitConfig& l);
+  void readOnMissingAndFold(TableReader& r, LimitConfig& l);
   void readKeyPart(const StringItem& item, LimitConfig& l);
 
   void loadRoute(TableReader& r);

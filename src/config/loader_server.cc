@@ -120,6 +120,23 @@ void Loader::loadValkey(TableReader& r) {
     }
     v.key_prefix = *prefix;
   }
+  if (auto name = r.string("key_secret_env")) {
+    if (!isEnvironmentName(*name)) {
+      r.error("key_secret_env",
+              "expected the name of an environment variable, such as \"SLUICE_KEY_SECRET\" "
+              "(never the secret itself)");
+    } else {
+      const char* secret = std::getenv(name->c_str());
+      if (!secret || !*secret) {
+        r.error("key_secret_env", "the environment variable " + *name +
+                                      " is not set or empty: key parts would be hashed without "
+                                      "the secret, and every gateway must use the same one");
+      } else {
+        v.key_secret = secret;
+      }
+    }
+    v.key_secret_env = *name;
+  }
 }
 
 void Loader::loadIdentity(TableReader& r) {
@@ -148,6 +165,9 @@ void Loader::loadIdentity(TableReader& r) {
   if (auto v = r.boolean("valkey_tenants")) id.valkey_tenants = *v;
   // Zero is meaningful here: do not cache tenants looked up in Valkey.
   if (auto v = r.duration("tenant_cache_ttl", true)) id.tenant_cache_ttl = *v;
+  if (auto v = r.integer("tenant_cache_entries", 1, 1 << 24)) {
+    id.tenant_cache_entries = static_cast<size_t>(*v);
+  }
   if (auto v = r.string("tenant_key_prefix")) {
     if (v->empty() || hasSpaceOrControl(*v)) {
       r.error("tenant_key_prefix", "must be non-empty, without spaces or control characters");

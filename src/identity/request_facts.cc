@@ -45,22 +45,6 @@ std::string formDecode(std::string_view text) {
   return out;
 }
 
-std::optional<std::string> cookieValue(const http::HeaderMap& headers, std::string_view name) {
-  std::optional<std::string> found;
-  for (const auto& field : headers) {
-    if (!http::iequals(field.name, "cookie")) continue;
-    forEachPair(field.value, ';', [&](std::string_view n, std::string_view v) {
-      if (http::trim(n) != name) return false;
-      v = http::trim(v);
-      if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
-      found = std::string(v);
-      return true;
-    });
-    if (found) break;
-  }
-  return found;
-}
-
 std::optional<std::string> queryValue(std::string_view query, std::string_view name) {
   std::optional<std::string> found;
   forEachPair(query, '&', [&](std::string_view n, std::string_view v) {
@@ -112,6 +96,23 @@ FieldValue queryField(std::string_view query, std::string_view name) {
   return field;
 }
 
+FieldValue cookieField(const http::HeaderMap& headers, std::string_view name) {
+  // Every occurrence, in every Cookie field: the first wins in some servers, the last in others
+  // (Django, Python's http.cookies), so two different values are refused, not picked.
+  FieldValue field;
+  for (const auto& h : headers) {
+    if (!http::iequals(h.name, "cookie")) continue;
+    forEachPair(h.value, ';', [&](std::string_view n, std::string_view v) {
+      if (http::trim(n) != name) return false;
+      v = http::trim(v);
+      if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+      addValue(field, std::string(v));
+      return false;
+    });
+  }
+  return field;
+}
+
 FieldValue keyPartValue(const config::KeyPart& part, const RequestFacts& facts) {
   using Kind = config::KeyPartKind;
   switch (part.kind) {
@@ -119,8 +120,11 @@ FieldValue keyPartValue(const config::KeyPart& part, const RequestFacts& facts) 
       return single(facts.client_key);
     case Kind::ApiKey:
       return single(facts.api_key);
-    case Kind::Session:
-      return single(facts.session);
+    case Kind::Session: {
+      FieldValue field = single(facts.session);
+      field.ambiguous = facts.session_ambiguous;
+      return field;
+    }
     case Kind::Tenant:
       return single(facts.tenant);
     case Kind::Route:
@@ -130,10 +134,16 @@ FieldValue keyPartValue(const config::KeyPart& part, const RequestFacts& facts) 
     case Kind::Header:
       return dropEmpty(headerField(facts.head->headers, part.name));
     case Kind::Cookie:
-      return single(cookieValue(facts.head->headers, part.name));
+      return dropEmpty(cookieField(facts.head->headers, part.name));
     case Kind::Query:
       return dropEmpty(queryField(facts.query, part.name));
-    case Kind::Form:
+    case Kind::Form: {
+      FieldValue field = bodyField(part, facts.content_type, facts.body);
+      FieldValue in_query = queryField(facts.query, part.name);
+      if (in_query.ambiguous) field.ambiguous = true;
+      if (in_query.value && !field.ambiguous) addValue(field, std::move(*in_query.value));
+      return dropEmpty(std::move(field));
+    }
     case Kind::Json:
       return dropEmpty(bodyField(part, facts.content_type, facts.body));
   }

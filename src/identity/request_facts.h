@@ -18,6 +18,7 @@ struct RequestFacts {
   std::string client_key;  // clientKeyText() of the resolved client address
   std::optional<std::string> api_key;
   std::optional<std::string> session;
+  bool session_ambiguous = false;  // the session cookie was sent with different values
   std::optional<std::string> tenant;
   const config::PlanConfig* plan = nullptr;
   std::string_view content_type;  // of the body
@@ -26,15 +27,21 @@ struct RequestFacts {
 
 // The value of a field that a request may carry more than once.
 struct FieldValue {
-  std::optional<std::string> value;  // absent (or empty): the limit does not apply
+  std::optional<std::string> value;  // absent (or empty): the limit's on_missing decides
   // Several different values: an application could read any of them, so keying on one would
   // let a client pass a decoy to the limit and the real value to the application.
   bool ambiguous = false;
+  // A json: field that holds something other than a string (an array, a number...): refused,
+  // as the application may read it in a way the key cannot follow.
+  bool not_string = false;
 };
 
 // The value of a key part. Values are raw here; the key encodes them (ratelimit/keys.h).
 // Headers, query parameters and body fields are ambiguous when repeated with different
-// values; cookies take the first (what browsers put first, and servers read).
+// values, and so are cookies (`session=decoy; session=real`: servers disagree on which one
+// wins; the same value twice is one value). A form: field
+// is read from the body and the query string together (frameworks merge them): the same value
+// in both is one value, different values are ambiguous.
 FieldValue keyPartValue(const config::KeyPart& part, const RequestFacts& facts);
 
 // Every field `name` of `headers`: one value, or ambiguous.
@@ -42,8 +49,9 @@ FieldValue headerField(const http::HeaderMap& headers, std::string_view name);
 // Every `name=` of a query string or urlencoded form, %-decoded.
 FieldValue queryField(std::string_view query, std::string_view name);
 
-// A cookie's value from every Cookie field ("a=1; b=2"), or nullopt.
-std::optional<std::string> cookieValue(const http::HeaderMap& headers, std::string_view name);
+// A cookie's value from every Cookie field ("a=1; b=2"): one value (quotes removed), or
+// ambiguous when it is there several times with different values.
+FieldValue cookieField(const http::HeaderMap& headers, std::string_view name);
 // A query parameter's value, %-decoded ('+' is a space), or nullopt.
 std::optional<std::string> queryValue(std::string_view query, std::string_view name);
 // %-decoding of a form or query component; '+' becomes a space.

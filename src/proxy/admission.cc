@@ -85,7 +85,10 @@ void Admission::start(Snapshot& snapshot, const config::RouteConfig& route,
     return;
   }
   if (api_key.value && !api_key.value->empty()) facts_.api_key = std::move(api_key.value);
-  facts_.session = identity::cookieValue(head.headers, config.identity.session_cookie);
+  identity::FieldValue session =
+      identity::cookieField(head.headers, config.identity.session_cookie);
+  facts_.session = std::move(session.value);
+  facts_.session_ambiguous = session.ambiguous;  // refused if a limit is keyed on the session
   if (const std::string* type = head.headers.get("content-type")) facts_.content_type = *type;
   needs_body_ = routeReadsBody(config, route);
   body_complete_ = !head.hasBody();
@@ -166,11 +169,10 @@ void Admission::continueAfterTenant() {
 void Admission::decide() {
   state_ = State::Deciding;
   const config::Config& config = *snapshot_->config;
-  std::string ambiguous;
-  ratelimit::appliedLimits(config, *route_, facts_, &ambiguous, &applied_);
-  if (!ambiguous.empty()) {
-    refuse(http::problemResponse(
-        400, "several different values for " + ambiguous + ", which a rate limit is keyed on"));
+  std::string refusal;
+  ratelimit::appliedLimits(config, *route_, facts_, &refusal, &applied_);
+  if (!refusal.empty()) {
+    refuse(http::problemResponse(400, refusal));
     return;
   }
   if (applied_.empty()) {

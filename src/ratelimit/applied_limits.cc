@@ -6,7 +6,7 @@
 namespace sluice::ratelimit {
 
 void appliedLimits(const config::Config& config, const config::RouteConfig& route,
-                   const identity::RequestFacts& facts, std::string* ambiguous,
+                   const identity::RequestFacts& facts, std::string* refusal,
                    std::vector<AppliedLimit>* out) {
   size_t n = 0;
   for (size_t index : route.limit_indices) {
@@ -19,16 +19,29 @@ void appliedLimits(const config::Config& config, const config::RouteConfig& rout
     for (size_t i = 0; i < limit.by.size(); ++i) {
       const config::KeyPart& part = limit.by[i];
       identity::FieldValue value = identity::keyPartValue(part, facts);
-      if (value.ambiguous) {
-        *ambiguous = part.text;
+      if (value.ambiguous || value.not_string) {
+        *refusal =
+            value.ambiguous
+                ? "several different values for " + part.text + ", which a rate limit is keyed on"
+                : part.text + " must be a string (limit " + limit.name + " is keyed on it)";
         out->clear();
         return;
       }
       if (!value.value) {
+        if (limit.on_missing == config::OnMissing::Shared) {
+          appendMissingPart(&key, i);
+          continue;
+        }
+        if (limit.on_missing == config::OnMissing::Deny && !limit.shadow) {
+          *refusal =
+              "limit " + limit.name + " is keyed on " + part.text + ", which this request lacks";
+          out->clear();
+          return;
+        }
         applies = false;
         break;
       }
-      appendKeyPart(&key, i, part, *value.value);
+      appendKeyPart(&key, i, part, *value.value, config.valkey.key_secret);
     }
     if (!applies) continue;
     endLimitKey(&key);

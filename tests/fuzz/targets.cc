@@ -126,7 +126,7 @@ void exerciseRequest(const http::MessageHead& head, std::string_view body) {
   facts.query = target->query;
   facts.client_key = identity::clientKeyText(client.address, 64);
   facts.api_key = identity::headerField(head.headers, "x-api-key").value;
-  facts.session = identity::cookieValue(head.headers, "session");
+  facts.session = identity::cookieField(head.headers, "session").value;
   if (const std::string* type = head.headers.get("content-type")) facts.content_type = *type;
   facts.body = body;
   std::string ambiguous;

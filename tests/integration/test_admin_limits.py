@@ -271,7 +271,7 @@ def test_cluster_get_and_delete_reach_the_node_of_the_keys_slot(sluice_factory, 
                             None, limits=limits,
                             identity={"trusted_proxies": ["127.0.0.1/32"]},
                             valkey_options={"nodes": [f"127.0.0.1:{cluster.ports[0]}"],
-                                            "key_prefix": "rl:v1"}))
+                                            "key_prefix": "rl:v2"}))
     deadline = time.monotonic() + 10
     while gw.admin_get("/ready")[0] != 200:
         assert time.monotonic() < deadline, "not ready"
@@ -279,7 +279,7 @@ def test_cluster_get_and_delete_reach_the_node_of_the_keys_slot(sluice_factory, 
     owners = {}
     for i in range(1, 40):
         ip = f"198.51.100.{i}"
-        key = f"rl:v1:lim:{{{ip}}}"
+        key = f"rl:v2:lim:{{{ip}}}"
         owner = cluster.owner(int(cluster.cli(cluster.ports[0], "CLUSTER", "KEYSLOT", key)))
         owners.setdefault(owner, (ip, key))
         if len(owners) == 3:

@@ -16,8 +16,8 @@ def per_ip_gateway(sluice_factory, upstream, valkey, identity=None, limit=2):
 
 
 def clients(valkey, limit="per_ip"):
-    """The client part of every key of `limit` ("rl:v1:<limit>:{<client>}")."""
-    prefix = f"rl:v1:{limit}:"
+    """The client part of every key of `limit` ("rl:v2:<limit>:{<client>}")."""
+    prefix = f"rl:v2:{limit}:"
     keys = limit_keys(valkey.client, prefix + "*")
     assert all(k.startswith(prefix + "{") and k.endswith("}") for k in keys), keys
     return sorted(k[len(prefix) + 1:-1] for k in keys)

@@ -30,8 +30,8 @@ def test_two_api_keys_have_separate_budgets(sluice_factory, upstream, valkey):
                             [limit_cfg("per_key", "fixed_window", 2, "1h", by=["api_key"])])
     assert [r.status for r in key_get(gw, "key-one", 3)] == [200, 200, 429]
     assert [r.status for r in key_get(gw, "key-two", 3)] == [200, 200, 429]
-    parts = {key_part(k) for k in limit_keys(valkey.client, "rl:v1:per_key:*")}
-    assert parts == {"key-one", "key-two"}
+    parts = {key_part(k) for k in limit_keys(valkey.client, "rl:v2:per_key:*")}
+    assert parts == {hashed_part("key-one"), hashed_part("key-two")}, "API keys are hashed"
 
 
 PLAN_LIMITS = [limit_cfg("per_key", "fixed_window", 2, "1h", by=["api_key"]),
@@ -60,9 +60,9 @@ def test_tenant_on_a_plan_gets_the_plans_limit(sluice_factory, upstream, valkey)
     # Two keys of one tenant share the tenant's budget, not their per-key ones.
     assert key_get(gw, "acme-2", 1)[0].status == 200
     c = valkey.client
-    assert limit_keys(c, "rl:v1:per_tenant:*") == ["rl:v1:per_tenant:{acme}",
-                                                    "rl:v1:per_tenant:{small}"]
-    assert used(valkey, "rl:v1:per_tenant:{acme}", "fixed_window", 3600) == 5
+    assert limit_keys(c, "rl:v2:per_tenant:*") == ["rl:v2:per_tenant:{acme}",
+                                                    "rl:v2:per_tenant:{small}"]
+    assert used(valkey, "rl:v2:per_tenant:{acme}", "fixed_window", 3600) == 5
 
 
 @pytest.mark.parametrize("api_key", [
@@ -92,7 +92,7 @@ def test_tenant_added_in_valkey_gets_its_plan_without_reload(sluice_factory, ups
             f"HSET sluice:apikey:<key> tenant newco plan pro not seen after tenant_cache_ttl: {r}"
         time.sleep(0.1)
     assert quota(r, "per_tenant") == 100
-    assert "rl:v1:per_tenant:{newco}" in limit_keys(valkey.client)
+    assert "rl:v2:per_tenant:{newco}" in limit_keys(valkey.client)
 
 
 def test_tenant_key_prefix(sluice_factory, upstream, valkey):
@@ -160,10 +160,11 @@ def test_login_limit_per_account_across_addresses(sluice_factory, upstream, valk
     assert got == [200] * 3 + [429] * 5, "many addresses, one account: one budget"
     assert post(gw, target, body("bob", 0), ctype, ip="203.0.113.1").status == 200
     c = valkey.client
-    assert sorted(key_part(k) for k in limit_keys(c, f"rl:v1:{limit}:*")) == ["alice", "bob"]
+    assert sorted(key_part(k) for k in limit_keys(c, f"rl:v2:{limit}:*")) == \
+        sorted([hashed_part("alice"), hashed_part("bob")])
     # all or nothing: the refused attempts cost their addresses nothing
-    assert len(limit_keys(c, "rl:v1:per_ip:*")) == 3
-    assert used(valkey, "rl:v1:per_ip:{203.0.113.1}", "fixed_window", 3600) == 2
+    assert len(limit_keys(c, "rl:v2:per_ip:*")) == 3
+    assert used(valkey, "rl:v2:per_ip:{203.0.113.1}", "fixed_window", 3600) == 2
 
 
 def test_bodies_read_for_keys_arrive_byte_for_byte(sluice_factory, upstream, valkey):
@@ -189,7 +190,7 @@ def test_bodies_read_for_keys_arrive_byte_for_byte(sluice_factory, upstream, val
         echo = r.json()
         assert base64.b64decode(echo["body_b64"]) == body, (target, ctype, use_chunked)
         assert [v for n, v in echo["headers"] if n.lower() == "content-type"] == [ctype]
-    users = {key_part(k) for k in limit_keys(valkey.client, "rl:v1:per_*user:*")}
+    users = {key_part(k) for k in limit_keys(valkey.client, "rl:v2:per_*user:*")}
     assert users == {hashed_part("élise m".encode()), hashed_part("hélène".encode())}, \
         "the decoded values, hashed in keys (UTF-8, a space)"
 
@@ -265,15 +266,15 @@ def test_key_values_cannot_collide_bloat_or_forge(sluice_factory, upstream, valk
         assert all(0x21 <= ord(ch) < 0x7f for ch in k), f"unsafe byte in key {k!r}"
         assert "*" not in k and "?" not in k and "[" not in k and " " not in k
         assert c.pttl(k) > 0
-    user_parts = {key_part(k) for k in keys if k.startswith("rl:v1:by_user:")}
+    user_parts = {key_part(k) for k in keys if k.startswith("rl:v2:by_user:")}
     assert hashed_part(huge) in user_parts
-    assert exact64 in user_parts, "a short safe value stays readable"
-    assert victim in user_parts
+    assert hashed_part(exact64) in user_parts, "a header value is hashed, even a short safe one"
+    assert hashed_part(victim) in user_parts
     assert hashed_part(a) in user_parts and hashed_part(b) in user_parts
     assert hashed_part(hashed_part(victim)) in user_parts
-    pair_keys = {k for k in keys if k.startswith("rl:v1:by_pair:")}
+    pair_keys = {k for k in keys if k.startswith("rl:v2:by_pair:")}
     assert len(pair_keys) == 3, pair_keys
-    query_parts = {key_part(k) for k in keys if k.startswith("rl:v1:by_query:")}
+    query_parts = {key_part(k) for k in keys if k.startswith("rl:v2:by_query:")}
     assert query_parts == {hashed_part(b"\x00\xff\xfe\r\n"), hashed_part(b"\x00\xff\xfe\r\x0b")}
 
 
@@ -285,8 +286,8 @@ def test_api_key_with_unsafe_characters_is_a_tenants_key(sluice_factory, upstrea
                             tenants=[{"name": "acme", "plan": "pro", "api_keys": [long_key]}])
     r = key_get(gw, long_key)[0]
     assert r.status == 200 and quota(r, "per_key") == 5
-    assert f"rl:v1:per_key:{{{hashed_part(long_key)}}}" in limit_keys(valkey.client,
-                                                                       "rl:v1:per_key:*")
+    assert f"rl:v2:per_key:{{{hashed_part(long_key)}}}" in limit_keys(valkey.client,
+                                                                       "rl:v2:per_key:*")
 
 
 @pytest.mark.parametrize("algorithm", ["fixed_window", "sliding_window", "sliding_log"])
@@ -346,5 +347,7 @@ def test_session_cookie_header_and_method_parts(sluice_factory, upstream, valkey
     assert three("/echo/c", "cart=C1") == [200, 200, 429]
     assert three("/echo/c", "cart=C1", "POST") == [200, 200, 429], "method is part of the key"
     keys = limit_keys(valkey.client)
-    assert keys == ["rl:v1:per_cart:{C1:GET}", "rl:v1:per_cart:{C1:POST}",
-                    "rl:v1:per_session:{S1}", "rl:v1:per_session:{S2}"]
+    c1 = hashed_part("C1")
+    assert keys == sorted([f"rl:v2:per_cart:{{{c1}:GET}}", f"rl:v2:per_cart:{{{c1}:POST}}",
+                           f"rl:v2:per_session:{{{hashed_part('S1')}}}",
+                           f"rl:v2:per_session:{{{hashed_part('S2')}}}"])

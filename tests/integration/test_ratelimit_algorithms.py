@@ -50,9 +50,9 @@ def test_concurrent_requests_exactly_the_limit_passes(sluice_factory, upstream, 
     results = parallel_requests(gw.port, [raw] * (2 * limit), processes=5)
     statuses = Counter(s for s, _ in results)
     assert statuses == {200: limit, 429: limit}, f"{algorithm}: {dict(statuses)}"
-    (key,) = limit_keys(valkey.client, "rl:v1:conc:*")
+    (key,) = limit_keys(valkey.client, "rl:v2:conc:*")
     c = valkey.client
-    assert key == "rl:v1:conc:{127.0.0.1}"
+    assert key == "rl:v2:conc:{127.0.0.1}"
     if algorithm == "sliding_log":  # (count_denied: the newest `keep` + a refused one's cost)
         assert used(valkey, key, algorithm, 3600) == limit + 1
     elif algorithm != "token_bucket":
@@ -79,7 +79,7 @@ def test_fixed_window_boundary_lets_both_bursts_through(sluice_factory, upstream
     c = valkey.client
     n = sleep_until_window_offset(c, WINDOW_S, WINDOW_S - 0.35, min_lead=0.05)
     first = burst(gw, limit)
-    key = "rl:v1:fw:{127.0.0.1}"
+    key = "rl:v2:fw:{127.0.0.1}"
     assert stored(valkey, key, "fixed_window") == (n, limit)
     assert math.floor(server_time(c) / WINDOW_S) == n, "first burst crossed the boundary"
     sleep_until_window_offset(c, WINDOW_S, 0.05, min_lead=0.0)
@@ -102,7 +102,7 @@ def test_sliding_log_boundary_refuses_the_second_burst(sluice_factory, upstream,
     assert statuses(first) == [200] * limit
     assert statuses(second) == [429] * limit, "the log has no boundary: the whole second burst is refused"
     # (count_denied: the newest `keep` + the refused request's cost)
-    assert len(stored(valkey, "rl:v1:sl:{127.0.0.1}", "sliding_log")) <= limit + 1
+    assert len(stored(valkey, "rl:v2:sl:{127.0.0.1}", "sliding_log")) <= limit + 1
 
 
 def test_sliding_window_boundary_stays_within_its_estimate(sluice_factory, upstream, valkey):
@@ -137,7 +137,7 @@ def test_sliding_window_boundary_stays_within_its_estimate(sluice_factory, upstr
     lower = limit - math.ceil(limit * remaining_fraction(t_begin)) - 1
     assert lower <= allowed2 + allowed3 <= upper, \
         f"allowed {allowed2} + {allowed3} in the window, estimate bounds [{lower}, {upper}]"
-    assert stored(valkey, "rl:v1:sw:{127.0.0.1}", "sliding_window") == \
+    assert stored(valkey, "rl:v2:sw:{127.0.0.1}", "sliding_window") == \
         (n + 1, allowed2 + allowed3, limit), "this window's count, the previous one's"
     for r in second + third:
         if r.status == 429:
@@ -199,7 +199,7 @@ def test_refused_by_one_limit_costs_the_others_nothing(sluice_factory, upstream,
         assert r.status == 200
         state = parse_rl_list(r.header("ratelimit"))
         assert state["A"]["r"] == big - 1 - i and state["B"]["r"] == small - 1 - i, state
-    (a_key,) = limit_keys(c, "rl:v1:A:*")
+    (a_key,) = limit_keys(c, "rl:v2:A:*")
     a_before = c.dump(a_key)
     for i in range(6):
         r = gw.get("/status/200")

@@ -8,12 +8,12 @@ import threading
 import time
 from collections import Counter
 
-from conftest import (TIMER_SLACK_S, limit_cfg, metric_sum, parse_rl_list,
+from conftest import (TIMER_SLACK_S, hashed_part, limit_cfg, metric_sum, parse_rl_list,
                       sluice_with_limits, used)
 from rawhttp import RawClient
 from test_websocket import handshake
 
-KEY = "rl:v1:in_flight:{127.0.0.1}"
+KEY = "rl:v2:in_flight:{127.0.0.1}"
 
 
 def in_flight(limit, lease=None, **kw):
@@ -220,7 +220,7 @@ def test_a_request_refused_for_lack_of_a_slot_is_charged_nothing(sluice_factory,
     assert wait_held(valkey, 1) == 1
     for _ in range(3):
         check_slot_refusal(gw.get("/status/200"), 1)
-    assert used(valkey, "rl:v1:per_ip:{127.0.0.1}", "fixed_window", 3600) == 1
+    assert used(valkey, "rl:v2:per_ip:{127.0.0.1}", "fixed_window", 3600) == 1
     first.join(10)
 
 
@@ -231,7 +231,7 @@ def test_plans_raise_the_slots_of_their_tenants(sluice_factory, upstream, valkey
         sluice_factory, upstream, valkey, [limit],
         plans=[{"name": "pro", "limits": {"in_flight": 2}}],
         tenants=[{"name": "acme", "plan": "pro", "api_keys": ["key_pro"]}])
-    key = "rl:v1:in_flight:{key_pro}"
+    key = f"rl:v2:in_flight:{{{hashed_part('key_pro')}}}"
     hdr = [("X-API-Key", "key_pro")]
     first = one_slow_request(gw, headers=hdr)
     assert wait_held(valkey, 1, key=key) == 1

@@ -14,7 +14,8 @@ import json
 
 import pytest
 
-from conftest import (limit_cfg, metric_sum, server_time_us, sluice_with_limits, stored)
+from conftest import (hashed_part, limit_cfg, metric_sum, server_time_us, sluice_with_limits,
+                      stored)
 from decide_codec import decide_call, decide_command, decide_library, decide_reply
 
 FIELD = "X-Tokens-Used"
@@ -128,7 +129,7 @@ def test_a_huge_reported_cost_never_wraps_the_bucket(sluice_factory, upstream, v
     request of 1 token fits an hour before the debt is gone), not with a wrapped TAT that finds
     a full bucket. The admin's GET says the same wait."""
     gw = tokens_gateway(sluice_factory, upstream, valkey)
-    key = "rl:v1:tokens:{a}"
+    key = "rl:v2:tokens:{" + hashed_part("a") + "}"
     r = gw.get(f"/response-headers?{FIELD}={reported}", headers=[("X-Key", "a")])
     assert r.status == 200
     for _ in range(100):

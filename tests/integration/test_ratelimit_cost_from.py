@@ -35,7 +35,7 @@ def test_the_reported_cost_is_charged_and_the_limit_goes_into_debt(sluice_factor
                                                                    valkey, algorithm):
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
                             [tokens("llm", algorithm, 10, "1h")])
-    key = "rl:v1:llm:{127.0.0.1}"
+    key = "rl:v2:llm:{127.0.0.1}"
     r = gw.get(reported(9))
     assert r.status == 200
     assert r.header(FIELD) == "9", "the field reaches the client unchanged"
@@ -60,7 +60,7 @@ def test_token_bucket_debt_is_waited_out_to_the_millisecond(sluice_factory, upst
     # bucket 15 tokens in debt: the next request (1 token) fits only 1.6 s later.
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
                             [tokens("llm", "token_bucket", 10, "1s")])
-    key = "rl:v1:llm:{127.0.0.1}"
+    key = "rl:v2:llm:{127.0.0.1}"
     assert gw.get(reported(25)).status == 200
     deadline = time.monotonic() + 2
     while stored(valkey, key, "token_bucket") is None and time.monotonic() < deadline:
@@ -84,7 +84,7 @@ def test_token_bucket_debt_is_waited_out_to_the_millisecond(sluice_factory, upst
 def test_missing_or_malformed_values_charge_the_cost(sluice_factory, upstream, valkey):
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
                             [tokens("llm", "fixed_window", 1000, "1h", cost=3)])
-    key = "rl:v1:llm:{127.0.0.1}"
+    key = "rl:v2:llm:{127.0.0.1}"
     expected = 0
     for target, charge in [("/status/200", 3), (reported("abc"), 3), (reported("-5"), 3),
                            (reported("1.5"), 3), (reported("0"), 0), (reported("7"), 7),
@@ -97,7 +97,7 @@ def test_missing_or_malformed_values_charge_the_cost(sluice_factory, upstream, v
 def test_no_response_head_charges_nothing(sluice_factory, upstream, valkey):
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
                             [tokens("llm", "fixed_window", 10, "1h")])
-    key = "rl:v1:llm:{127.0.0.1}"
+    key = "rl:v2:llm:{127.0.0.1}"
     assert gw.get("/close-now").status == 502
     assert gw.get(reported(2)).status == 200
     assert wait_used(valkey, key, "fixed_window", 3600, 2) == 2
@@ -113,4 +113,4 @@ def test_cost_from_with_another_limit_all_or_nothing(sluice_factory, upstream, v
         assert gw.get(reported(10)).status == 200
     r = gw.get(reported(10))
     assert r.status == 429 and r.json()["violated-policies"] == ["per_ip"]
-    assert wait_used(valkey, "rl:v1:llm:{127.0.0.1}", "fixed_window", 3600, 20) == 20
+    assert wait_used(valkey, "rl:v2:llm:{127.0.0.1}", "fixed_window", 3600, 20) == 20

@@ -245,7 +245,7 @@ def test_password_env_auth_and_never_logged(sluice_factory, upstream, valkey_fac
     gw = sluice_with_limits(sluice_factory, upstream, v, limits,
                             valkey_options={"password_env": "SLUICE_TEST_VALKEY_PW"})
     assert [gw.get("/status/200").status for _ in range(4)] == [200, 200, 200, 429]
-    assert len(limit_keys(v.client, "rl:v1:pw:*")) == 1
+    assert len(limit_keys(v.client, "rl:v2:pw:*")) == 1
     check = subprocess.run([str(sluice_bin()), "--check-config", "-c", str(gw.config_path)],
                            capture_output=True, text=True, timeout=10)
     assert check.returncode == 0 and "configuration OK" in check.stdout, check

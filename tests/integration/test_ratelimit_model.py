@@ -24,7 +24,7 @@ from fractions import Fraction
 
 import pytest
 
-from conftest import (avoid_window_boundary, limit_cfg, limit_keys, parse_rl_list,
+from conftest import (avoid_window_boundary, hashed_part, limit_cfg, limit_keys, parse_rl_list,
                       server_time_us, sluice_with_limits, stored, used)
 
 ALGORITHMS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket"]
@@ -206,7 +206,7 @@ def run_sequence(sluice_factory, upstream, valkey, algorithm: str, rng: random.R
 
 def wait_charged(valkey, algorithm: str, model: Model) -> None:
     """Until limit "a" holds what the model says (its charge arrives with a later call)."""
-    key = "rl:v1:a:{127.0.0.1}"
+    key = "rl:v2:a:{127.0.0.1}"
     expected = model.state.get(("a", "127.0.0.1"), 0)
     if expected == 0:
         return
@@ -227,7 +227,8 @@ def check_counters(valkey, algorithm: str, model: Model, context: str) -> None:
     seen = []
     window_s = WINDOW[algorithm][1]
     for (name, part), expected in sorted(model.state.items()):
-        key = f"rl:v1:{name}:{{{part}}}"
+        # "a" is keyed by address (readable), "b" by header:X-User (hashed).
+        key = f"rl:v2:{name}:{{{hashed_part(part) if name == 'b' else part}}}"
         seen.append(key)
         if algorithm == "token_bucket":
             debt_s = ((stored(valkey, key, algorithm) or 0) - server_time_us(c)) / 1e6
@@ -237,7 +238,7 @@ def check_counters(valkey, algorithm: str, model: Model, context: str) -> None:
             continue
         got = used(valkey, key, algorithm, window_s)
         assert got == expected, f"{key}: Valkey {got}, model {expected}; {context}"
-    left = sorted(set(limit_keys(c, "rl:v1:*")) - set(seen))
+    left = sorted(set(limit_keys(c, "rl:v2:*")) - set(seen))
     assert left == [], f"keys the model does not know: {left}; {context}"
 
 

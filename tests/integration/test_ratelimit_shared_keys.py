@@ -85,7 +85,7 @@ def test_token_bucket_plan_on_a_shared_key(sluice_factory, upstream, valkey, mod
                             plans=[{"name": "pro", "limits": {"per_ip": 50}}], tenants=TENANTS)
     pro, free = pro_and_free_rounds(gw, SEND[mode])
     assert (pro, free) == (40, 1), f"pro {pro} of at most 50, free {free} of at most 5"
-    (key,) = limit_keys(valkey.client, "rl:v1:per_ip:*")
+    (key,) = limit_keys(valkey.client, "rl:v2:per_ip:*")
     assert valkey.client.type(key) == "string"
     assert 3590_000 <= valkey.client.pttl(key) <= 3660_000, \
         "empty: full again in an hour (and a spread of up to a minute)"
@@ -105,7 +105,7 @@ def test_sliding_log_plan_on_a_shared_key(sluice_factory, upstream, valkey, mode
     pro, free = pro_and_free_rounds(gw, SEND[mode], seed=1)
     # Each of the 5 requests without the key takes at most one of the 60 entries.
     assert 55 <= pro and pro + free <= 60 and free <= 5, f"pro {pro}, free {free}"
-    (key,) = limit_keys(valkey.client, "rl:v1:per_ip:*")
+    (key,) = limit_keys(valkey.client, "rl:v2:per_ip:*")
     assert len(stored(valkey, key, "sliding_log")) == 61, \
         "refused attempts recorded, the newest 60 kept (+ the last refused one's cost)"
     r = gw.get("/status/200", [("X-API-Key", PRO_KEY)])
@@ -140,7 +140,7 @@ def test_cached_refusal_announces_the_longest_wait(sluice_factory, upstream, val
     asked = fcall_calls(valkey) - calls
     if count_denied:
         assert asked == 5, "each refusal reaches Valkey, which records it"
-        (log,) = limit_keys(valkey.client, "rl:v1:quarter:*")
+        (log,) = limit_keys(valkey.client, "rl:v2:quarter:*")
         assert len(stored(valkey, log, "sliding_log")) == 3, \
             "recorded, and the newest 2 kept (+ the last refused one's cost)"
     else:

@@ -399,7 +399,7 @@ def test_crlf_never_becomes_a_line_break(injection_gateway, recorder, valkey):
     keys = limit_keys(valkey.client)
     bad_keys = [k for k in keys if "\r" in k or "\n" in k or "\x00" in k]
     assert not bad_keys, bad_keys
-    assert {k.split(":")[2] for k in keys if k.startswith("rl:v1:")} >= \
+    assert {k.split(":")[2] for k in keys if k.startswith("rl:v2:")} >= \
         {"by_key", "by_user", "by_query", "by_ip", "by_json", "tight"}, keys
     print(f"\n[robustness] injection: statuses={statuses}, upstream_heads={len(heads)}, "
           f"log_lines={len(lines)}, valkey_keys={keys}")

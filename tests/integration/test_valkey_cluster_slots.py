@@ -12,12 +12,12 @@ from collections import Counter
 import pytest
 import redis
 
-from conftest import (avoid_window_boundary, limit_cfg, metric_sum, parallel_requests,
-                      parse_rl_list, ratelimit_toml, route_cfg, wait_admin)
+from conftest import (avoid_window_boundary, hashed_part, limit_cfg, metric_sum,
+                      parallel_requests, parse_rl_list, ratelimit_toml, route_cfg, wait_admin)
 from rawhttp import RawClient, build_request
 from test_valkey_cluster import Cluster
 
-PREFIX = "rl:v1"  # no hash tag: each key's parts are its tag
+PREFIX = "rl:v2"  # no hash tag: each key's parts are its tag
 
 
 @pytest.fixture
@@ -41,8 +41,8 @@ def values_in_other_slots(cluster, limit_a, limit_b):
     primaries."""
     for i in range(100):
         a, b = f"a{i}", f"b{i}"
-        owner_a = cluster.owner(slot(cluster, f"{PREFIX}:{limit_a}:{{{a}}}"))
-        owner_b = cluster.owner(slot(cluster, f"{PREFIX}:{limit_b}:{{{b}}}"))
+        owner_a = cluster.owner(slot(cluster, f"{PREFIX}:{limit_a}:{{{hashed_part(a)}}}"))
+        owner_b = cluster.owner(slot(cluster, f"{PREFIX}:{limit_b}:{{{hashed_part(b)}}}"))
         if owner_a != owner_b:
             return a, b
     raise AssertionError("no pair of values on different primaries")
@@ -109,7 +109,7 @@ def test_a_refusal_in_one_slot_leaves_no_charge_in_another(sluice_factory, upstr
     got = [gw.get("/status/200", headers) for _ in range(6)]
     assert [r.status for r in got] == [200, 200, 429, 429, 429, 429]
     assert wait_compensations(gw, 4) == 4, "each refused request took back A's charge"
-    owner_a = cluster.owner(slot(cluster, f"{PREFIX}:A:{{{a}}}"))
+    owner_a = cluster.owner(slot(cluster, f"{PREFIX}:A:{{{hashed_part(a)}}}"))
     assert metric_sum(gw, "sluice_valkey_node_compensations_total",
                       node=f"127.0.0.1:{owner_a}") == 4, "sent to the owner of A's key"
     assert metric_sum(gw, "sluice_valkey_node_compensations_total") == 4
@@ -142,7 +142,7 @@ def test_concurrent_requests_across_slots_exactly_the_limit(sluice_factory, upst
     # The loose limit's count, once the take-backs are answered: what went through, no charge
     # of a refused request left (those refused from the deny cache never charged it).
     loose = "B" if tight == "A" else "A"
-    key = f"{PREFIX}:{loose}:{{{a if loose == 'A' else b}}}"
+    key = f"{PREFIX}:{loose}:{{{hashed_part(a if loose == 'A' else b)}}}"
     owner = redis.Redis(port=cluster.owner(slot(cluster, key)))
     deadline = time.monotonic() + 5
     while (count := struct.unpack("<Id", owner.get(key))[1]) != 15 and \
@@ -166,11 +166,11 @@ def test_a_slot_moved_under_load_admits_nothing_beyond_the_limit(sluice_factory,
     wait_admin(gw, "/ready", 200)
     avoid_window_boundary_cluster(cluster, 3600, 60)
     a, b = values_in_other_slots(cluster, "A", "B")
-    key_a = f"{PREFIX}:A:{{{a}}}"
+    key_a = f"{PREFIX}:A:{{{hashed_part(a)}}}"
     slot_a = slot(cluster, key_a)
     source = cluster.owner(slot_a)
     target = next(p for p in cluster.ports if p not in (source, cluster.owner(
-        slot(cluster, f"{PREFIX}:B:{{{b}}}"))))
+        slot(cluster, f"{PREFIX}:B:{{{hashed_part(b)}}}"))))
     statuses, stop = [], threading.Event()
 
     def client():
@@ -214,7 +214,7 @@ def test_a_slot_taken_in_one_slot_is_freed_when_another_refuses(sluice_factory, 
     wait_admin(gw, "/ready", 200)
     avoid_window_boundary_cluster(cluster, 3600, 30)
     a, b = values_in_other_slots(cluster, "S", "B")
-    key_s = f"{PREFIX}:S:{{{a}}}"
+    key_s = f"{PREFIX}:S:{{{hashed_part(a)}}}"
     owner_s = cluster.owner(slot(cluster, key_s))
     assert gw.get("/status/200", [("X-A", a), ("X-B", b)]).status == 200
     for _ in range(3):

@@ -43,6 +43,13 @@ name = "per_tenant"
 by = ["tenant"]
 limit = 5
 window = "1m"
+[[limit]]
+name = "per_email"
+by = ["ip", "json:email"]
+limit = 5
+window = "1m"
+on_missing = "shared"
+fold = "lower"
 [[plan]]
 name = "pro"
 limits = { per_user = 1000, per_tenant = 50 }
@@ -100,6 +107,7 @@ TEST_SUITE("admin: /limits") {
   }
 
   TEST_CASE("resolveLimit: the request path's key, the plan's quota") {
+    using sluice::ratelimit::hashedPart;
     const auto config = load(kLimits);
     sluice::ratelimit::AppliedLimit l;
     LimitQueryError error;
@@ -119,17 +127,23 @@ TEST_SUITE("admin: /limits") {
     // configured tenant takes its plan's quota and burst.
     REQUIRE(resolveLimit(*config, "per_user", query("header:X-User=alice&api_key=key_abc"), &l,
                          &error));
-    CHECK(l.key == "rl:t:per_user:{key_abc:alice}");
+    CHECK(l.key == "rl:t:per_user:{" + hashedPart("key_abc") + ":" + hashedPart("alice") + "}");
     CHECK(l.limit == 1000);
     CHECK(l.burst == 1000);
     REQUIRE(
         resolveLimit(*config, "per_user", query("api_key=other&header%3AX-User=a+b"), &l, &error));
-    CHECK(l.key == "rl:t:per_user:{other:" + sluice::ratelimit::hashedPart("a b") + "}");
+    CHECK(l.key == "rl:t:per_user:{" + hashedPart("other") + ":" + hashedPart("a b") + "}");
     CHECK(l.limit == 100);
     REQUIRE(resolveLimit(*config, "per_tenant", query("tenant=acme"), &l, &error));
     CHECK(l.limit == 50);
     REQUIRE(resolveLimit(*config, "per_tenant", query("tenant=nobody"), &l, &error));
     CHECK(l.limit == 5);
+    // fold = "lower" as on the request path; a shared limit's part left out is the shared key.
+    REQUIRE(
+        resolveLimit(*config, "per_email", query("ip=192.0.2.1&json:email=Ann@X.org"), &l, &error));
+    CHECK(l.key == "rl:t:per_email:{192.0.2.1:" + hashedPart("ann@x.org") + "}");
+    REQUIRE(resolveLimit(*config, "per_email", query("ip=192.0.2.1"), &l, &error));
+    CHECK(l.key == "rl:t:per_email:{192.0.2.1:!none}");
   }
 
   TEST_CASE("resolveLimit: 404 for an unknown limit, 400 naming the expected parts") {

@@ -245,6 +245,43 @@ limits = { tb = 2 }
           "slots)");
   }
 
+  TEST_CASE("on_missing: deny by default on body fields, skip elsewhere; fold = lower") {
+    using sluice::config::OnMissing;
+    auto limit = [](std::string by, std::string extra = {}) {
+      return "[[limit]]\nname = \"l\"\nby = " + by + "\nlimit = 4\nwindow = \"1m\"\n" + extra;
+    };
+    CHECK(load(limit(R"(["api_key"])"))->limits[0].on_missing == OnMissing::Skip);
+    CHECK(load(limit(R"(["header:X-User", "cookie:c", "query:q", "session"])"))
+              ->limits[0]
+              .on_missing == OnMissing::Skip);
+    CHECK(load(limit(R"(["json:user"])"))->limits[0].on_missing == OnMissing::Deny);
+    CHECK(load(limit(R"(["ip", "form:username"])"))->limits[0].on_missing == OnMissing::Deny);
+    CHECK(load(limit(R"(["json:user"])", "on_missing = \"skip\"\n"))->limits[0].on_missing ==
+          OnMissing::Skip);
+    CHECK(load(limit(R"(["api_key"])", "on_missing = \"shared\"\n"))->limits[0].on_missing ==
+          OnMissing::Shared);
+    CHECK(load(limit(R"(["api_key"])", "on_missing = \"deny\"\n"))->limits[0].on_missing ==
+          OnMissing::Deny);
+    CHECK(errorsOf(limit(R"(["api_key"])", "on_missing = \"refuse\"\n")) ==
+          "t.toml:6:14: limit[0].on_missing: unknown value 'refuse' (expected skip, deny or "
+          "shared)");
+    CHECK(errorsOf(limit(R"(["api_key"])", "on_missing = true\n")) ==
+          "t.toml:6:14: limit[0].on_missing: expected a string, got a boolean");
+    const ConfigPtr folded =
+        load(limit(R"(["ip", "json:email", "header:X-User", "route"])", "fold = \"lower\"\n"));
+    const auto& by = folded->limits[0].by;
+    CHECK_FALSE(by[0].fold_lower);
+    CHECK(by[1].fold_lower);
+    CHECK(by[2].fold_lower);
+    CHECK_FALSE(by[3].fold_lower);
+    CHECK_FALSE(load(limit(R"(["json:email"])", "fold = \"none\"\n"))->limits[0].by[0].fold_lower);
+    CHECK(errorsOf(limit(R"(["json:email"])", "fold = \"upper\"\n")) ==
+          "t.toml:6:8: limit[0].fold: unknown value 'upper' (expected none or lower)");
+    CHECK(errorsOf(limit(R"(["ip", "route"])", "fold = \"lower\"\n")) ==
+          "t.toml:6:8: limit[0].fold: none of the parts of `by` is a value a client writes (ip, "
+          "route, method and tenant are never folded)");
+  }
+
   TEST_CASE("unknown enum values list the choices") {
     CHECK(errorsOf("[server]\nrate_limit_headers = \"draft\"\n") ==
           "t.toml:2:22: server.rate_limit_headers: unknown value 'draft' (expected ietf, legacy, "
@@ -370,7 +407,7 @@ api_keys = []
           "t.toml:3:6: limit[0].by: must name at least one key part, such as [\"ip\"]");
     // Cluster mode needs no hash tag in key_prefix: each key's parts are its tag (a tag in the
     // prefix is allowed, and puts every key in its slot).
-    CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\n"))->valkey.key_prefix == "rl:v1");
+    CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\n"))->valkey.key_prefix == "rl:v2");
     CHECK(load(withBase("[valkey]\nnodes = [\"10.0.0.1:7000\"]\nkey_prefix = \"{rl}:v1\"\n"))
               ->valkey.key_prefix == "{rl}:v1");
     CHECK(errorsOf("[valkey]\nnodes = []\n") ==
@@ -418,6 +455,23 @@ api_keys = []
     CHECK(errorsOf("[admin]\ntoken = \"x\"\n").find("admin.token") != std::string::npos);
     ::unsetenv("SLUICE_TEST_ADMIN_TOKEN");
     ::unsetenv("SLUICE_TEST_EMPTY_TOKEN");
+  }
+
+  TEST_CASE("valkey: key_secret_env names a variable that is set and not empty") {
+    ::setenv("SLUICE_TEST_KEY_SECRET", "k3y", 1);
+    ::unsetenv("SLUICE_TEST_UNSET_SECRET");
+    const ConfigPtr c = load("[valkey]\nkey_secret_env = \"SLUICE_TEST_KEY_SECRET\"\n");
+    CHECK(c->valkey.key_secret_env == "SLUICE_TEST_KEY_SECRET");
+    CHECK(c->valkey.key_secret == "k3y");
+    CHECK(load("[valkey]\n")->valkey.key_secret.empty());
+    CHECK(errorsOf("[valkey]\nkey_secret_env = \"SLUICE_TEST_UNSET_SECRET\"\n") ==
+          "t.toml:2:18: valkey.key_secret_env: the environment variable SLUICE_TEST_UNSET_SECRET "
+          "is not set or empty: key parts would be hashed without the secret, and every gateway "
+          "must use the same one");
+    CHECK(errorsOf("[valkey]\nkey_secret_env = \"k3y value\"\n") ==
+          "t.toml:2:18: valkey.key_secret_env: expected the name of an environment variable, "
+          "such as \"SLUICE_KEY_SECRET\" (never the secret itself)");
+    ::unsetenv("SLUICE_TEST_KEY_SECRET");
   }
 
   TEST_CASE("key parts of a limit") {

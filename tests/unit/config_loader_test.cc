@@ -40,7 +40,7 @@ TEST_SUITE("config loader: good files") {
     CHECK(c.log.access_log == "stdout");
     // No limits and no [valkey]: the gateway runs without Valkey.
     CHECK_FALSE(c.hasValkey());
-    CHECK(c.valkey.key_prefix == "rl:v1");
+    CHECK(c.valkey.key_prefix == "rl:v2");
     CHECK(c.valkey.timeout == 25ms);
     CHECK(c.valkey.connect_timeout == 1s);
     CHECK(c.identity.trusted_proxies.empty());
@@ -50,6 +50,7 @@ TEST_SUITE("config loader: good files") {
     CHECK_FALSE(c.identity.reject_unknown_api_keys);
     CHECK(c.identity.valkey_tenants);
     CHECK(c.identity.tenant_cache_ttl == 10s);
+    CHECK(c.identity.tenant_cache_entries == 65536);
 
     REQUIRE(c.upstreams.size() == 1);
     const UpstreamConfig& u = c.upstreams[0];
@@ -209,6 +210,7 @@ TEST_SUITE("config loader: good files") {
     CHECK(c.identity.reject_unknown_api_keys);
     CHECK_FALSE(c.identity.valkey_tenants);
     CHECK(c.identity.tenant_cache_ttl == 0ms);
+    CHECK(c.identity.tenant_cache_entries == 1000);
 
     REQUIRE(c.upstreams.size() == 2);
     const UpstreamConfig& secure = c.upstreams[0];

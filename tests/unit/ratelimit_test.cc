@@ -181,10 +181,10 @@ TEST_SUITE("ratelimit: applied limits") {
     const auto limits = f.run();
     REQUIRE(limits.size() == 5);
     CHECK(limits[0].key == "rl:v1:per_ip:{192.0.2.1}");
-    CHECK(limits[1].key == "rl:v1:per_key:{key_abc}");
-    CHECK(limits[2].key == "rl:v1:implicit:{key_abc}");
+    CHECK(limits[1].key == "rl:v1:per_key:{" + hashedPart("key_abc") + "}");
+    CHECK(limits[2].key == "rl:v1:implicit:{" + hashedPart("key_abc") + "}");
     CHECK(limits[3].key == "rl:v1:composite:{192.0.2.1:api:POST}");
-    CHECK(limits[4].key == "rl:v1:per_team:{blue}");
+    CHECK(limits[4].key == "rl:v1:per_team:{" + hashedPart("blue") + "}");
     CHECK(limits[1].limit == 1000);
     CHECK(limits[1].burst == 50);
     CHECK(limits[2].cost == 3);
@@ -217,8 +217,50 @@ TEST_SUITE("ratelimit: applied limits") {
     h.head.headers.add("X-Team", "red");
     h.head.headers.add("X-Team", "blue");
     appliedLimits(h.config, h.route, h.facts, &ambiguous, &limits);
-    CHECK(ambiguous == "header:X-Team");
+    CHECK(ambiguous ==
+          "several different values for header:X-Team, which a rate limit is keyed on");
     CHECK(limits.empty());
+  }
+
+  TEST_CASE("on_missing: skip, deny (a shadow limit skips), shared; fold lowers the value") {
+    Fixture f;
+    using sluice::config::OnMissing;
+    LimitConfig& team = f.config.limits[4];  // per_team, by header:X-Team
+    team.by[0].text = "header:X-Team";
+    auto run = [&](std::string* refusal) {
+      std::vector<AppliedLimit> out;
+      refusal->clear();
+      appliedLimits(f.config, f.route, f.facts, refusal, &out);
+      return out;
+    };
+    std::string refusal;
+    CHECK(run(&refusal).size() == 2);  // skip: per_ip and composite
+    team.on_missing = OnMissing::Deny;
+    CHECK(run(&refusal).empty());
+    CHECK(refusal == "limit per_team is keyed on header:X-Team, which this request lacks");
+    team.shadow = true;  // never refuses, so it does not apply
+    CHECK(run(&refusal).size() == 2);
+    CHECK(refusal.empty());
+    team.shadow = false;
+    team.on_missing = OnMissing::Shared;
+    auto limits = run(&refusal);
+    REQUIRE(limits.size() == 3);
+    CHECK(limits[2].key == "rl:v1:per_team:{!none}");
+    f.head.headers.add("X-Team", "!none");  // a value is never keyed as the missing part
+    limits = run(&refusal);
+    REQUIRE(limits.size() == 3);
+    CHECK(limits[2].key == "rl:v1:per_team:{" + hashedPart("!none") + "}");
+    // fold: Victim@ and victim@ share a key.
+    sluice::http::MessageHead other;
+    other.method = "POST";
+    other.headers.add("X-Team", "Victim@Example.COM");
+    f.facts.head = &other;
+    team.by[0].fold_lower = true;
+    limits = run(&refusal);
+    REQUIRE(limits.size() == 3);
+    CHECK(limits[2].key == "rl:v1:per_team:{" + hashedPart("victim@example.com") + "}");
+    CHECK(limitKey(f.config.valkey, team, {std::string("VICTIM@example.com")}) == limits[2].key);
+    CHECK(limitKey(f.config.valkey, team, {std::nullopt}) == "rl:v1:per_team:{!none}");
   }
 
   TEST_CASE("part values are encoded: IPv6 keeps its colons, other values do not") {
@@ -265,6 +307,28 @@ TEST_SUITE("ratelimit: applied limits") {
     // The configuration itself is not touched.
     CHECK(f.config.limits[1].limit == 1000);
     CHECK(f.config.limits[2].burst == 10);
+  }
+
+  TEST_CASE("credential and personal parts are hashed; with a secret, by HMAC-SHA256") {
+    Fixture f;
+    f.facts.api_key = "sk_live_abc";
+    f.head.headers.add("X-Team", "blue");
+    auto limits = f.run();
+    REQUIRE(limits.size() == 5);
+    CHECK(limits[0].key == "rl:v1:per_ip:{192.0.2.1}");              // readable
+    CHECK(limits[3].key == "rl:v1:composite:{192.0.2.1:api:POST}");  // readable
+    CHECK(limits[1].key.find("sk_live") == std::string::npos);
+    // SHA-256("sk_live_abc"), the first 16 bytes: the key names no credential.
+    CHECK(hashedPart("sk_live_abc") == "~b2817799acd7f3337c32f967a7c4ca32");
+    f.config.valkey.key_secret = "s3cret";
+    limits = f.run();
+    // HMAC-SHA256("s3cret", "sk_live_abc") (openssl dgst -sha256 -hmac s3cret), 16 bytes.
+    CHECK(hashedPart("sk_live_abc", "s3cret") == "~2328ec77cb416ec6c402d08dca54e68c");
+    CHECK(limits[1].key == "rl:v1:per_key:{" + hashedPart("sk_live_abc", "s3cret") + "}");
+    CHECK(limits[4].key == "rl:v1:per_team:{" + hashedPart("blue", "s3cret") + "}");
+    CHECK(limits[0].key == "rl:v1:per_ip:{192.0.2.1}");
+    // A secret longer than a block is hashed first (RFC 2104; Python's hmac module).
+    CHECK(hashedPart("x", std::string(100, 'k')) == "~8c1858bff6cf9cb73708b4b54f43bca6");
   }
 
   TEST_CASE("the key prefix is the configured one") {
