@@ -78,15 +78,13 @@ void Loader::loadLimit(TableReader& r) {
   }
 }
 
-// on_missing and fold, once `by` is read (the default of on_missing depends on its parts).
+// on_missing and fold, once `by` is read (fold applies to the parts it names).
 void Loader::readOnMissingAndFold(TableReader& r, LimitConfig& l) {
   using Kind = KeyPartKind;
-  const bool body_part = std::any_of(l.by.begin(), l.by.end(), [](const KeyPart& p) {
-    return p.kind == Kind::Form || p.kind == Kind::Json;
-  });
-  // A login or reset route's requests all carry their body field: one without it is a client
-  // sidestepping the limit. Other parts (an API key, a cookie) are optional by nature.
-  l.on_missing = body_part ? OnMissing::Deny : OnMissing::Skip;
+  // The default is the contract's (PRODUCT.md: a limit whose key part is absent does not apply
+  // to that request), for every kind of part; each such request is counted (outcome
+  // "skipped"), so a limit side-stepped this way shows. A login route sets "deny".
+  l.on_missing = OnMissing::Skip;
   if (auto v = r.enumeration<OnMissing>(
           "on_missing",
           {{"skip", OnMissing::Skip}, {"deny", OnMissing::Deny}, {"shared", OnMissing::Shared}})) {

@@ -170,7 +170,11 @@ void Admission::decide() {
   state_ = State::Deciding;
   const config::Config& config = *snapshot_->config;
   std::string refusal;
-  ratelimit::appliedLimits(config, *route_, facts_, &refusal, &applied_);
+  skipped_.clear();
+  ratelimit::appliedLimits(config, *route_, facts_, &refusal, &applied_, &skipped_);
+  for (const config::LimitConfig* limit : skipped_) {
+    snapshot_->decisionCounter(limit, ratelimit::Outcome::Skipped).inc();
+  }
   if (!refusal.empty()) {
     refuse(http::problemResponse(400, refusal));
     return;

@@ -100,6 +100,7 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   const config::RouteConfig* route_ = nullptr;
   identity::RequestFacts facts_;
   std::vector<ratelimit::AppliedLimit> applied_;
+  std::vector<const config::LimitConfig*> skipped_;  // limits whose part the request lacks
   std::vector<ratelimit::LimitResult> results_;
   std::string body_;  // raw body read for form: / json: key parts
   std::string rate_headers_;

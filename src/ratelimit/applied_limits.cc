@@ -7,7 +7,8 @@ namespace sluice::ratelimit {
 
 void appliedLimits(const config::Config& config, const config::RouteConfig& route,
                    const identity::RequestFacts& facts, std::string* refusal,
-                   std::vector<AppliedLimit>* out) {
+                   std::vector<AppliedLimit>* out,
+                   std::vector<const config::LimitConfig*>* skipped) {
   size_t n = 0;
   for (size_t index : route.limit_indices) {
     const config::LimitConfig& limit = config.limits[index];
@@ -43,7 +44,10 @@ void appliedLimits(const config::Config& config, const config::RouteConfig& rout
       }
       appendKeyPart(&key, i, part, *value.value, config.valkey.key_secret);
     }
-    if (!applies) continue;
+    if (!applies) {
+      if (skipped) skipped->push_back(&limit);
+      continue;
+    }
     endLimitKey(&key);
     applied.config = &limit;
     resolveQuota(limit, facts.plan, &applied);

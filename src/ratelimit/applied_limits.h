@@ -19,8 +19,10 @@ namespace sluice::ratelimit {
 // deny), returns nothing and writes the reason, naming the part, into *refusal (for a 400).
 // Fills *out (its entries and their keys are reused: the next request of a connection builds
 // its keys without allocating).
+// `skipped` (when not null) gets the limits that did not apply for a missing part.
 void appliedLimits(const config::Config& config, const config::RouteConfig& route,
                    const identity::RequestFacts& facts, std::string* refusal,
-                   std::vector<AppliedLimit>* out);
+                   std::vector<AppliedLimit>* out,
+                   std::vector<const config::LimitConfig*>* skipped = nullptr);
 
 }  // namespace sluice::ratelimit

@@ -17,6 +17,8 @@ const char* toString(Outcome outcome) {
       return "error_denied";
     case Outcome::ShadowDenied:
       return "shadow_denied";
+    case Outcome::Skipped:
+      return "skipped";
   }
   return "unknown";
 }

@@ -21,7 +21,8 @@ namespace sluice::ratelimit {
 inline constexpr int64_t kMaxCost = 1'000'000'000'000'000;
 inline constexpr int64_t kMaxWaitMs = int64_t{2'147'483'647} * 1000;
 
-enum class Outcome { Allowed, Denied, ErrorAllowed, ErrorDenied, ShadowDenied };
+// Skipped: the limit did not apply, its key part missing from the request (on_missing = skip).
+enum class Outcome { Allowed, Denied, ErrorAllowed, ErrorDenied, ShadowDenied, Skipped };
 const char* toString(Outcome outcome);
 
 // How a limit's cost is charged in a decision.

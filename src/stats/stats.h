@@ -225,8 +225,8 @@ constexpr bool everyValueNamed(const std::array<const char*, N>& values) {
 // In the order of ratelimit::Outcome (stats_test checks the names against its toString).
 struct Outcome : Listed<Outcome> {
   static constexpr const char* kName = "outcome";
-  static constexpr std::array kValues = {"allowed", "denied", "error_allowed", "error_denied",
-                                         "shadow_denied"};
+  static constexpr std::array kValues = {"allowed",      "denied",        "error_allowed",
+                                         "error_denied", "shadow_denied", "skipped"};
   static constexpr size_t kSize = kValues.size();
 };
 

@@ -8,7 +8,7 @@ import hmac
 import json
 import time
 
-from conftest import hashed_part, limit_cfg, limit_keys, route_cfg, sluice_with_limits
+from conftest import hashed_part, limit_cfg, limit_keys, metric_sum, route_cfg, sluice_with_limits
 
 TRUSTED_LOOPBACK = {"trusted_proxies": ["127.0.0.1/32"]}
 
@@ -32,9 +32,11 @@ def multipart(fields, boundary="sluice-b0undary"):
 # ------------------------------------------------------------------------------ body fields
 
 FIELD_LIMITS = [
-    limit_cfg("per_json_user", "fixed_window", 3, "1h", by=["json:email"], fold="lower"),
-    limit_cfg("per_form_user", "fixed_window", 3, "1h", by=["form:username"], fold="lower"),
-    limit_cfg("json_skip", "fixed_window", 1, "1h", by=["json:email"], on_missing="skip"),
+    limit_cfg("per_json_user", "fixed_window", 3, "1h", by=["json:email"], fold="lower",
+              on_missing="deny"),
+    limit_cfg("per_form_user", "fixed_window", 3, "1h", by=["form:username"], fold="lower",
+              on_missing="deny"),
+    limit_cfg("json_skip", "fixed_window", 1, "1h", by=["json:email"]),
     limit_cfg("json_shared", "fixed_window", 2, "1h", by=["json:email"], on_missing="shared"),
 ]
 FIELD_ROUTES = [
@@ -65,7 +67,7 @@ def test_json_and_form_fields_cannot_be_sidestepped_by_spelling(sluice_factory, 
         r = post(gw, "/echo/login.json", json.dumps({"email": value}).encode(), "application/json")
         assert r.status == 400, (value, r)
         assert "json:email must be a string" in r.json()["detail"]
-    # Without the field (or with a body that is not JSON): refused by default, naming the limit.
+    # Without the field (or with a body that is not JSON): refused under deny, naming the limit.
     for body in (b'{"user": "victim@example.com"}', b"email=victim@example.com", b""):
         r = post(gw, "/echo/login.json", body, "application/json")
         assert r.status == 400, (body, r)
@@ -92,8 +94,11 @@ def test_json_and_form_fields_cannot_be_sidestepped_by_spelling(sluice_factory, 
     assert post(gw, "/echo/login?username=bob", b"username=bob&password=x",
                 "application/x-www-form-urlencoded").status == 200, "the same value twice is one"
 
-    # on_missing = "skip": today's behaviour, explicitly; "shared": one budget for all without.
+    # The default (skip, the contract's): the limit does not apply, and each request is counted;
+    # "shared": one budget for all without.
     assert [post(gw, "/echo/skip", b"{}", "application/json").status for _ in range(3)] == [200] * 3
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total", limit="json_skip",
+                      outcome="skipped") == 3
     assert [post(gw, "/echo/shared", b"{}", "application/json", ip=f"203.0.113.{i}").status
             for i in range(1, 4)] == [200, 200, 429]
     assert post(gw, "/echo/shared", j("carol@example.com"), "application/json").status == 200

@@ -245,7 +245,7 @@ limits = { tb = 2 }
           "slots)");
   }
 
-  TEST_CASE("on_missing: deny by default on body fields, skip elsewhere; fold = lower") {
+  TEST_CASE("on_missing: skip by default on every kind of part (the contract); fold = lower") {
     using sluice::config::OnMissing;
     auto limit = [](std::string by, std::string extra = {}) {
       return "[[limit]]\nname = \"l\"\nby = " + by + "\nlimit = 4\nwindow = \"1m\"\n" + extra;
@@ -254,10 +254,10 @@ limits = { tb = 2 }
     CHECK(load(limit(R"(["header:X-User", "cookie:c", "query:q", "session"])"))
               ->limits[0]
               .on_missing == OnMissing::Skip);
-    CHECK(load(limit(R"(["json:user"])"))->limits[0].on_missing == OnMissing::Deny);
-    CHECK(load(limit(R"(["ip", "form:username"])"))->limits[0].on_missing == OnMissing::Deny);
-    CHECK(load(limit(R"(["json:user"])", "on_missing = \"skip\"\n"))->limits[0].on_missing ==
-          OnMissing::Skip);
+    CHECK(load(limit(R"(["json:user"])"))->limits[0].on_missing == OnMissing::Skip);
+    CHECK(load(limit(R"(["ip", "form:username"])"))->limits[0].on_missing == OnMissing::Skip);
+    CHECK(load(limit(R"(["json:user"])", "on_missing = \"deny\"\n"))->limits[0].on_missing ==
+          OnMissing::Deny);
     CHECK(load(limit(R"(["api_key"])", "on_missing = \"shared\"\n"))->limits[0].on_missing ==
           OnMissing::Shared);
     CHECK(load(limit(R"(["api_key"])", "on_missing = \"deny\"\n"))->limits[0].on_missing ==
