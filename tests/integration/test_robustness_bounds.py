@@ -20,6 +20,19 @@ def small_receive_buffer_client(port: int) -> socket.socket:
     return s
 
 
+def send_without_reading(s: socket.socket, data: bytes, seconds: float = 5) -> int:
+    """Writes as much of `data` as the peer takes within `seconds`, reading nothing back."""
+    s.setblocking(False)
+    sent = 0
+    deadline = time.monotonic() + seconds
+    while sent < len(data) and time.monotonic() < deadline:
+        try:
+            sent += s.send(data[sent:sent + 65536])
+        except BlockingIOError:
+            time.sleep(0.01)
+    return sent
+
+
 def test_admin_pipelined_metrics_unread_stay_bounded(sluice_factory, upstream):
     """9,000 pipelined GET /metrics from a client that never reads: the admin listener stops
     reading once its unsent answers pass its high-water mark, so memory does not grow with the
@@ -27,16 +40,7 @@ def test_admin_pipelined_metrics_unread_stay_bounded(sluice_factory, upstream):
     gw = sluice_factory(upstream)
     base = settled_rss_kb(gw)
     s = small_receive_buffer_client(gw.admin_port)
-    s.setblocking(False)
-    request = b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n"
-    data = request * 9000
-    sent = 0
-    deadline = time.monotonic() + 5
-    while sent < len(data) and time.monotonic() < deadline:
-        try:
-            sent += s.send(data[sent:sent + 65536])
-        except BlockingIOError:
-            time.sleep(0.01)
+    send_without_reading(s, b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n" * 9000)
     grown = settled_rss_kb(gw, settle=1.0) - base
     s.close()
     # The kernel's socket buffers fill, then the gateway stops reading: far from 9,000 answers
@@ -104,15 +108,7 @@ def test_local_answers_on_a_pipelined_connection_wait_for_the_client(sluice_fact
                                            "upstream": "app"}])
     base = settled_rss_kb(gw)
     s = small_receive_buffer_client(gw.port)
-    s.setblocking(False)
-    data = b"GET /nowhere HTTP/1.1\r\nHost: a\r\n\r\n" * 40000
-    sent = 0
-    deadline = time.monotonic() + 5
-    while sent < len(data) and time.monotonic() < deadline:
-        try:
-            sent += s.send(data[sent:sent + 65536])
-        except BlockingIOError:
-            time.sleep(0.01)
+    send_without_reading(s, b"GET /nowhere HTTP/1.1\r\nHost: a\r\n\r\n" * 40000)
     grown = settled_rss_kb(gw, settle=1.0) - base
     s.close()
     assert grown < RSS_BOUND_KB, f"RSS grew by {grown} kB"
