@@ -323,11 +323,11 @@ enum class Show { Always, Counted };
     "Client connections open now.")                                                                \
   M(connections_total, Counter, "sluice_connections_total", Show::Always,                        \
     "Client connections accepted.")                                                                \
-  M(connections_refused, Counter, "sluice_connections_refused_total", Show::Counted,             \
+  M(connections_refused, Counter, "sluice_connections_refused_total", Show::Always,              \
     "Client connections closed at accept, by reason (max_connections, "                            \
     "max_connections_per_client, descriptors: the reserve for Valkey, upstreams and admin).",      \
     ConnectionRefusal)                                                                             \
-  M(client_timeouts, Counter, "sluice_client_timeouts_total", Show::Counted,                     \
+  M(client_timeouts, Counter, "sluice_client_timeouts_total", Show::Always,                      \
     "Client connections closed for a stalled read of a response (send) or a request body past "   \
     "request_body_timeout.", ClientTimeout)                                                        \
   M(requests, Counter, "sluice_requests_total", Show::Counted,                                   \
