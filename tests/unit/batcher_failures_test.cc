@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "batcher_fixture.h"
 #include "batcher_support.h"
 #include "config/config.h"
 #include "fake_store.h"
@@ -44,29 +45,13 @@ Reply errorReply(std::string text) {
   return r;
 }
 
-struct Fixture {
-  Fixture() {
-    store = std::make_shared<FakeStore>();
-    resender = std::make_unique<Resender>(l.get(), stats);
-    batcher = std::make_unique<DecisionBatcher>(stats, *resender);
-  }
-  ~Fixture() {
-    batcher.reset();
-    resender.reset();
-    l.close();
-  }
+struct Fixture : sluice::testing::BatcherFixture {
   // The worker's end-of-iteration hook: the batches queued so far go out, then the store
   // writes what they queued.
   void iterate() {
     batcher->flush();
     store->flush();
   }
-
-  sluice::testing::TestLoop l;
-  sluice::stats::WorkerStats stats;
-  std::unique_ptr<Resender> resender;
-  std::shared_ptr<FakeStore> store;
-  std::unique_ptr<DecisionBatcher> batcher;
 };
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "batcher_fixture.h"
 #include "batcher_support.h"
 #include "config/config.h"
 #include "fake_store.h"
@@ -44,27 +45,9 @@ uint64_t compensations(sluice::stats::WorkerStats& stats, Result::Value result) 
   return stats.valkey_compensations[result].value();
 }
 
-// A fake store and a batcher (which holds no loop handle: the worker's hook flushes it); its
-// take-backs go through a Resender on a loop of the test's own.
-struct Fixture {
-  Fixture() {
-    store = std::make_shared<FakeStore>();
-    resender = std::make_unique<Resender>(l.get(), stats);
-    batcher = std::make_unique<DecisionBatcher>(stats, *resender);
-  }
-  ~Fixture() {
-    batcher.reset();
-    resender.reset();
-    l.close();
-  }
+struct Fixture : sluice::testing::BatcherFixture {
   // The end of a loop iteration: the batches queued so far go out.
   void iterate() { batcher->flush(); }
-
-  sluice::testing::TestLoop l;
-  sluice::stats::WorkerStats stats;
-  std::unique_ptr<Resender> resender;
-  std::shared_ptr<FakeStore> store;
-  std::unique_ptr<DecisionBatcher> batcher;
 };
 
 }  // namespace
