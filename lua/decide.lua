@@ -23,13 +23,17 @@
 --   reply              the call's time T (server microseconds; every charge of the call is of
 --                      that time), then per request, in order: remaining, reset_ms, retry_ms
 --                      per limit (retry_ms 0: the limit allows, at least 1: it refuses; the
---                      request is refused when a limit that is not a shadow refuses), or, when
---                      deciding it failed, one string: the error
+--                      request is refused when a limit that is not a shadow refuses), and for
+--                      a token_bucket limit whose definition is a shadow that counts denied
+--                      requests a 4th: the debt (whole us, rounded down) its charge added (a
+--                      refusal empties the bucket: not the cost), or, when deciding it failed,
+--                      one string: the error
 --   undo               function <decide function>_undo, which takes back a call's charges (a
 --                      request refused in another slot): KEYS the keys, ARGV 5 per key:
 --                      algorithm, limit, window_ms, cost, T of the call that charged it (a
---                      concurrency limit: the name of the slot); reply: how many keys it
---                      changed
+--                      concurrency limit: the name of the slot); a token_bucket's cost may be
+--                      written "u<N>": N us of debt (a decide reply's 4th value) instead of
+--                      cost tokens; reply: how many keys it changed
 --   lease              function <decide function>_lease, on concurrency slots: KEYS the keys,
 --                      ARGV[1] "renew" or "release", then 2 per key: the slot's name, the
 --                      lease (ms). renew: a slot still held is held for the lease from now
@@ -359,8 +363,17 @@ local function undo_batch(KEYS, ARGV)
     if module == nil then error('unknown algorithm ' .. tostring(ARGV[a + 1])) end
     local at = ARGV[a + 5]  -- a time, or a concurrency slot's name
     if ARGV[a + 1] ~= 'concurrency' then at = at + 0 end
-    changed = changed + module.undo(KEYS[i], ARGV[a + 2] + 0, ARGV[a + 3] + 0, ARGV[a + 4] + 0,
-                                    at, now_us)
+    local cost, debt_us = ARGV[a + 4], false  -- tokens, or "u<N>": N us of a bucket's debt
+    if string.byte(cost) == 117 then
+      debt_us = tonumber(string.sub(cost, 2))
+      if debt_us == nil or not (debt_us >= 0 and debt_us <= 2147483647e6) or debt_us % 1 ~= 0
+          or ARGV[a + 1] ~= 'token_bucket' then
+        error('bad debt in an undo: ' .. cost)
+      end
+      cost = 0
+    end
+    changed = changed + module.undo(KEYS[i], ARGV[a + 2] + 0, ARGV[a + 3] + 0, cost + 0, at,
+                                    now_us, debt_us)
   end
   return changed
 end
@@ -395,6 +408,7 @@ local function peek(KEYS, ARGV)
   local allowed = module.check(1, key, value, p, now_us)
   local out = {}
   module.report(1, p, allowed, out, 0)
+  out[4] = nil  -- (a token bucket's charge: none, and a peek's reply is 3 values)
   return out
 end
 

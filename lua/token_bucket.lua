@@ -54,6 +54,9 @@ local key_of, debt_of, window_of = {}, {}, {}  -- by key index: the key, TAT - n
 -- tables live as long as the library, so a call reuses them instead of building new ones.
 local seen, queued = {}, {}  -- by key index: the call that read it, that queued it
 local changed, changes, call = {}, 0, 0  -- key indices to write, in order; the call
+-- The debt (us) the last settle added, which report writes as a 4th value for a limit that is a
+-- shadow and counts denied requests (its refusal's take-back restores exactly that: below).
+local added = 0
 
 local function start()
   call = call + 1
@@ -78,13 +81,16 @@ local function check(k, key, value, p, now_us)
 end
 
 local function settle(k, p, allowed, charge)
+  added = 0
   if not charge then return end
   local token_us = p.window * 1000 / p.limit
+  local before = debt_of[k]
   if allowed then
-    debt_of[k] = min(debt_of[k] + p.cost * token_us, MAX_DEBT_US)
+    debt_of[k] = min(before + p.cost * token_us, MAX_DEBT_US)
   else  -- a refused request that counts empties the bucket (it never refills it)
-    debt_of[k] = max(debt_of[k], min(p.burst * token_us, MAX_DEBT_US))
+    debt_of[k] = max(before, min(p.burst * token_us, MAX_DEBT_US))
   end
+  added = debt_of[k] - before
   if queued[k] ~= call then
     queued[k] = call
     changes = changes + 1
@@ -106,6 +112,10 @@ local function report(k, p, allowed, out, pos)
   out[pos + 1] = max(0, floor(p.burst - debt / token_us + 1e-9))
   out[pos + 2] = ceil(debt / 1000 - 1e-9)
   out[pos + 3] = allowed and 0 or max(1, ceil(min(retry, MAX_DEBT_US) / 1000 - 1e-9))
+  if p.shadow and p.count_denied then  -- what a take-back of this request gives back
+    out[pos + 4] = floor(added)
+    return pos + 4
+  end
   return pos + 3
 end
 
@@ -122,17 +132,18 @@ local function finish()
   end
 end
 
--- Takes back `cost` tokens taken at at_us, less the refill time that passed since: while the
--- charge stood, another request may have found the bucket fuller than it would have been
--- without it (TAT moved from its time, not from the earlier TAT), which the key cannot tell,
--- and TAT - cost * T + (now - at) is never below what TAT would be without the charge. So a
--- take-back never lets the bucket admit more than it would have; the key goes when the bucket
--- is full again.
-local function undo(key, limit, window_ms, cost, at_us, now_us)
+-- Takes back `cost` tokens taken at at_us (or, given debt_us, that debt: what the decide reply
+-- said the charge added, which for a refusal that emptied the bucket is not the cost), less
+-- the refill time that passed since: while the charge stood, another request may have found
+-- the bucket fuller than it would have been without it (TAT moved from its time, not from the
+-- earlier TAT), which the key cannot tell, and TAT - back + (now - at) is never below what TAT
+-- would be without the charge. So a take-back never lets the bucket admit more than it would
+-- have; the key goes when the bucket is full again.
+local function undo(key, limit, window_ms, cost, at_us, now_us, debt_us)
   local value = redis.call('GET', key)
   if not value then return 0 end
   local tat = value + 0
-  local back = cost * window_ms * 1000 / limit - max(0, now_us - at_us)
+  local back = (debt_us or cost * window_ms * 1000 / limit) - max(0, now_us - at_us)
   if not (back > 0) then return 0 end
   tat = ceil(min(tat, now_us + MAX_DEBT_US) - back)
   if not (tat > now_us) then

@@ -91,7 +91,7 @@ class LimitCall final : public Deferred, public valkey::CallTarget {
       }
       return;
     }
-    ratelimit::PeekResult peek;
+    ratelimit::LimitReply peek;
     if (!ratelimit::readPeekReply(reply, &peek)) {
       respond_(errorResponse(
           503, reply.isError() ? "valkey: " + reply.text : "unexpected reply from valkey"));
@@ -248,11 +248,10 @@ std::string errorJson(std::string_view message, const std::vector<std::string>& 
   return out;
 }
 
-std::string limitJson(const ratelimit::AppliedLimit& limit, const ratelimit::PeekResult& peek) {
-  // Read as a decision's values are, so `remaining` is what the RateLimit header's `r` would
+std::string limitJson(const ratelimit::AppliedLimit& limit, const ratelimit::LimitReply& peek) {
+  // Read as a decision's replies are, so `remaining` is what the RateLimit header's `r` would
   // be (never above `quota`, 0 when refused).
-  const int64_t values[3] = {peek.remaining, peek.reset_ms, peek.retry_ms};
-  const ratelimit::LimitResult r = ratelimit::limitResultFromValues(limit, values);
+  const ratelimit::LimitResult r = ratelimit::limitResultFromReply(limit, peek);
   const bool refused = r.retry_ms > 0;
   const int64_t remaining = refused ? 0 : r.remaining;
   const int64_t reset = ((refused ? r.retry_ms : r.reset_ms) + 999) / 1000;

@@ -60,7 +60,7 @@ std::string errorJson(std::string_view message, const std::vector<std::string>& 
 // The body of a GET: `peek` read as the RateLimit headers read a decision ("reset": whole
 // seconds, rounded up, until a request could pass when it would be refused, else until the
 // quota is whole again).
-std::string limitJson(const ratelimit::AppliedLimit& limit, const ratelimit::PeekResult& peek);
+std::string limitJson(const ratelimit::AppliedLimit& limit, const ratelimit::LimitReply& peek);
 
 // Answers a request whose path is /limits or below it. `store`: the main loop's (null without
 // Valkey). The configuration must outlive the answer (the caller keeps a ConfigPtr in it).

@@ -15,7 +15,7 @@ struct Entry final : PendingDecision {
   DecisionTarget* target = nullptr;  // null once told or cancelled
   // The requester's limits, valid until it is told or cancels.
   const std::vector<AppliedLimit>* limits = nullptr;
-  size_t count = 0;            // limits->size(), to read past a cancelled entry
+  size_t values = 0;           // replyValues(*limits), to read past a cancelled entry
   std::shared_ptr<void> keep;  // a split request lives as long as its parts' entries
 
  private:
@@ -36,7 +36,7 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     Entry& e = entries_.emplace_back();  // a deque: the handles stay where they are
     e.target = target;
     e.limits = &limits;
-    e.count = limits.size();
+    e.values = replyValues(limits);
     return &e;
   }
   // A charge of one limit that nobody waits for.
@@ -45,7 +45,7 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     script_.add(limits);
     Entry& e = entries_.emplace_back();
     e.limits = &limits;
-    e.count = 1;
+    e.values = replyValues(limits);
   }
   size_t requests() const { return entries_.size(); }
 
@@ -74,7 +74,7 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     {
       DecisionReader shape(reply.elements);
       for (const Entry& e : entries_) {
-        if (shape.next(e.count, &error) == ReplyPart::Malformed) {
+        if (shape.skip(e.values, &error) == ReplyPart::Malformed) {
           malformed();
           return;
         }
@@ -88,10 +88,11 @@ class DecisionBatcher::Batch final : public valkey::CallTarget {
     DecisionReader reader(reply.elements);
     Decision decision;  // one for all: its vector is reused
     for (Entry& e : entries_) {
-      switch (reader.next(e.count, &error)) {
+      // (a cancelled entry's limits may be gone: its part is stepped over by its size)
+      switch (e.target ? reader.next(*e.limits, &error) : reader.skip(e.values, &error)) {
         case ReplyPart::Decided:
           if (!e.target) break;
-          decisionFromValues(*e.limits, reader.values(), &decision);
+          decisionFromReplies(*e.limits, reader.replies().data(), &decision);
           decision.charged_at_us = reader.timeUs();
           take(e)->onDecision(decision);
           break;
@@ -228,28 +229,25 @@ class DecisionBatcher::Split final : public PendingDecision {
   // The request is refused: every part that allowed charged its limits (those that allowed,
   // and shadow ones that count denied requests); one call per such part takes them back.
   void takeBack() {
-    std::vector<const AppliedLimit*> charged;
+    std::vector<UndoItem> charged;
     for (const Part& p : parts_) {
       if (!p.answered || p.decision.verdict != Decision::Verdict::Allow) continue;
       charged.clear();
       for (size_t j = 0; j < p.limits.size(); ++j) {
         const AppliedLimit& l = p.limits[j];
+        const LimitResult& r = p.decision.limits[j];
         if (l.charge == Charge::Later) continue;  // (charged nothing yet)
-        if (p.decision.limits[j].outcome == Outcome::Allowed) {
-          charged.push_back(&l);
-        } else if (l.config->count_denied &&
-                   l.config->algorithm != config::Algorithm::TokenBucket) {
-          // A shadow limit that refused and records refusals: its entries (a window's count, a
-          // log's entries of this call) come back exactly. A token bucket's refusal emptied it
-          // (TAT moved to a full bucket's debt from wherever it was): the bucket cannot tell
-          // from where, so it stays empty, never fuller than before the request.
-          charged.push_back(&l);
+        // A shadow limit that refused and records refusals: its entries (a window's count, a
+        // log's entries of this call) come back exactly; a token bucket's refusal emptied it,
+        // and its reply said by how much (added_us): that comes back.
+        if (r.outcome == Outcome::Allowed || l.config->count_denied) {
+          charged.emplace_back(&l, r.added_us);
         }
       }
       if (charged.empty()) continue;
       std::vector<std::string> keys;
       keys.reserve(charged.size());
-      for (const AppliedLimit* l : charged) keys.push_back(l->key);
+      for (const UndoItem& item : charged) keys.push_back(item.limit->key);
       resender_.send(store_, Resender::Kind::TakeBack,
                      undoCommand(store_->decideFunction(), charged, p.decision.charged_at_us),
                      p.limits.front().key, std::move(keys));

@@ -63,15 +63,15 @@ int64_t retryAfterSeconds(int64_t retry_ms) {
   return std::max<int64_t>(1, (boundedWaitMs(retry_ms) + 999) / 1000);
 }
 
-void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* values,
-                        Decision* decision) {
+void decisionFromReplies(const std::vector<AppliedLimit>& limits, const LimitReply* replies,
+                         Decision* decision) {
   Decision& d = *decision;
   d.verdict = Decision::Verdict::Allow;
   d.retry_after_s = 0;
   d.limits.clear();
   int64_t retry_ms = 0;
   for (size_t i = 0; i < limits.size(); ++i) {
-    const LimitResult r = limitResultFromValues(limits[i], &values[3 * i]);
+    const LimitResult r = limitResultFromReply(limits[i], replies[i]);
     if (r.outcome == Outcome::Denied) {
       d.verdict = Decision::Verdict::Deny;
       retry_ms = std::max(retry_ms, r.retry_ms);
@@ -81,15 +81,16 @@ void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* 
   if (d.verdict == Decision::Verdict::Deny) d.retry_after_s = retryAfterSeconds(retry_ms);
 }
 
-LimitResult limitResultFromValues(const AppliedLimit& limit, const int64_t* l) {
+LimitResult limitResultFromReply(const AppliedLimit& limit, const LimitReply& l) {
   LimitResult r;
   r.config = limit.config;
   r.limit = limit.limit;
   // Never more than the quota announced in RateLimit-Policy (a token bucket whose burst is
   // above its limit holds more).
-  r.remaining = std::clamp<int64_t>(l[0], 0, r.limit);
-  r.reset_ms = boundedWaitMs(l[1]);
-  r.retry_ms = boundedWaitMs(l[2]);
+  r.remaining = std::clamp<int64_t>(l.remaining, 0, r.limit);
+  r.reset_ms = boundedWaitMs(l.reset_ms);
+  r.retry_ms = boundedWaitMs(l.retry_ms);
+  r.added_us = l.added_us;
   if (r.retry_ms == 0) {  // the limit allows this request
     r.outcome = Outcome::Allowed;
   } else if (r.config->shadow) {

@@ -51,6 +51,9 @@ struct LimitResult {
   int64_t remaining = 0;
   int64_t reset_ms = 0;  // until the quota is whole again
   int64_t retry_ms = 0;  // refused: until this request could pass
+  // A token bucket that is a shadow and counts denied requests: the debt (us) this request's
+  // charge added, which its take-back gives back; -1 for every other limit.
+  int64_t added_us = -1;
   // False when the request was refused (from the deny cache) before this limit was asked.
   bool decided = true;
   // Valkey answered for this limit (so the RateLimit headers can describe it).
@@ -67,13 +70,21 @@ struct Decision {
   int64_t charged_at_us = 0;  // decided by Valkey: the call's time, which its charges carry
 };
 
-// The decision of a request on `limits` from its values (3 per limit: remaining, reset_ms,
-// retry_ms, as DecisionReader reads them), into *decision (whose vector is reused).
-void decisionFromValues(const std::vector<AppliedLimit>& limits, const int64_t* values,
-                        Decision* decision);
-// One limit's result from its 3 values, as decisionFromValues reads them (and the admin's
-// /limits a peek): `remaining` never above the quota the RateLimit-Policy announces.
-LimitResult limitResultFromValues(const AppliedLimit& limit, const int64_t* values);
+// What a decide reply says of one limit (and a peek's reply of its key), as DecisionReader
+// reads it from the reply's integers.
+struct LimitReply {
+  int64_t remaining = 0;
+  int64_t reset_ms = 0;
+  int64_t retry_ms = 0;   // 0: the limit allows; more: it refuses, for this long
+  int64_t added_us = -1;  // the 4th value of a shadow token bucket that counts denied requests
+};
+// The decision of a request on `limits` from the replies of its limits (one per limit), into
+// *decision (whose vector is reused).
+void decisionFromReplies(const std::vector<AppliedLimit>& limits, const LimitReply* replies,
+                         Decision* decision);
+// One limit's result from its reply, as decisionFromReplies reads it (and the admin's /limits
+// a peek): `remaining` never above the quota the RateLimit-Policy announces.
+LimitResult limitResultFromReply(const AppliedLimit& limit, const LimitReply& reply);
 
 // Valkey unreachable, late or failing: each limit decides by its on_error. A shadow limit
 // never refuses, whatever its on_error.

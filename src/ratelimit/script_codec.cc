@@ -120,29 +120,58 @@ DecisionReader::DecisionReader(const std::vector<valkey::Reply>& elements) : ele
   }
 }
 
-ReplyPart DecisionReader::next(size_t limits, std::string* error) {
+size_t replyWidth(const AppliedLimit& limit) {
+  const config::LimitConfig& c = *limit.config;
+  return c.algorithm == config::Algorithm::TokenBucket && c.shadow && c.count_denied ? 4 : 3;
+}
+
+size_t replyValues(const std::vector<AppliedLimit>& limits) {
+  size_t n = 0;
+  for (const AppliedLimit& l : limits) n += replyWidth(l);
+  return n;
+}
+
+ReplyPart DecisionReader::skip(size_t values, std::string* error) {
   using Type = valkey::Reply::Type;
-  if (time_us_ < 0 || limits == 0 || pos_ >= elements_.size()) return ReplyPart::Malformed;
+  if (time_us_ < 0 || values == 0 || pos_ >= elements_.size()) return ReplyPart::Malformed;
   const valkey::Reply& head = elements_[pos_];
   if (head.type == Type::String) {
     *error = head.text;
     ++pos_;
     return ReplyPart::Failed;
   }
-  const size_t width = 3 * limits;
-  if (elements_.size() - pos_ < width) return ReplyPart::Malformed;
-  values_.resize(width);
-  for (size_t i = 0; i < width; ++i) {
-    const valkey::Reply& e = elements_[pos_ + i];
-    if (e.type != Type::Integer) return ReplyPart::Malformed;
-    values_[i] = e.integer;
+  if (elements_.size() - pos_ < values) return ReplyPart::Malformed;
+  for (size_t i = 0; i < values; ++i) {
+    if (elements_[pos_ + i].type != Type::Integer) return ReplyPart::Malformed;
   }
-  pos_ += width;
+  pos_ += values;
   return ReplyPart::Decided;
 }
 
-std::string undoCommand(std::string_view decide_function,
-                        const std::vector<const AppliedLimit*>& limits, int64_t time_us) {
+ReplyPart DecisionReader::next(const std::vector<AppliedLimit>& limits, std::string* error) {
+  const size_t from = pos_;
+  const ReplyPart part = skip(replyValues(limits), error);
+  if (part != ReplyPart::Decided) return part;
+  replies_.resize(limits.size());
+  size_t at = from;
+  for (size_t i = 0; i < limits.size(); ++i) {
+    LimitReply& r = replies_[i];
+    r.remaining = elements_[at].integer;
+    r.reset_ms = elements_[at + 1].integer;
+    r.retry_ms = elements_[at + 2].integer;
+    r.added_us = -1;
+    if (replyWidth(limits[i]) == 4) {
+      r.added_us = std::clamp<int64_t>(elements_[at + 3].integer, 0, kMaxWaitMs * 1000);
+      at += 4;
+    } else {
+      at += 3;
+    }
+  }
+  return ReplyPart::Decided;
+}
+
+std::string undoCommand(std::string_view decide_function, const std::vector<UndoItem>& limits,
+                        int64_t time_us) {
   std::string out;
   valkey::appendArrayHeader(out, 3 + limits.size() * 6);
   valkey::appendBulk(out, "FCALL");
@@ -150,12 +179,19 @@ std::string undoCommand(std::string_view decide_function,
   function += "_undo";
   valkey::appendBulk(out, function);
   appendBulkNumber(out, static_cast<int64_t>(limits.size()));
-  for (const AppliedLimit* l : limits) valkey::appendBulk(out, l->key);
-  for (const AppliedLimit* l : limits) {
+  for (const UndoItem& item : limits) valkey::appendBulk(out, item.limit->key);
+  for (const UndoItem& item : limits) {
+    const AppliedLimit* l = item.limit;
     valkey::appendBulk(out, algorithmName(l->config->algorithm));
     appendBulkNumber(out, l->limit);
     appendBulkNumber(out, l->config->window.count());
-    appendBulkNumber(out, l->cost);
+    if (item.added_us >= 0 && l->config->algorithm == config::Algorithm::TokenBucket) {
+      std::string debt(1, 'u');  // N us of debt
+      appendDecimal(debt, item.added_us);
+      valkey::appendBulk(out, debt);
+    } else {
+      appendBulkNumber(out, l->cost);
+    }
     if (l->config->algorithm == config::Algorithm::Concurrency) {
       valkey::appendBulk(out, l->lease);  // the slot this request took
     } else {
@@ -196,7 +232,7 @@ std::string peekCommand(std::string_view decide_function, const AppliedLimit& li
   return out;
 }
 
-bool readPeekReply(const valkey::Reply& reply, PeekResult* out) {
+bool readPeekReply(const valkey::Reply& reply, LimitReply* out) {
   using Type = valkey::Reply::Type;
   if (reply.type != Type::Array || reply.elements.size() != 3) return false;
   for (const valkey::Reply& e : reply.elements) {
@@ -205,6 +241,7 @@ bool readPeekReply(const valkey::Reply& reply, PeekResult* out) {
   out->remaining = reply.elements[0].integer;
   out->reset_ms = boundedWaitMs(reply.elements[1].integer);
   out->retry_ms = boundedWaitMs(reply.elements[2].integer);
+  out->added_us = -1;
   return true;
 }
 

@@ -26,13 +26,17 @@
 //   reply              the call's time T (server microseconds; every charge of the call is of
 //                      that time), then per request, in order: remaining, reset_ms, retry_ms
 //                      per limit (retry_ms 0: the limit allows, at least 1: it refuses; the
-//                      request is refused when a limit that is not a shadow refuses), or, when
-//                      deciding it failed, one string: the error
+//                      request is refused when a limit that is not a shadow refuses), and for
+//                      a token_bucket limit whose definition is a shadow that counts denied
+//                      requests a 4th: the debt (whole us, rounded down) its charge added (a
+//                      refusal empties the bucket: not the cost), or, when deciding it failed,
+//                      one string: the error
 //   undo               function <decide function>_undo, which takes back a call's charges (a
 //                      request refused in another slot): KEYS the keys, ARGV 5 per key:
 //                      algorithm, limit, window_ms, cost, T of the call that charged it (a
-//                      concurrency limit: the name of the slot); reply: how many keys it
-//                      changed
+//                      concurrency limit: the name of the slot); a token_bucket's cost may be
+//                      written "u<N>": N us of debt (a decide reply's 4th value) instead of
+//                      cost tokens; reply: how many keys it changed
 //   lease              function <decide function>_lease, on concurrency slots: KEYS the keys,
 //                      ARGV[1] "renew" or "release", then 2 per key: the slot's name, the
 //                      lease (ms). renew: a slot still held is held for the lease from now
@@ -106,10 +110,15 @@ class ScriptBatch {
   size_t leases_ = 0;  // slot names of concurrency limits, after their request's part
 };
 
+// How many integers a decide reply holds for `limit`: 3 (remaining, reset_ms, retry_ms), 4
+// for a token bucket that is a shadow and counts denied requests (the debt its charge added).
+size_t replyWidth(const AppliedLimit& limit);
+// The integers of a request's limits (the sum of their widths).
+size_t replyValues(const std::vector<AppliedLimit>& limits);
+
 // What decide.lua's reply says of one request.
 enum class ReplyPart {
-  Decided,    // its values: remaining, reset_ms and retry_ms of each limit (retry_ms 0: the
-              // limit allows; more: it refuses)
+  Decided,    // a LimitReply per limit (retry_ms 0: the limit allows; more: it refuses)
   Failed,     // deciding this request failed in the script: *error says why
   Malformed,  // not the expected shape: neither this part nor the rest can be read
 };
@@ -121,10 +130,13 @@ class DecisionReader {
   // The call's time (server microseconds; every charge it made is of that time); -1 when the
   // reply does not start with it (then every part is Malformed).
   int64_t timeUs() const { return time_us_; }
-  // The part of the next request, which has `limits` limits.
-  ReplyPart next(size_t limits, std::string* error);
-  // After Decided: 3 values per limit.
-  const int64_t* values() const { return values_.data(); }
+  // The part of the next request, on `limits`.
+  ReplyPart next(const std::vector<AppliedLimit>& limits, std::string* error);
+  // After Decided: one per limit.
+  const std::vector<LimitReply>& replies() const { return replies_; }
+  // Steps over the part of the next request, whose limits' reply holds `values` integers
+  // (replyValues): its shape only (a request no longer waiting, a check of the whole reply).
+  ReplyPart skip(size_t values, std::string* error);
   // Every element was read.
   bool done() const { return pos_ == elements_.size(); }
 
@@ -132,13 +144,20 @@ class DecisionReader {
   const std::vector<valkey::Reply>& elements_;
   int64_t time_us_ = -1;
   size_t pos_ = 1;
-  std::vector<int64_t> values_;
+  std::vector<LimitReply> replies_;
 };
 
-// FCALL <decide function>_undo: takes back what one call charged to these limits (each its
-// cost) at `time_us` (the call's time, DecisionReader::timeUs()). All keys in one slot.
-std::string undoCommand(std::string_view decide_function,
-                        const std::vector<const AppliedLimit*>& limits, int64_t time_us);
+// One limit's charge to take back: its cost, or (added_us >= 0, a token bucket) the debt the
+// decide reply said it added.
+struct UndoItem {
+  UndoItem(const AppliedLimit* l, int64_t added = -1) : limit(l), added_us(added) {}  // NOLINT
+  const AppliedLimit* limit;
+  int64_t added_us;
+};
+// FCALL <decide function>_undo: takes back what one call charged to these limits at `time_us`
+// (the call's time, DecisionReader::timeUs()). All keys in one slot.
+std::string undoCommand(std::string_view decide_function, const std::vector<UndoItem>& limits,
+                        int64_t time_us);
 
 // FCALL <decide function>_lease: renews or frees concurrency slots. All keys in one slot.
 enum class LeaseOp { Renew, Release };
@@ -155,13 +174,8 @@ std::string leaseCommand(std::string_view decide_function, LeaseOp op,
 // charging nothing.
 std::string peekCommand(std::string_view decide_function, const AppliedLimit& limit);
 
-// A peek's reply: what a decide reply says of one limit.
-struct PeekResult {
-  int64_t remaining = 0;
-  int64_t reset_ms = 0;
-  int64_t retry_ms = 0;  // 0: a request of cost 1 would pass; more: it would wait this long
-};
-// False when the reply is not three integers.
-bool readPeekReply(const valkey::Reply& reply, PeekResult* out);
+// A peek's reply, what a decide reply says of one limit (3 values: added_us stays -1). False
+// when the reply is not three integers.
+bool readPeekReply(const valkey::Reply& reply, LimitReply* out);
 
 }  // namespace sluice::ratelimit

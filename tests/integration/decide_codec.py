@@ -164,6 +164,9 @@ def decide_call(client, command: list):
 class Decided(NamedTuple):
     time_us: int  # the call's time: every charge it made is of that time
     results: list  # per request: (allowed, [(allowed, remaining, reset_ms, retry_ms)]) or error
+    # per request: the 4th value of each limit (a shadow token bucket that counts denied
+    # requests: the debt its charge added, us), None for the others; [] for a failed request
+    added: list = []
 
 
 def _element(e):
@@ -181,19 +184,21 @@ def decide_reply(reply, requests: Iterable) -> Decided:
                           "requests": [[limit for _, limit in r] for r in requests]})
     assert answer["time_us"] is not None, \
         f"the reply does not start with the call's time: {reply!r}"
-    results = []
+    results, added = [], []
     for part in answer["requests"]:
         assert "malformed" not in part, f"malformed reply for {requests!r}: {reply!r}"
         if "failed" in part:
             results.append(part["failed"])
+            added.append([])
             continue
         values = part["decided"]
         assert all(x >= 0 for v in values for x in v), f"negative value: {reply!r}"
-        per_limit = [(1 if outcome == "allowed" else 0, *v)
+        per_limit = [(1 if outcome == "allowed" else 0, *v[:3])
                      for outcome, v in zip(part["outcomes"], values)]
         results.append((1 if part["allowed"] else 0, per_limit))
+        added.append([v[3] if len(v) > 3 else None for v in values])
     assert answer["done"], f"reply too long: {reply!r}"
-    return Decided(answer["time_us"], results)
+    return Decided(answer["time_us"], results, added)
 
 
 def decided(reply, request: Iterable) -> tuple:

@@ -108,3 +108,47 @@ def test_later_is_checked_but_not_charged_and_forced_goes_into_debt(valkey):
     assert allowed == 0 and remaining == 0
     # A token is there again when TAT - now = 9 tokens: 0.9 s before TAT.
     assert retry_ms == -(-(tat - 900_000 - r.time_us) // 1000), (retry_ms, tat - r.time_us)
+
+
+def test_a_shadow_bucket_reply_names_the_debt_its_charge_added_and_the_undo_takes_it_back(valkey):
+    """A shadow token bucket that counts denied requests (5 a day, 1 token left) refuses a
+    request of cost 4: counting it empties the bucket, which adds 1 token of debt, not 4. Its
+    reply's 4th value says how much (us), and an undo of that debt ("u<N>") restores TAT to what
+    it was (less the time since the charge, the undo's rule); an undo of the cost (4 tokens)
+    would give it 3 tokens it never had. The other limits' replies keep 3 values."""
+    c = valkey.client
+    token_us = 86_400_000_000 // 5
+    bucket = {"algorithm": "token_bucket", "limit": 5, "window_ms": 86_400_000, "cost": 4,
+              "shadow": True, "count_denied": True}
+    counter = {"algorithm": "fixed_window", "limit": 9, "window_ms": 86_400_000}
+    first = call(c, [[("d:b", bucket), ("d:c", counter)]])
+    assert first.results[0][0] == 1 and first.added == [[4 * token_us, None]]
+    tat = stored(valkey, "d:b", "token_bucket")
+    second = call(c, [[("d:b", bucket)]])
+    assert second.results[0] == (1, [(0, 0, 86_400_000, second.results[0][1][0][3])]), \
+        "a shadow refusal never refuses the request"
+    (added,) = second.added[0]
+    # (1 token, and the refill since the first call, which the bucket had regained)
+    assert token_us <= added <= token_us + 1_000_000, \
+        f"emptying took 1 token ({token_us} us), the reply says {added}"
+    assert stored(valkey, "d:b", "token_bucket") == second.time_us + 5 * token_us
+    assert undo_call(c, [("d:b", {**bucket, "added_us": added})], second.time_us) == 1
+    after = stored(valkey, "d:b", "token_bucket")
+    assert tat <= after <= tat + 1_000_000, (tat, after)
+    # A bad debt is an error of the undo, and changes nothing.
+    import redis
+    for bad in ("u", "u-1", "u1.5", "u2147483647000001", "uabc"):
+        command = ["FCALL", first_function(c), "1", "d:b", "token_bucket", "5", "86400000", bad,
+                   str(second.time_us)]
+        try:
+            c.execute_command(*command)
+            raise AssertionError(f"{bad} was taken")
+        except redis.ResponseError as e:
+            assert "bad debt" in str(e), e
+    assert stored(valkey, "d:b", "token_bucket") == after
+
+
+def first_function(client):
+    """The undo function of the library the codec calls."""
+    from decide_codec import decide_library
+    return decide_library()[1] + "_undo"

@@ -11,14 +11,17 @@
 //        one call of every request, in order (each with at least one limit)
 //   {"op": "decode", "reply": [...], "requests": [<n limits> | [<limit>, ...], ...]}
 //     -> {"time_us": <the call's time, or null>, "done": <every element read>,
-//         "requests": [{"decided": [[remaining, reset_ms, retry_ms], ...]} |
+//         "requests": [{"decided": [[remaining, reset_ms, retry_ms(, added_us)], ...]} |
 //                      {"failed": "<error>"} | {"malformed": true}, ...]}
 //        a request given as its limits also gets "allowed" (the gateway's verdict) and
 //        "outcomes" (per limit: "allowed", "denied" or "shadow_denied"); the values are the
 //        reply's own (the gateway clamps them to its quota). After a malformed part every
 //        later request is malformed too. Reply elements: integers, strings, null, arrays.
+//        A request given as its number of limits is read as that many 3-value limits and its
+//        "decided" is empty (only its shape is checked).
 //   {"op": "undo", "limits": [<limit>, ...], "time_us": <T>, "function": <name, optional>}
-//     -> {"command": ["FCALL", "<function>_undo", ...]}
+//     -> {"command": ["FCALL", "<function>_undo", ...]}; a token bucket limit with "added_us"
+//        (a decided value's 4th) takes back that debt instead of its cost
 //   {"op": "lease", "renew": bool, "limits": [<limit>, ...], "function": <name, optional>}
 //     -> {"command": ["FCALL", "<function>_lease", ...]}: renews or frees each limit's slot
 //        (its "lease"; window_ms is the lease)
@@ -110,7 +113,7 @@ class Limits {
       const std::string& name = item.key();
       if (name != "key" && name != "algorithm" && name != "limit" && name != "window_ms" &&
           name != "burst" && name != "cost" && name != "count_denied" && name != "shadow" &&
-          name != "keep" && name != "charge" && name != "lease") {
+          name != "keep" && name != "charge" && name != "lease" && name != "added_us") {
         throw Invalid("unknown limit field \"" + name + "\"");
       }
     }
@@ -232,16 +235,21 @@ json decode(const json& in) {
     json part;
     std::string error;
     if (!malformed) {
-      switch (reader.next(count, &error)) {
+      const auto got = request.is_array() ? reader.next(applied, &error)
+                                          : reader.skip(3 * count, &error);
+      switch (got) {
         case sluice::ratelimit::ReplyPart::Decided: {
           json values = json::array();
-          for (size_t i = 0; i < count; ++i) {
-            const int64_t* v = reader.values() + 3 * i;
-            values.push_back({v[0], v[1], v[2]});
+          if (request.is_array()) {
+            for (const sluice::ratelimit::LimitReply& v : reader.replies()) {
+              json one = {v.remaining, v.reset_ms, v.retry_ms};
+              if (v.added_us >= 0) one.push_back(v.added_us);
+              values.push_back(std::move(one));
+            }
           }
           part["decided"] = std::move(values);
           if (request.is_array()) {
-            sluice::ratelimit::decisionFromValues(applied, reader.values(), &decision);
+            sluice::ratelimit::decisionFromReplies(applied, reader.replies().data(), &decision);
             part["allowed"] = decision.verdict == sluice::ratelimit::Decision::Verdict::Allow;
             json outcomes = json::array();
             for (const auto& l : decision.limits) outcomes.push_back(toString(l.outcome));
@@ -271,8 +279,14 @@ json undo(const json& in) {
   for (const json& l : array(member(in, "limits"), "limits")) {
     applied.push_back(limits.applied(l, true));
   }
-  std::vector<const AppliedLimit*> pointers;
-  for (const AppliedLimit& a : applied) pointers.push_back(&a);
+  std::vector<sluice::ratelimit::UndoItem> pointers;
+  const json& given = array(member(in, "limits"), "limits");
+  for (size_t i = 0; i < applied.size(); ++i) {
+    const json& l = given[i];
+    const int64_t added =
+        l.contains("added_us") ? integer(l["added_us"], "added_us") : int64_t{-1};
+    pointers.emplace_back(&applied[i], added);
+  }
   const int64_t time_us = integer(member(in, "time_us"), "time_us");
   json out;
   out["command"] = arguments(sluice::ratelimit::undoCommand(function(in), pointers, time_us));

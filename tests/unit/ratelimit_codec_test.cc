@@ -168,6 +168,10 @@ TEST_SUITE("ratelimit: decide codec") {
           formatCommand({"FCALL", kFunction + "_undo", "2", "rl:w:{1}", "rl:b:{1}",
                          "sliding_window", "100", "60000", "1", "1764600000123456", "token_bucket",
                          "20", "1000", "3", "1764600000123456"}));
+    // A bucket's refusal that emptied it: the debt its reply said it added, not its cost.
+    CHECK(undoCommand(kFunction, {{&lb, 123456}}, kCallTime) ==
+          formatCommand({"FCALL", kFunction + "_undo", "1", "rl:b:{1}", "token_bucket", "20",
+                         "1000", "u123456", "1764600000123456"}));
   }
 
   TEST_CASE("peekCommand: KEYS[1], then the 7 fields of the definition, as a decide call's") {
@@ -190,7 +194,7 @@ TEST_SUITE("ratelimit: decide codec") {
   }
 
   TEST_CASE("readPeekReply: three integers, or nothing") {
-    PeekResult r;
+    LimitReply r;
     REQUIRE(readPeekReply(integers({4, 1500, 0}), &r));
     CHECK(r.remaining == 4);
     CHECK(r.reset_ms == 1500);
@@ -206,30 +210,67 @@ TEST_SUITE("ratelimit: decide codec") {
   }
 
   TEST_CASE("DecisionReader: decided and failed parts, one after the other") {
-    // the call's time, then remaining, reset_ms, retry_ms per limit (retry 0: allows)
+    // the call's time, then remaining, reset_ms, retry_ms per limit (retry 0: allows), and a
+    // 4th for a shadow token bucket that counts denied requests: the debt its charge added
+    const LimitConfig w = limitConfig(Algorithm::FixedWindow, 10, 1000);
+    LimitConfig b = limitConfig(Algorithm::TokenBucket, 10, 1000);
+    b.shadow = true;
+    b.count_denied = true;
+    const std::vector<AppliedLimit> one{applied(w, "a")};
+    const std::vector<AppliedLimit> two{applied(w, "a"), applied(w, "b")};
+    const std::vector<AppliedLimit> shadowed{applied(b, "c"), applied(w, "a")};
+    CHECK(replyValues(two) == 6);
+    CHECK(replyValues(shadowed) == 7);
     Reply reply = integers({kCallTime, 9, 800, 0,    // one limit: allowed
                             9, 800, 0, 0, 300, 300,  // two: the second refuses
                             0,                       // (a string: this one failed)
+                            0, 900, 5, 20000,        // the bucket refuses; emptied by 20 ms
+                            8, 800, 0,               // (and its window allows)
                             8, 800, 0});             // one: allowed
     reply.elements[10].type = Reply::Type::String;
     reply.elements[10].text = "unknown algorithm leaky_bucket";
     DecisionReader reader(reply.elements);
     CHECK(reader.timeUs() == kCallTime);
     std::string error;
-    REQUIRE(reader.next(1, &error) == ReplyPart::Decided);
-    CHECK(std::vector<int64_t>(reader.values(), reader.values() + 3) ==
-          std::vector<int64_t>{9, 800, 0});
-    REQUIRE(reader.next(2, &error) == ReplyPart::Decided);
-    CHECK(std::vector<int64_t>(reader.values(), reader.values() + 6) ==
-          std::vector<int64_t>{9, 800, 0, 0, 300, 300});
-    REQUIRE(reader.next(2, &error) == ReplyPart::Failed);
+    auto triples = [&] {
+      std::vector<std::vector<int64_t>> out;
+      for (const LimitReply& r : reader.replies()) {
+        out.push_back({r.remaining, r.reset_ms, r.retry_ms, r.added_us});
+      }
+      return out;
+    };
+    REQUIRE(reader.next(one, &error) == ReplyPart::Decided);
+    CHECK(triples() == std::vector<std::vector<int64_t>>{{9, 800, 0, -1}});
+    REQUIRE(reader.next(two, &error) == ReplyPart::Decided);
+    CHECK(triples() == std::vector<std::vector<int64_t>>{{9, 800, 0, -1}, {0, 300, 300, -1}});
+    REQUIRE(reader.next(two, &error) == ReplyPart::Failed);
     CHECK(error == "unknown algorithm leaky_bucket");
+    REQUIRE(reader.next(shadowed, &error) == ReplyPart::Decided);
+    CHECK(triples() == std::vector<std::vector<int64_t>>{{0, 900, 5, 20000}, {8, 800, 0, -1}});
     CHECK_FALSE(reader.done());
-    REQUIRE(reader.next(1, &error) == ReplyPart::Decided);
-    CHECK(reader.values()[0] == 8);
+    REQUIRE(reader.skip(3, &error) == ReplyPart::Decided);  // (a request no longer waiting)
     CHECK(reader.done());
     // Nothing is left: another request's part is missing.
-    CHECK(reader.next(1, &error) == ReplyPart::Malformed);
+    CHECK(reader.next(one, &error) == ReplyPart::Malformed);
+  }
+
+  TEST_CASE("DecisionReader: a shadow bucket's 4th value is bounded, its absence malformed") {
+    LimitConfig b = limitConfig(Algorithm::TokenBucket, 10, 1000);
+    b.shadow = true;
+    b.count_denied = true;
+    const std::vector<AppliedLimit> limits{applied(b, "c")};
+    std::string error;
+    Reply huge = integers({kCallTime, 0, 900, 5, INT64_MAX});
+    DecisionReader huge_reader(huge.elements);
+    REQUIRE(huge_reader.next(limits, &error) == ReplyPart::Decided);
+    CHECK(huge_reader.replies()[0].added_us == kMaxWaitMs * 1000);
+    Reply negative = integers({kCallTime, 0, 900, 5, -7});
+    DecisionReader negative_reader(negative.elements);
+    REQUIRE(negative_reader.next(limits, &error) == ReplyPart::Decided);
+    CHECK(negative_reader.replies()[0].added_us == 0);
+    Reply three = integers({kCallTime, 0, 900, 5});
+    DecisionReader three_reader(three.elements);
+    CHECK(three_reader.next(limits, &error) == ReplyPart::Malformed);
   }
 
   TEST_CASE("DecisionReader: malformed replies") {
@@ -238,16 +279,16 @@ TEST_SUITE("ratelimit: decide codec") {
     Reply cut = integers({kCallTime, 9, 800});
     DecisionReader short_reader(cut.elements);
     CHECK(short_reader.timeUs() == kCallTime);
-    CHECK(short_reader.next(1, &error) == ReplyPart::Malformed);
+    CHECK(short_reader.skip(3, &error) == ReplyPart::Malformed);
     // A value that is not an integer.
     Reply nested = integers({kCallTime, 9, 800, 0});
     nested.elements[2].type = Reply::Type::Array;
     DecisionReader nested_reader(nested.elements);
-    CHECK(nested_reader.next(1, &error) == ReplyPart::Malformed);
+    CHECK(nested_reader.skip(3, &error) == ReplyPart::Malformed);
     // A request without limits has no part.
     Reply whole = integers({kCallTime, 9, 800, 0});
     DecisionReader none(whole.elements);
-    CHECK(none.next(0, &error) == ReplyPart::Malformed);
+    CHECK(none.skip(0, &error) == ReplyPart::Malformed);
   }
 
   TEST_CASE("DecisionReader: without the call's time nothing is read") {
@@ -256,15 +297,15 @@ TEST_SUITE("ratelimit: decide codec") {
     untimed.elements[0].type = Reply::Type::String;
     DecisionReader untimed_reader(untimed.elements);
     CHECK(untimed_reader.timeUs() == -1);
-    CHECK(untimed_reader.next(1, &error) == ReplyPart::Malformed);
+    CHECK(untimed_reader.skip(3, &error) == ReplyPart::Malformed);
     Reply negative = integers({-1, 9, 800, 0});
     DecisionReader negative_reader(negative.elements);
     CHECK(negative_reader.timeUs() == -1);
-    CHECK(negative_reader.next(1, &error) == ReplyPart::Malformed);
+    CHECK(negative_reader.skip(3, &error) == ReplyPart::Malformed);
     const std::vector<Reply> empty;
     DecisionReader empty_reader(empty);
     CHECK(empty_reader.timeUs() == -1);
-    CHECK(empty_reader.next(1, &error) == ReplyPart::Malformed);
+    CHECK(empty_reader.skip(3, &error) == ReplyPart::Malformed);
   }
 }
 

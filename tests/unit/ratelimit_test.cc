@@ -92,8 +92,8 @@ int countLines(const std::string& lines) {
 // The next request's part of a batch reply: its decision, or why not.
 ReplyPart readDecision(DecisionReader& reader, const std::vector<AppliedLimit>& limits,
                        Decision* decision, std::string* error) {
-  const ReplyPart part = reader.next(limits.size(), error);
-  if (part == ReplyPart::Decided) decisionFromValues(limits, reader.values(), decision);
+  const ReplyPart part = reader.next(limits, error);
+  if (part == ReplyPart::Decided) decisionFromReplies(limits, reader.replies().data(), decision);
   return part;
 }
 
@@ -594,9 +594,9 @@ TEST_SUITE("ratelimit: remaining") {
     LimitConfig bucket = limitConfig("b", Algorithm::TokenBucket, {}, 10, 60000);
     bucket.burst = 40;
     std::vector<AppliedLimit> limits = {applied(bucket, "rl:b:1")};
-    const int64_t values[3] = {37, 18000, 0};
+    const LimitReply reply{37, 18000, 0};
     Decision d;
-    decisionFromValues(limits, values, &d);
+    decisionFromReplies(limits, &reply, &d);
     CHECK(d.limits[0].remaining == 10);
     std::string headers;
     appendRateLimitHeaders(headers, RateLimitHeaders::Ietf, d);
