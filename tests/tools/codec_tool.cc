@@ -235,8 +235,8 @@ json decode(const json& in) {
     json part;
     std::string error;
     if (!malformed) {
-      const auto got = request.is_array() ? reader.next(applied, &error)
-                                          : reader.skip(3 * count, &error);
+      const auto got =
+          request.is_array() ? reader.next(applied, &error) : reader.skip(3 * count, &error);
       switch (got) {
         case sluice::ratelimit::ReplyPart::Decided: {
           json values = json::array();
@@ -283,8 +283,7 @@ json undo(const json& in) {
   const json& given = array(member(in, "limits"), "limits");
   for (size_t i = 0; i < applied.size(); ++i) {
     const json& l = given[i];
-    const int64_t added =
-        l.contains("added_us") ? integer(l["added_us"], "added_us") : int64_t{-1};
+    const int64_t added = l.contains("added_us") ? integer(l["added_us"], "added_us") : int64_t{-1};
     pointers.emplace_back(&applied[i], added);
   }
   const int64_t time_us = integer(member(in, "time_us"), "time_us");

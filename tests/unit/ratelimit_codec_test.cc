@@ -221,12 +221,12 @@ TEST_SUITE("ratelimit: decide codec") {
     const std::vector<AppliedLimit> shadowed{applied(b, "c"), applied(w, "a")};
     CHECK(replyValues(two) == 6);
     CHECK(replyValues(shadowed) == 7);
-    Reply reply = integers({kCallTime, 9, 800, 0,    // one limit: allowed
-                            9, 800, 0, 0, 300, 300,  // two: the second refuses
-                            0,                       // (a string: this one failed)
-                            0, 900, 5, 20000,        // the bucket refuses; emptied by 20 ms
-                            8, 800, 0,               // (and its window allows)
-                            8, 800, 0});             // one: allowed
+    Reply reply = integers({kCallTime, 9,   800, 0,                // one limit: allowed
+                            9,         800, 0,   0,     300, 300,  // two: the second refuses
+                            0,                                     // (a string: this one failed)
+                            0,         900, 5,   20000,  // the bucket refuses; emptied by 20 ms
+                            8,         800, 0,           // (and its window allows)
+                            8,         800, 0});         // one: allowed
     reply.elements[10].type = Reply::Type::String;
     reply.elements[10].text = "unknown algorithm leaky_bucket";
     DecisionReader reader(reply.elements);
