@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from conftest import (limit_cfg, metric_sum, server_time_us, sleep_until_window_offset,
-                      sluice_with_limits)
+from conftest import (is_asan_build, limit_cfg, metric_sum, server_time_us,
+                      sleep_until_window_offset, sluice_with_limits)
 from decide_codec import decide_call, decide_commands, decide_library, decide_reply
 
 WINDOW_MS = 20_000
@@ -96,6 +96,11 @@ def fill(valkey, limit: dict, count: int, batch: int = 1000) -> None:
 
 
 def test_200000_keys_ending_together_fail_no_decision(sluice_factory, upstream, valkey):
+    if is_asan_build():
+        # Valkey's expiry against a 25 ms deadline, slow (200,000 keys): run once, on the
+        # normal build and on Valkey (.ci/run); under ASan the gateway's own slowness, not
+        # Valkey's, decides whether a probe misses 25 ms.
+        pytest.skip("a timing test of Valkey's expiry: the normal build runs it")
     count = 200_000
     window_s = WINDOW_MS / 1000
     cfg = limit_cfg("probe", "fixed_window", 1_000_000, "20s", on_error="deny")
