@@ -45,6 +45,7 @@ valkey::ClientOptions clientOptions(const config::ValkeyConfig& c) {
   options.connect_timeout_ms = static_cast<uint64_t>(c.connect_timeout.count());
   options.library = ratelimit::decideLibrary();
   options.function = ratelimit::decideFunction();
+  options.engine = c.engine;
   return options;
 }
 
@@ -59,7 +60,7 @@ bool sameValkey(const config::ValkeyConfig& a, const config::ValkeyConfig& b) {
   return a.address.has_value() == b.address.has_value() &&
          (!a.address || a.address->text == b.address->text) && texts(a) == texts(b) &&
          a.password_env == b.password_env && a.timeout == b.timeout &&
-         a.connect_timeout == b.connect_timeout;
+         a.connect_timeout == b.connect_timeout && a.engine == b.engine;
 }
 
 std::shared_ptr<valkey::Store> makeStore(uv_loop_t* loop, const config::ValkeyConfig& c,

@@ -68,6 +68,11 @@ struct LogConfig {
   std::string access_log = "stdout";   // "stdout", "off" or a file path
 };
 
+// How Valkey decides (README "Engines"): the Valkey module's SLUICE.* commands where a node has
+// the module in this Sluice's protocol version (Auto), the module only (Module: a node without
+// it is not ready), or always the Lua functions (Lua).
+enum class Engine { Auto, Module, Lua };
+
 struct ValkeyConfig {
   std::optional<SocketAddress> address;  // address = "host:port" | "unix:/path"
   std::vector<SocketAddress> nodes;      // Valkey Cluster seeds, instead of address
@@ -78,6 +83,7 @@ struct ValkeyConfig {
   std::string key_prefix = "rl:v2";
   std::string key_secret_env;  // name of the variable that holds the HMAC secret of key parts
   std::string key_secret;      // its value when the configuration was loaded; never logged
+  Engine engine = Engine::Auto;
 };
 
 struct IdentityConfig {

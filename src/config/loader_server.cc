@@ -114,6 +114,10 @@ void Loader::loadValkey(TableReader& r) {
   }
   if (auto d = r.duration("timeout", false)) v.timeout = *d;
   if (auto d = r.duration("connect_timeout", false)) v.connect_timeout = *d;
+  if (auto e = r.enumeration<Engine>(
+          "engine", {{"auto", Engine::Auto}, {"module", Engine::Module}, {"lua", Engine::Lua}})) {
+    v.engine = *e;
+  }
   if (auto prefix = r.string("key_prefix")) {
     if (prefix->empty() || hasSpaceOrControl(*prefix)) {
       r.error("key_prefix", "must be non-empty, without spaces or control characters");

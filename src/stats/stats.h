@@ -263,6 +263,12 @@ struct NodeError : Listed<NodeError> {
                                                              "disconnected", "error"};
 };
 
+struct EngineKind : Listed<EngineKind> {
+  static constexpr const char* kName = "engine";
+  enum Value : size_t { Module, Lua, kSize };
+  static constexpr std::array<const char*, kSize> kValues = {"module", "lua"};
+};
+
 struct Redirect : Listed<Redirect> {
   static constexpr const char* kName = "kind";
   enum Value : size_t { Moved, Ask, TryAgain, kSize };
@@ -363,7 +369,11 @@ enum class Show { Always, Counted };
     "Valkey Cluster: redirections answered by each node, by kind (moved, ask, tryagain).",         \
     Node, Redirect)                                                                                \
   M(valkey_node_compensations, Counter, "sluice_valkey_node_compensations_total", Show::Always,  \
-    "Valkey Cluster: take-backs of the charges of refused requests sent to each node.", Node)
+    "Valkey Cluster: take-backs of the charges of refused requests sent to each node.", Node)    \
+  M(valkey_engine, Gauge, "sluice_valkey_engine", Show::Always,                                  \
+    "Connections to each Valkey node (one per worker) that are ready, by the engine they decide " \
+    "with (module: the Valkey module's commands; lua: the library's functions).", Node,          \
+    EngineKind)
 
 // Values of the whole process, kept by the main thread (fixed labels only).
 #define SLUICE_PROCESS_METRICS(M)                                                                  \

@@ -8,6 +8,7 @@
 
 #include "core/logging.h"
 #include "stats/stats.h"
+#include "valkey/engine.h"
 #include "valkey/resp.h"
 #include "valkey/uv_adapter.h"
 
@@ -68,7 +69,8 @@ Client::Client(uv_loop_t* loop, ClientOptions options, stats::WorkerStats& stats
       options_(std::move(options)),
       stats_(stats),
       deadline_timer_(loop, onDeadline, this),
-      reconnect_timer_(loop, onReconnectTimer, this) {}
+      reconnect_timer_(loop, onReconnectTimer, this),
+      engine_gauge_(&stats_.valkey_engine.resolve(options_.address.text)) {}
 
 Client::~Client() { stop(); }
 
@@ -84,8 +86,16 @@ void Client::start() {
 }
 
 void Client::publishReady(bool ready) {
+  publishEngine(ready);
   if (!options_.publish_ready) return;
   stats_.valkey_connected.add((ready ? 1 : 0) - stats_.valkey_connected.value());
+}
+
+void Client::publishEngine(bool ready) {
+  if (ready == engine_published_) return;
+  engine_published_ = ready;
+  (*engine_gauge_)[module_ ? stats::EngineKind::Module : stats::EngineKind::Lua].add(ready ? 1
+                                                                                           : -1);
 }
 
 void Client::stop() {
@@ -100,7 +110,9 @@ void Client::stop() {
 }
 
 void Client::connect() {
+  publishEngine(false);
   state_ = State::Connecting;
+  module_ = false;
   redisAsyncContext* context =
       options_.address.isUnix()
           ? redisAsyncConnectUnix(options_.address.unix_path.c_str())
@@ -162,11 +174,56 @@ void Client::onConnect(const redisAsyncContext* context, int status) noexcept {
     }
     ++self->handshake_pending_;
   }
-  if (!self->loadLibrary()) {
-    SLUICE_LOG_WARN("valkey {}: cannot send FUNCTION LOAD", self->options_.address.text);
+  if (self->options_.engine != config::Engine::Lua) {
+    if (!self->askModuleVersion()) {
+      SLUICE_LOG_WARN("valkey {}: cannot send {}", self->options_.address.text,
+                      kModuleVersionCommand);
+      return;
+    }
+    ++self->handshake_pending_;
+  }
+  // Auto loads the library as well, in the same round trip: a node without the module decides
+  // with it, and one with it has it for a gateway on the Lua engine (a rolling upgrade).
+  if (self->options_.engine != config::Engine::Module) {
+    if (!self->loadLibrary()) {
+      SLUICE_LOG_WARN("valkey {}: cannot send FUNCTION LOAD", self->options_.address.text);
+      return;
+    }
+    ++self->handshake_pending_;
+  }
+}
+
+bool Client::askModuleVersion() {
+  const char* argv[] = {kModuleVersionCommand.data()};
+  const size_t lens[] = {kModuleVersionCommand.size()};
+  return redisAsyncCommandArgv(context_, onVersionReply, this, 1, argv, lens) == REDIS_OK;
+}
+
+void Client::onVersionReply(redisAsyncContext*, void* reply, void* privdata) noexcept {
+  auto* self = static_cast<Client*>(privdata);
+  if (!reply || self->handshake_pending_ <= 0) return;
+  self->onModuleVersion(*replyOf(reply));
+}
+
+void Client::onModuleVersion(const Reply& reply) {
+  std::string why_not;
+  module_ = moduleSpeaksOurs(reply, &why_not);
+  if (!module_ && options_.engine == config::Engine::Module) {
+    handshake_pending_ = 0;
+    drop(("engine = \"module\" and the node has " + why_not).c_str());
     return;
   }
-  ++self->handshake_pending_;
+  if (engine_logged_ != (module_ ? 1 : 0)) {
+    engine_logged_ = module_ ? 1 : 0;
+    if (module_) {
+      SLUICE_LOG_INFO("valkey {}: deciding with the module (SLUICE.* commands)",
+                      options_.address.text);
+    } else {
+      SLUICE_LOG_INFO("valkey {}: deciding with the Lua functions: {}", options_.address.text,
+                      why_not);
+    }
+  }
+  onHandshakeReply(true, {});
 }
 
 bool Client::loadLibrary() {
@@ -319,8 +376,12 @@ bool Client::send(Call* call) {
       return false;
     }
   }
-  if (redisAsyncFormattedCommand(context_, onReply, call, call->command.data(),
-                                 call->command.size()) != REDIS_OK) {
+  // The codec writes FCALLs; a node with the module gets its command (valkey/engine.h). The
+  // call keeps the FCALL: a redirection may resend it to a node without the module.
+  std::optional<std::string> native;
+  if (module_ && call->is_script) native = moduleCommand(call->command, options_.function);
+  const std::string& wire = native ? *native : call->command;
+  if (redisAsyncFormattedCommand(context_, onReply, call, wire.data(), wire.size()) != REDIS_OK) {
     return false;
   }
   inflight_.push_back(call);
@@ -383,7 +444,7 @@ void Client::onReply(redisAsyncContext*, void* raw, void* privdata) noexcept {
     delete call;
     return;
   }
-  if (reply->isError() && call->is_script && !call->retried &&
+  if (reply->isError() && call->is_script && !call->retried && !self->module_ &&
       reply->text.find("Function not found") != std::string::npos && self->state_ == State::Ready) {
     // The server lost the library (a restart without persistence, FUNCTION FLUSH): load it and
     // retry at once. Both go out on this connection in order, so the retry finds it.

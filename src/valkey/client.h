@@ -19,15 +19,13 @@
 #include <vector>
 
 #include "config/address.h"
+#include "config/config.h"
 #include "core/timer.h"
+#include "stats/stats.h"
 #include "valkey/reply.h"
 #include "valkey/store.h"
 
 struct redisAsyncContext;
-
-namespace sluice::stats {
-struct WorkerStats;
-}
 
 namespace sluice::valkey {
 
@@ -40,6 +38,10 @@ struct ClientOptions {
   uint64_t connect_timeout_ms = 1000;
   std::string library;   // loaded with FUNCTION LOAD REPLACE on every (re)connection
   std::string function;  // what FCALL names (registered by `library`)
+  // Auto: the module's commands when the node has the module in our protocol version (asked on
+  // every connection: valkey/engine.h), else the functions. Module: a connection to a node
+  // without it is refused (not ready; decisions by on_error). Lua: the functions only.
+  config::Engine engine = config::Engine::Auto;
   // Published as the worker's valkey_connected gauge (a cluster publishes its own instead).
   bool publish_ready = true;
   // A cluster node: a READONLY answer to FUNCTION LOAD (the node is a replica) completes the
@@ -90,6 +92,8 @@ class Client final : public Store {
   const std::string& decideFunction() const override { return options_.function; }
 
   const ClientOptions& options() const { return options_; }
+  // This connection decides with the module's commands (else the Lua functions).
+  bool usesModule() const { return module_; }
 
  private:
   enum class State { Idle, Connecting, Handshake, Ready, Backoff, Stopped };
@@ -104,6 +108,11 @@ class Client final : public Store {
   void onHandshakeReply(bool ok, const std::string& error);
   // FUNCTION LOAD REPLACE of the decide library on this connection; false if not sent.
   bool loadLibrary();
+  // SLUICE.VERSION on this connection (engine auto or module); false if not sent.
+  bool askModuleVersion();
+  void onModuleVersion(const Reply& reply);
+  // The engine gauge of this node: this connection counts for `module` or `lua` while ready.
+  void publishEngine(bool ready);
   void publishReady(bool ready);
   void finish(Call* call, Reply* reply, Failure failure);
   // Finishes the calls whose deadline passed, drops a stalled connection, re-arms the timer.
@@ -116,6 +125,7 @@ class Client final : public Store {
   static void onDisconnect(const redisAsyncContext* context, int status) noexcept;
   static void onReply(redisAsyncContext* context, void* reply, void* privdata) noexcept;
   static void onInternalReply(redisAsyncContext* context, void* reply, void* privdata) noexcept;
+  static void onVersionReply(redisAsyncContext* context, void* reply, void* privdata) noexcept;
   static void onDeadline(void* self) noexcept;
   static void onReconnectTimer(void* self) noexcept;
 
@@ -135,7 +145,11 @@ class Client final : public Store {
   // A call ran past its deadline and no reply came since: new calls fail at once rather than
   // each wait out its deadline, until Valkey answers again (or the stall limit drops it).
   bool suspect_ = false;
-  uint64_t timer_due_ms_ = 0;  // when deadline_timer_ fires, while active
+  uint64_t timer_due_ms_ = 0;      // when deadline_timer_ fires, while active
+  bool module_ = false;            // this connection's node has the module (engine auto|module)
+  bool engine_published_ = false;  // publishEngine(true) counted this connection
+  int engine_logged_ = -1;         // the engine last logged (0 lua, 1 module), to log changes
+  stats::Stored<stats::Gauge, stats::EngineKind>* engine_gauge_;  // this node's
 };
 
 }  // namespace sluice::valkey

@@ -149,9 +149,25 @@ def decide_keys(requests: Iterable) -> list:
     return codec().ask(_encode(requests))["keys"]
 
 
+def engine_command(command: list) -> list:
+    """The command as the suites' engine sends it (harness/valkey.py ENGINE): the FCALL, or on
+    the module the module's command of the same arguments (src/valkey/engine.h)."""
+    from harness.valkey import ENGINE
+    if ENGINE != "module" or not command or str(command[0]).upper() != "FCALL":
+        return list(command)
+    name = str(command[1])
+    function = decide_library()[1]
+    suffix = name[len(function):] if name.startswith(function) else None
+    native = {"": "SLUICE.DECIDE", "_undo": "SLUICE.UNDO", "_lease": "SLUICE.LEASE",
+              "_peek": "SLUICE.PEEK"}.get(suffix)
+    return [native, *command[2:]] if native else list(command)
+
+
 def decide_call(client, command: list):
-    """Runs a decide_command() (loading the library when the server lacks it); the raw reply."""
+    """Runs a decide_command() (loading the library when the server lacks it); the raw reply.
+    On the module engine, the module's command."""
     import redis
+    command = engine_command(command)
     try:
         return client.execute_command(*command)
     except redis.ResponseError as e:
@@ -216,7 +232,7 @@ def undo_command(limits_and_keys: Iterable[tuple], at_us: int) -> list:
 
 def undo_call(client, limits_and_keys: Iterable[tuple], at_us: int) -> int:
     """Runs undo_command(); how many keys it changed."""
-    return client.execute_command(*undo_command(limits_and_keys, at_us))
+    return client.execute_command(*engine_command(undo_command(limits_and_keys, at_us)))
 
 
 def lease_command(limits_and_keys: Iterable[tuple], renew: bool) -> list:
@@ -227,4 +243,4 @@ def lease_command(limits_and_keys: Iterable[tuple], renew: bool) -> list:
 
 def lease_call(client, limits_and_keys: Iterable[tuple], renew: bool) -> int:
     """Runs lease_command(); how many slots it found."""
-    return client.execute_command(*lease_command(limits_and_keys, renew))
+    return client.execute_command(*engine_command(lease_command(limits_and_keys, renew)))

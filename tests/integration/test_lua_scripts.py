@@ -14,7 +14,8 @@ from conftest import (WINDOW_NUMBERS, avoid_window_boundary, limit_cfg, lua_sour
                       ratelimit_toml, route_cfg, server_time, server_time_us,
                       sleep_until_window_offset, stored, wait_admin)
 from decide_codec import (decide_call, decide_command, decide_keys, decide_library, decide_reply,
-                          decided, undo_call)
+                          decided, engine_command, undo_call)
+from harness.valkey import ENGINE
 
 
 def run(client, algorithm, key, limit, window_ms, burst=None, cost=1, count_denied=False,
@@ -538,6 +539,7 @@ def library_names(client) -> list:
     return sorted(entry[1] for entry in client.function_list())
 
 
+@pytest.mark.skipif(ENGINE == "module", reason="the functions' library: the lua engine's run")
 def test_composed_library_is_what_the_gateway_loads(sluice_factory, upstream, valkey):
     """decide_library() (the codec tool's, these tests' library) is the very library the
     gateway loads: named "sluice_<hash>" for its function "sluice_decide_<hash>", it is on the
@@ -591,7 +593,7 @@ def timed_decision(client, command, request):
     within [before, after] (us). Returns (before, after, allowed, retry_ms)."""
     pipe = client.pipeline(transaction=True)
     pipe.time()
-    pipe.execute_command(*command)
+    pipe.execute_command(*engine_command(command))
     pipe.time()
     before, reply, after = pipe.execute()
     allowed, ((_, _, _, retry_ms),) = decided(reply, request)

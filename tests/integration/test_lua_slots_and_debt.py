@@ -5,7 +5,8 @@ not charged; "!": charged into debt). Calls are written and read by Sluice's own
 import time
 
 from conftest import avoid_window_boundary, server_time_us, stored
-from decide_codec import (decide_call, decide_command, decide_reply, lease_call, undo_call)
+from decide_codec import (decide_call, decide_command, decide_reply, engine_command, lease_call,
+                          undo_call)
 
 
 def slots(limit, lease_ms=30000, name=None):
@@ -141,7 +142,7 @@ def test_a_shadow_bucket_reply_names_the_debt_its_charge_added_and_the_undo_take
         command = ["FCALL", first_function(c), "1", "d:b", "token_bucket", "5", "86400000", bad,
                    str(second.time_us)]
         try:
-            c.execute_command(*command)
+            c.execute_command(*engine_command(command))
             raise AssertionError(f"{bad} was taken")
         except redis.ResponseError as e:
             assert "bad debt" in str(e), e

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import (hashed_part, limit_cfg, metric_sum, server_time_us, sluice_with_limits,
                       stored)
-from decide_codec import decide_call, decide_command, decide_library, decide_reply
+from decide_codec import decide_call, decide_command, decide_library, decide_reply, engine_command
 
 FIELD = "X-Tokens-Used"
 MAX_WAIT_S = 2_147_483_647
@@ -110,7 +110,7 @@ def test_limits_and_windows_at_the_top_of_their_ranges_are_decided(valkey, limit
     function = decide_library()[1]
     fields = [limit["algorithm"], str(limit["limit"]), str(limit["window_ms"]),
               str(limit.get("burst", limit["limit"])), "0", "0", str(limit["limit"])]
-    peek = c.execute_command("FCALL", function + "_peek", 1, key, *fields)
+    peek = c.execute_command(*engine_command(["FCALL", function + "_peek", 1, key, *fields]))
     assert len(peek) == 3 and all(isinstance(v, int) and v >= 0 for v in peek), peek
 
 

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import (is_asan_build, limit_cfg, metric_sum, server_time_us,
                       sleep_until_window_offset, sluice_with_limits)
-from decide_codec import decide_call, decide_commands, decide_library, decide_reply
+from decide_codec import decide_call, decide_commands, decide_library, decide_reply, engine_command
 
 WINDOW_MS = 20_000
 TIMEOUT = os.environ.get("SLUICE_EXPIRY_TIMEOUT", "100ms")
@@ -91,7 +91,7 @@ def fill(valkey, limit: dict, count: int, batch: int = 1000) -> None:
             function_loaded = True
         pipe = c.pipeline(transaction=False)
         for command in commands:
-            pipe.execute_command(*command)
+            pipe.execute_command(*engine_command(command))
         pipe.execute()
 
 

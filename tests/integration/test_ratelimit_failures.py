@@ -10,6 +10,7 @@ import pytest
 
 from conftest import (free_port, limit_cfg, limit_keys, metric_sum, parallel_requests,
                       ratelimit_toml, route_cfg, sluice_bin, sluice_with_limits, wait_admin)
+from harness.valkey import ENGINE
 from rawhttp import build_request
 
 # Seconds a request may take beyond its deadline, seen from the client. Measured on 2 cores with
@@ -204,6 +205,7 @@ def test_killed_and_restarted_valkey(sluice_factory, upstream, valkey):
 
 # ------------------------------------------------------------------------------ 6. library lost
 
+@pytest.mark.skipif(ENGINE == "module", reason="the functions' library: the lua engine's run")
 def test_function_flush_and_restart_no_wrong_decision(sluice_factory, upstream, valkey):
     gw = failure_gateway(sluice_factory, upstream, valkey, workers=2)
     c = valkey.client

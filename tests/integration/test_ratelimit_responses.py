@@ -11,6 +11,7 @@ import pytest
 
 from conftest import (ValkeyMonitor, hashed_part, limit_cfg, limit_keys, metric_sum, parse_rl_list,
                       sluice_with_limits, used)
+from harness.valkey import DECIDE_VERB, decide_args, decide_calls
 
 POLICY_RE = re.compile(r'^"[A-Za-z0-9_.-]+";q=\d+;w=\d+(, "[A-Za-z0-9_.-]+";q=\d+;w=\d+)*$')
 STATE_RE = re.compile(r'^"[A-Za-z0-9_.-]+";r=\d+;t=\d+(, "[A-Za-z0-9_.-]+";r=\d+;t=\d+)*$')
@@ -135,14 +136,14 @@ def test_limit_with_absent_key_part_does_not_apply(sluice_factory, upstream, val
     limits = [limit_cfg("per_key", "fixed_window", 1, "1h", by=["api_key"])]
     gw = sluice_with_limits(sluice_factory, upstream, valkey, limits)
     c = valkey.client
-    before = c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
+    before = decide_calls(c)
     for _ in range(5):
         r = get(gw)
         assert r.status == 200 and not r.has("ratelimit") and not r.has("ratelimit-policy"), r
         r = get(gw, [("X-API-Key", "")])
         assert r.status == 200 and not r.has("ratelimit"), "an empty API key is no API key"
     assert limit_keys(c) == []
-    assert c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0) == before, \
+    assert decide_calls(c) == before, \
         "a limit that does not apply costs no round trip"
     assert [get(gw, [("X-API-Key", "k")]).status for _ in range(2)] == [200, 429]
 
@@ -177,16 +178,16 @@ def test_one_fcall_per_request_one_at_a_time(sluice_factory, upstream, valkey):
     gw = sluice_with_limits(sluice_factory, upstream, valkey, limits, workers=2)
     c = valkey.client
     n = 25
-    before = c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
+    before = decide_calls(c)
     with ValkeyMonitor(valkey) as mon:
         for _ in range(n):
             assert get(gw).status == 200
-    after = c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
-    assert after - before == n, f"{after - before} FCALL for {n} requests"
+    after = decide_calls(c)
+    assert after - before == n, f"{after - before} {DECIDE_VERB} for {n} requests"
     sent = [cmd[0].upper() for cmd in mon.commands()]
-    assert sent == ["FCALL"] * n, f"commands the gateway sent for {n} requests: {sent}"
+    assert sent == [DECIDE_VERB] * n, f"commands the gateway sent for {n} requests: {sent}"
     # Every limit of a request in the one script call: 4 keys each.
-    assert all(cmd[2] == "4" for cmd in mon.commands()), mon.commands()[:2]
+    assert all(decide_args(cmd)[0] == "4" for cmd in mon.commands()), mon.commands()[:2]
 
 
 @pytest.mark.parametrize("n,calls", [(20, [20]), (70, [64, 6])], ids=["20", "70"])
@@ -207,7 +208,7 @@ def test_requests_of_one_round_of_events_share_one_fcall(sluice_factory, upstrea
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
                             [limit] if alike else [limit, limit_b], workers=1)
     c = valkey.client
-    before = c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
+    before = decide_calls(c)
     socks = []
     with ValkeyMonitor(valkey) as mon:
         gw.pause()
@@ -232,18 +233,19 @@ def test_requests_of_one_round_of_events_share_one_fcall(sluice_factory, upstrea
     name = b"a" if alike else b"b"
     remaining = sorted(int(re.search(rb'[ ,]"' + name + rb'";r=(\d+)', a).group(1)) for a in answers)
     assert remaining == [0] * (n - 14) + list(range(1, 15)), "each request saw the ones before it"
-    after = c.info("commandstats").get("cmdstat_fcall", {}).get("calls", 0)
+    after = decide_calls(c)
     sent = mon.commands()
-    assert [cmd[0].upper() for cmd in sent] == ["FCALL"] * len(calls) and \
+    assert [cmd[0].upper() for cmd in sent] == [DECIDE_VERB] * len(calls) and \
         after - before == len(calls), sent
     if alike:
-        assert [int(cmd[2]) for cmd in sent] == [1] * len(calls), "the key once per call"
-        assert [cmd[4:] for cmd in sent] == [["1", "fixed_window", "15", "3600000", "15", "0",
+        assert [int(decide_args(cmd)[0]) for cmd in sent] == [1] * len(calls), \
+            "the key once per call"
+        assert [decide_args(cmd)[2:] for cmd in sent] == [["1", "fixed_window", "15", "3600000", "15", "0",
                                               "0", "15", "1:1"] + ["1:1@1"] * (k - 1)
                                              for k in calls], [cmd[-1] for cmd in sent]
     else:
         # 1 key of b (every request from 127.0.0.1), then one of a per request
-        assert [int(cmd[2]) for cmd in sent] == [1 + k for k in calls], "a's key per request"
+        assert [int(decide_args(cmd)[0]) for cmd in sent] == [1 + k for k in calls], "a's key per request"
     if not alike:  # a request refused by b cost a nothing
         assert sorted(used(valkey, k, "fixed_window", 3600) for k in limit_keys(c, "*:a:*")) == \
             [1] * 15
@@ -286,7 +288,8 @@ def test_clients_that_leave_before_their_decision(sluice_factory, upstream, valk
             answers.append(data)
     # Usually one call of six requests on one key (a connection handed to a later round of
     # events goes in a call of its own).
-    parts = [p for cmd in mon.commands() for p in cmd[3 + int(cmd[2]) + 1 + 7:]]
+    parts = [p for cmd in mon.commands()
+             for p in decide_args(cmd)[1 + int(decide_args(cmd)[0]) + 1 + 7:]]
     assert len(parts) == 6 and all(p.startswith("1:1") for p in parts), parts
     assert [a.split(b" ", 2)[1] for a in answers] == [b"200", b"200"], answers
     remaining = sorted(int(re.search(rb'\r\nRateLimit: "a";r=(\d+)', a).group(1)) for a in answers)

@@ -18,6 +18,7 @@ import pytest
 
 from conftest import (TIMER_SLACK_S, hashed_part, limit_cfg, metric_sum, ratelimit_toml,
                       route_cfg, wait_admin)
+from harness.valkey import module_args
 
 PREFIX = "{rl}:v1"
 
@@ -64,7 +65,9 @@ class Cluster:
     """`primaries` primaries, each with `replicas` replicas, on loopback ports. Only the
     processes it started are signalled (by their PID)."""
 
-    def __init__(self, tmp_path, size=3, replicas=0, node_timeout_ms=None):
+    def __init__(self, tmp_path, size=3, replicas=0, node_timeout_ms=None, modules=None):
+        """modules: per node (in port order), whether it loads the Valkey module; None: as
+        SLUICE_ENGINE says (harness/valkey.py)."""
         self.server, self.cli_bin = server_and_cli()
         self.ports, self.procs, self.args = [], {}, {}
         extra = []
@@ -79,7 +82,8 @@ class Cluster:
             self.args[port] = [
                 self.server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled",
                 "yes", "--cluster-config-file", str(d / "nodes.conf"), "--dir", str(d),
-                "--save", "", "--appendonly", "no", *extra]
+                "--save", "", "--appendonly", "no", *extra,
+                *module_args(None if modules is None else modules[i])]
             self.ports.append(port)
         try:
             for port in self.ports:

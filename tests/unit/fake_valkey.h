@@ -49,8 +49,8 @@ inline std::optional<Argv> takeCommand(std::string& in) {
 
 // A fake Valkey. Every command is recorded; `answer` says what to send back (raw RESP), or
 // nothing (the reply is held: a stall, or a reply sent later by the test). When `answer` says
-// nothing, FUNCTION LOAD is answered with the library's name (unless hold_handshake) and
-// ASKING with OK.
+// nothing, FUNCTION LOAD is answered with the library's name and SLUICE.VERSION as a server
+// without the module answers it (unless hold_handshake), and ASKING with OK.
 struct FakeValkey {
   struct Received {
     Argv argv;
@@ -63,7 +63,8 @@ struct FakeValkey {
         received.push_back({*argv});
         std::optional<std::string> reply;
         if (answer) reply = answer(*argv, c);
-        if (!reply && !(hold_handshake && (*argv)[0] == "FUNCTION")) {
+        if (!reply &&
+            !(hold_handshake && ((*argv)[0] == "FUNCTION" || (*argv)[0] == "SLUICE.VERSION"))) {
           reply = defaultAnswer(*argv);
         }
         if (reply) c.send(*reply);
@@ -74,6 +75,9 @@ struct FakeValkey {
 
   static std::optional<std::string> defaultAnswer(const Argv& argv) {
     if (argv[0] == "FUNCTION") return std::string("$6\r\nsluice\r\n");
+    if (argv[0] == "SLUICE.VERSION") {
+      return std::string("-ERR unknown command 'SLUICE.VERSION', with args beginning with: \r\n");
+    }
     if (argv[0] == "ASKING") return std::string("+OK\r\n");
     return std::nullopt;  // held
   }

@@ -357,7 +357,7 @@ TEST_SUITE("stats") {
 
   TEST_CASE("the table: every name once, a known type, help, and valid label names") {
     const auto& table = metricTable();
-    CHECK(table.size() == 23);
+    CHECK(table.size() == 24);
     std::set<std::string_view> names;
     for (const MetricInfo& m : table) {
       INFO(std::string(m.name));
@@ -441,6 +441,7 @@ TEST_SUITE("admin metrics") {
     w.valkey_node_errors.resolve("n:1");
     w.valkey_node_redirects.resolve("n:1");
     w.valkey_node_compensations.resolve("n:1");
+    w.valkey_engine.resolve("n:1")[sluice::stats::EngineKind::Module].add(1);
     const std::string text = renderMetrics({&w}, ProcessStats{});
     const Exposition e = parseExposition(text);
     INFO(text);

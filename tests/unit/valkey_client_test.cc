@@ -65,13 +65,16 @@ uint64_t errors(sluice::stats::WorkerStats& stats, const char* kind) {
 
 // A loop, a fake Valkey and a client of it, connected and ready.
 struct Fixture {
-  explicit Fixture(uint64_t timeout_ms = 50, bool start = true)
+  explicit Fixture(uint64_t timeout_ms = 50, bool start = true,
+                   sluice::config::Engine engine = sluice::config::Engine::Auto)
       : hook(l.get(),
              [this] {
                if (client) client->flush();
              }),
         valkey(l.get()) {
-    client = std::make_unique<Client>(l.get(), options(valkey.peer, timeout_ms), stats);
+    ClientOptions o = options(valkey.peer, timeout_ms);
+    o.engine = engine;
+    client = std::make_unique<Client>(l.get(), o, stats);
     if (start) {
       client->start();
       REQUIRE(runUntil(l.get(), [&] { return client->ready(); }));
@@ -97,9 +100,12 @@ struct Fixture {
 TEST_SUITE("valkey: the client against a fake server") {
   TEST_CASE("the handshake loads the library; a call answered in time reaches its target") {
     Fixture f(1000);
-    REQUIRE(f.valkey.received.size() == 1);
-    CHECK(f.valkey.received[0].argv == Argv{"FUNCTION", "LOAD", "REPLACE", kLibrary});
+    // engine auto: the module's version asked, the library loaded, in one round trip.
+    REQUIRE(f.valkey.received.size() == 2);
+    CHECK(f.valkey.received[0].argv == Argv{"SLUICE.VERSION"});
+    CHECK(f.valkey.received[1].argv == Argv{"FUNCTION", "LOAD", "REPLACE", kLibrary});
     CHECK(f.client->answering());
+    CHECK_FALSE(f.client->usesModule());
     CHECK(f.stats.valkey_connected.value() == 1);
 
     f.valkey.answer = [](const Argv& argv, FakePeer::Conn&) -> std::optional<std::string> {
@@ -118,7 +124,7 @@ TEST_SUITE("valkey: the client against a fake server") {
     CHECK(a.replies[0].integer == 7);
     REQUIRE(b.replies.size() == 1);
     CHECK(b.replies[0].integer == 8);  // replies in the order of the calls
-    CHECK(f.valkey.received[1].argv == Argv{"FCALL", "decide", "1", "k1", "7"});
+    CHECK(f.valkey.received[2].argv == Argv{"FCALL", "decide", "1", "k1", "7"});
     CHECK(f.stats.valkey_calls.value() == 2);
     CHECK(f.stats.valkey_latency.count() == 2);
 
@@ -237,10 +243,11 @@ TEST_SUITE("valkey: the client against a fake server") {
     REQUIRE(t.replies.size() == 1);
     CHECK(t.replies[0].integer == 42);
     CHECK(uv_now(f.loop()) < sent + 1000);  // within the same deadline
-    // FUNCTION LOAD (handshake), FCALL, FUNCTION LOAD again, the same FCALL again.
-    REQUIRE(f.valkey.received.size() == 4);
-    CHECK(f.valkey.received[2].argv == Argv{"FUNCTION", "LOAD", "REPLACE", kLibrary});
-    CHECK(f.valkey.received[3].argv == f.valkey.received[1].argv);
+    // SLUICE.VERSION and FUNCTION LOAD (handshake), FCALL, FUNCTION LOAD again, the same
+    // FCALL again.
+    REQUIRE(f.valkey.received.size() == 5);
+    CHECK(f.valkey.received[3].argv == Argv{"FUNCTION", "LOAD", "REPLACE", kLibrary});
+    CHECK(f.valkey.received[4].argv == f.valkey.received[2].argv);
     CHECK(f.valkey.peer.accepted() == 1);
     CHECK(f.client->answering());
 
@@ -296,11 +303,65 @@ TEST_SUITE("valkey: the client against a fake server") {
     CHECK(refused.told == 0);
   }
 
+  TEST_CASE("engines: a node with the module gets its commands; module without it is refused") {
+    struct Case {
+      sluice::config::Engine engine;
+      bool node_has_module;
+      bool ready;
+      const char* sent;  // the decision as the node received it
+    };
+    using sluice::config::Engine;
+    for (const Case& c :
+         {Case{Engine::Auto, true, true, "SLUICE.DECIDE"}, Case{Engine::Auto, false, true, "FCALL"},
+          Case{Engine::Module, true, true, "SLUICE.DECIDE"},
+          Case{Engine::Module, false, false, nullptr}, Case{Engine::Lua, true, true, "FCALL"}}) {
+      CAPTURE(static_cast<int>(c.engine));
+      CAPTURE(c.node_has_module);
+      Fixture f(1000, false, c.engine);
+      f.valkey.answer = [&](const Argv& argv, FakePeer::Conn&) -> std::optional<std::string> {
+        if (argv[0] == "SLUICE.VERSION" && c.node_has_module) return std::string(":1\r\n");
+        if (argv[0] == "SLUICE.DECIDE" || argv[0] == "FCALL") return std::string(":7\r\n");
+        return std::nullopt;
+      };
+      f.client->start();
+      const bool ready = runUntil(
+          f.loop(), [&] { return f.client->ready(); }, 300);
+      CHECK(ready == c.ready);
+      CHECK(f.valkey.count("SLUICE.VERSION") >= (c.engine == Engine::Lua ? 0 : 1));
+      if (c.engine == Engine::Lua) CHECK(f.valkey.count("SLUICE.VERSION") == 0);
+      CHECK(f.valkey.count("FUNCTION") == (c.engine == Engine::Module ? 0 : 1));
+      auto& gauge = f.stats.valkey_engine.resolve(f.client->options().address.text);
+      if (!c.ready) {
+        CHECK(gauge[sluice::stats::EngineKind::Module].value() == 0);
+        CHECK(gauge[sluice::stats::EngineKind::Lua].value() == 0);
+        continue;
+      }
+      const bool module = std::string(c.sent) == "SLUICE.DECIDE";
+      CHECK(f.client->usesModule() == module);
+      CHECK(gauge[sluice::stats::EngineKind::Module].value() == (module ? 1 : 0));
+      CHECK(gauge[sluice::stats::EngineKind::Lua].value() == (module ? 0 : 1));
+      Target t;
+      REQUIRE(f.client->callDecide(fcall("k1", "9"), "k1", &t));
+      REQUIRE(runUntil(f.loop(), [&] { return t.told == 1; }));
+      CHECK(t.replies[0].integer == 7);
+      const Argv& last = f.valkey.received.back().argv;
+      if (module) {
+        CHECK(last == Argv{"SLUICE.DECIDE", "1", "k1", "9"});
+      } else {
+        CHECK(last == Argv{"FCALL", "decide", "1", "k1", "9"});
+      }
+      f.client->stop();
+      CHECK(gauge[sluice::stats::EngineKind::Module].value() == 0);
+      CHECK(gauge[sluice::stats::EngineKind::Lua].value() == 0);
+    }
+  }
+
   TEST_CASE("a refused handshake drops the connection and tries again after the backoff") {
     Fixture f(50, false);
     int attempts = 0;
     f.valkey.hold_handshake = true;
     f.valkey.answer = [&](const Argv& argv, FakePeer::Conn&) -> std::optional<std::string> {
+      if (argv[0] == "SLUICE.VERSION") return std::string("-ERR unknown command\r\n");
       if (argv[0] != "FUNCTION") return std::nullopt;
       if (++attempts == 1) return std::string("-ERR Error compiling function\r\n");
       return std::string("$6\r\nsluice\r\n");

@@ -24,6 +24,44 @@ from harness.net import LocalServerProcess, free_port
 
 REDIS_SERVER = os.environ.get("REDIS_SERVER") or shutil.which("redis-server")
 LUA_DIR = REPO / "lua"
+# The engine the suites decide with (README "Engines"): "lua" (the functions; servers without
+# the module), or "module": every server the tests start loads sluice-valkey.so and every
+# gateway runs with engine = "module", so a node without it fails the test instead of
+# quietly deciding with the functions. .ci/run runs the Valkey-facing suites on both.
+ENGINE = os.environ.get("SLUICE_ENGINE", "lua")
+assert ENGINE in ("lua", "module"), f"SLUICE_ENGINE={ENGINE}: lua or module"
+
+
+# What a decision goes to Valkey as on this engine, and how many of them a server has run.
+DECIDE_VERB = "SLUICE.DECIDE" if ENGINE == "module" else "FCALL"
+
+
+def decide_calls(client) -> int:
+    stat = "cmdstat_" + DECIDE_VERB.lower()
+    return client.info("commandstats").get(stat, {}).get("calls", 0)
+
+
+def decide_args(command: list) -> list:
+    """A decision's arguments as MONITOR shows it, from numkeys on (after FCALL's function
+    name, or after the module's command)."""
+    return command[2:] if str(command[0]).upper() == "FCALL" else command[1:]
+
+
+def module_path() -> str:
+    """The Valkey module: SLUICE_MODULE, else the sluice-valkey.so beside SLUICE_BIN."""
+    from harness.gateway import SLUICE_BIN
+    path = os.environ.get("SLUICE_MODULE") or str(Path(SLUICE_BIN).parent / "sluice-valkey.so")
+    if not os.path.isfile(path):
+        pytest.fail(f"the Valkey module is not at {path} (the build makes it beside sluice, or "
+                    f"set SLUICE_MODULE)", pytrace=False)
+    return path
+
+
+def module_args(load: Optional[bool] = None) -> list:
+    """A server's arguments that load the module: when `load`, or by default when the suites
+    run on the module engine."""
+    return ["--loadmodule", module_path()] if (ENGINE == "module" if load is None else load) \
+        else []
 
 
 def redis_server_bin() -> str:
@@ -36,7 +74,9 @@ def redis_server_bin() -> str:
 class ValkeyServer(LocalServerProcess):
     """A private redis-server (same protocol as Valkey) on 127.0.0.1, no persistence."""
 
-    def __init__(self, workdir: Path, password: Optional[str] = None, extra_args: Iterable = ()):
+    def __init__(self, workdir: Path, password: Optional[str] = None, extra_args: Iterable = (),
+                 module: Optional[bool] = None):
+        self.module = module  # load sluice-valkey.so (None: as SLUICE_ENGINE says)
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.password = password
@@ -74,7 +114,7 @@ class ValkeyServer(LocalServerProcess):
                 "--daemonize", "no", "--logfile", str(self._log_path)]
         if self.password:
             args += ["--requirepass", self.password]
-        args += self.extra_args
+        args += module_args(self.module) + self.extra_args
         self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -134,7 +174,7 @@ class ValkeyServer(LocalServerProcess):
 
 # Correctness tests use a generous deadline so that a loaded machine never turns a decision into
 # an on_error one; the failure-path tests set the 25 ms default explicitly.
-DEFAULT_VALKEY_OPTIONS = {"timeout": "1s"}
+DEFAULT_VALKEY_OPTIONS = {"timeout": "1s", **({"engine": "module"} if ENGINE == "module" else {})}
 
 
 def ratelimit_toml(valkey: Any = None, *, limits: Iterable = (), valkey_options: Optional[dict] = None,
