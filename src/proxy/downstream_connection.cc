@@ -1,8 +1,7 @@
 #include "proxy/downstream_connection.h"
 
 #include "core/logging.h"
-#include "http/responses.h"
-#include "proxy/worker_context.h"
+#include "http/headers.h"
 #include "stats/stats.h"
 
 namespace sluice::proxy {
@@ -238,7 +237,7 @@ void DownstreamConnection::closeNow() {
   transport_->close();
 }
 
-void DownstreamConnection::abortConnection() { closeNow(); }
+void DownstreamConnection::abortResponse() { closeNow(); }
 
 void DownstreamConnection::pauseReading() {
   paused_by_exchange_ = true;
@@ -255,17 +254,18 @@ void DownstreamConnection::tunnelActivity() {
   timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
 }
 
-void DownstreamConnection::startTunnel() {
+std::string DownstreamConnection::startTunnel() {
   state_ = State::Tunnel;
   tunnelActivity();
   std::string early;
   early.swap(pending_);
-  if (!early.empty()) exchange_.onClientTunnelData(early.data(), early.size());
   paused_full_ = false;
-  if (state_ == State::Tunnel && !paused_by_exchange_) transport_->readStart();
+  // The exchange writes `early` upstream on return (and may pause reading again then).
+  if (!paused_by_exchange_) transport_->readStart();
+  return early;
 }
 
-void DownstreamConnection::endTunnel() {
+void DownstreamConnection::tunnelEnded() {
   close_when_drained_ = true;
   if (transport_->pendingBytes() == 0) closeNow();
 }

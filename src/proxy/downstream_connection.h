@@ -5,10 +5,10 @@
 // client-side timeouts, and closes without losing the last response (lingering close).
 //
 // Lifetime: created by the listener, destroyed in the transport's onClosed(), never earlier.
-// The exchange is reset by the connection only, from its own callbacks: when the exchange
-// says its response is finished (from inside an upstream or Valkey callback, or from inside
-// the parser), the reset waits until that call has returned (after the parser, or on the
-// next loop iteration), so no object is reset while one of its methods runs.
+// It is the HTTP/1.1 ExchangeOwner. The exchange is reset by the connection only, from its own
+// callbacks: when the exchange says its response is finished (from inside an upstream or Valkey
+// callback, or from inside the parser), the reset waits until that call has returned (after the
+// parser, or on the next loop iteration), so no object is reset while one of its methods runs.
 
 #include <memory>
 #include <optional>
@@ -20,12 +20,14 @@
 #include "net/connection_budget.h"
 #include "net/transport.h"
 #include "proxy/exchange.h"
+#include "proxy/exchange_owner.h"
+#include "proxy/worker_context.h"
 
 namespace sluice::proxy {
 
-class WorkerContext;
-
-class DownstreamConnection final : public net::TransportCallbacks, public http::ParserCallbacks {
+class DownstreamConnection final : public ExchangeOwner,
+                                   public net::TransportCallbacks,
+                                   public http::ParserCallbacks {
  public:
   // `ticket`: its place in the process's connection budget, given back when it is destroyed.
   DownstreamConnection(WorkerContext& worker, std::unique_ptr<net::Transport> transport,
@@ -39,37 +41,6 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   // Drain time is over: close at once.
   void forceClose();
 
-  // Exchange use.
-  WorkerContext& worker() { return worker_; }
-  // The peer, formatted once per connection.
-  const std::optional<IpAddress>& peerIp() const { return peer_ip_; }
-  const std::string& peerText() const { return peer_text_; }
-  net::Transport& transport() { return *transport_; }
-  void write(std::string_view data) {
-    transport_->write(data);
-    armSendTimer();
-  }
-  void writev(const std::string_view* parts, size_t count) {
-    transport_->writev(parts, count);
-    armSendTimer();
-  }
-  size_t pendingBytes() const { return transport_->pendingBytes(); }
-  // Request body backpressure: stop reading from the client until resumeReading().
-  void pauseReading();
-  void resumeReading();
-  // The exchange queued the last byte of its response. keep_alive: the next request may come.
-  void responseFinished(bool keep_alive);
-  // The response cannot be completed (upstream failed after the head went out): close now.
-  void abortConnection();
-  // After a 101: bytes flow raw both ways; bytes the client sent after its request head are
-  // handed to the exchange now.
-  void startTunnel();
-  // Both sides of the tunnel ended: close once the last bytes went out.
-  void endTunnel();
-  // Bytes crossed the tunnel: a tunnel silent both ways for idle_timeout is closed.
-  void tunnelActivity();
-  bool clientHalfClosed() const { return client_eof_; }
-
  private:
   friend class WorkerContext;  // intrusive list
   enum class State { Reading, Tunnel, Lingering, Closed };
@@ -82,6 +53,30 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
                     // closes: the rest of the body is not read)
     Answered,       // both are done: the exchange is reset, then the next request may come
   };
+
+  // ExchangeOwner (exchange_ only)
+  WorkerContext& worker() const override { return worker_; }
+  const std::optional<IpAddress>& peerIp() const override { return peer_ip_; }
+  const std::string& peerText() const override { return peer_text_; }
+  std::string_view scheme() const override { return transport_->scheme(); }
+  void write(std::string_view data) override {
+    transport_->write(data);
+    armSendTimer();
+  }
+  void writev(const std::string_view* parts, size_t count) override {
+    transport_->writev(parts, count);
+    armSendTimer();
+  }
+  size_t pendingBytes() const override { return transport_->pendingBytes(); }
+  void pauseReading() override;
+  void resumeReading() override;
+  bool acceptsNextRequest() const override { return !worker_.draining() && !client_eof_; }
+  void responseFinished(bool keep_alive) override;
+  void abortResponse() override;
+  std::string startTunnel() override;
+  void tunnelActivity() override;
+  void shutdownWrite() override { transport_->shutdownWrite(); }
+  void tunnelEnded() override;
 
   // net::TransportCallbacks
   void onRead(const char* data, size_t len) override;

@@ -2,15 +2,13 @@
 
 #include <uv.h>
 
-#include "core/ip_address.h"
 #include "core/logging.h"
+#include "http/headers.h"
+#include "http/responses.h"
 #include "identity/request_facts.h"
-#include "identity/tenant_cache.h"
 #include "proxy/access_record.h"
-#include "proxy/downstream_connection.h"
-#include "ratelimit/applied_limits.h"
-#include "ratelimit/deny_cache.h"
-#include "ratelimit/headers.h"
+#include "proxy/exchange_owner.h"
+#include "proxy/worker_context.h"
 #include "ratelimit/keys.h"
 #include "stats/access_log.h"
 #include "stats/stats.h"
@@ -30,13 +28,12 @@ bool idempotent(std::string_view method) {
 
 }  // namespace
 
-Exchange::Exchange(DownstreamConnection& connection)
-    : conn_(connection), admission_(connection.worker(), *this) {}
+Exchange::Exchange(ExchangeOwner& owner) : owner_(owner), admission_(owner.worker(), *this) {}
 
 Exchange::~Exchange() { abort(); }
 
 const std::string& Exchange::requestId() {
-  if (request_id_.empty()) request_id_ = conn_.worker().nextRequestId();
+  if (request_id_.empty()) request_id_ = owner_.worker().nextRequestId();
   return request_id_;
 }
 
@@ -103,21 +100,21 @@ bool Exchange::refuse(int status, const char* why) {
 }
 
 void Exchange::resolveClient() {
-  if (!conn_.peerIp()) return;
-  const auto& snapshot = snapshot_ ? snapshot_ : conn_.worker().snapshot();
-  client_ = identity::resolveClientAddress(*conn_.peerIp(), conn_.peerText(), request_.headers,
+  if (!owner_.peerIp()) return;
+  const auto& snapshot = snapshot_ ? snapshot_ : owner_.worker().snapshot();
+  client_ = identity::resolveClientAddress(*owner_.peerIp(), owner_.peerText(), request_.headers,
                                            snapshot->config->identity.trusted_proxies);
 }
 
 void Exchange::complete(int status) {
   if (status <= 0) return;
-  const std::shared_ptr<Snapshot>& snapshot = snapshot_ ? snapshot_ : conn_.worker().snapshot();
+  const std::shared_ptr<Snapshot>& snapshot = snapshot_ ? snapshot_ : owner_.worker().snapshot();
   if (!snapshot) return;
   snapshot->requestCounter(route_, status).inc();
   if (!snapshot->access_log) return;
   AccessRecord r;
   r.request_id = requestId();
-  r.peer = conn_.peerText();
+  r.peer = owner_.peerText();
   r.client = client_.text.empty() ? r.peer : client_.text;
   const identity::RequestFacts& facts = admission_.facts();
   if (facts.tenant) r.tenant = *facts.tenant;
@@ -156,7 +153,7 @@ void Exchange::flushGathered() {
 
 void Exchange::onUpstreamReadDone() {
   flushGathered();
-  if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
+  if (owner_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
     upstream_paused_ = true;
     upstream_->pauseReading();
   }
@@ -164,19 +161,19 @@ void Exchange::onUpstreamReadDone() {
 
 void Exchange::send(std::string_view data) {
   bytes_out_ += data.size();
-  conn_.write(data);
+  owner_.write(data);
 }
 
 void Exchange::sendv(const std::string_view* parts, size_t count) {
   for (size_t i = 0; i < count; ++i) bytes_out_ += parts[i].size();
-  conn_.writev(parts, count);
+  owner_.writev(parts, count);
 }
 
 void Exchange::begin(http::MessageHead&& head) {
   reset();
   start_ns_ = uv_hrtime();
   state_ = State::Deciding;
-  snapshot_ = conn_.worker().snapshot();
+  snapshot_ = owner_.worker().snapshot();
   request_ = std::move(head);
   resolveClient();
   head_request_ = request_.method == "HEAD";
@@ -269,9 +266,9 @@ void Exchange::sendRequestHead() {
   context.target = target;
   context.forwarded_for = client_.forwarded_for;
   context.real_ip = client_.text;
-  context.peer = conn_.peerText();
+  context.peer = owner_.peerText();
   context.trusted_peer = client_.peer_trusted;
-  context.scheme = conn_.transport().scheme();
+  context.scheme = owner_.scheme();
   context.tunnel = wants_upgrade_;
   context.body = request_framing_;
   context.default_host = cluster_->endpointAuthority(upstream_->endpoint());
@@ -292,7 +289,7 @@ void Exchange::sendRequestHead() {
   }
   if (client_paused_ && upstream_->pendingBytes() < kHighWater) {
     client_paused_ = false;
-    conn_.resumeReading();
+    owner_.resumeReading();
   }
 }
 
@@ -314,7 +311,7 @@ void Exchange::onRequestBody(const char* data, size_t len) {
     }
     if (upstream_->pendingBytes() > kHighWater && !client_paused_) {
       client_paused_ = true;
-      conn_.pauseReading();
+      owner_.pauseReading();
     }
     return;
   }
@@ -325,7 +322,7 @@ void Exchange::onRequestBody(const char* data, size_t len) {
   // that); otherwise the client waits until the upstream takes what is buffered.
   if (body_buffer_.size() > kHighWater && !client_paused_ && !admission_.readsBody()) {
     client_paused_ = true;
-    conn_.pauseReading();
+    owner_.pauseReading();
   }
 }
 
@@ -345,7 +342,7 @@ void Exchange::onRequestComplete() {
 void Exchange::onUpstreamDrained() {
   if (client_paused_) {
     client_paused_ = false;
-    conn_.resumeReading();
+    owner_.resumeReading();
   }
 }
 
@@ -357,7 +354,7 @@ void Exchange::onClientDrained() {
 }
 
 bool Exchange::clientKeepAlive() const {
-  return request_.keep_alive && !conn_.worker().draining() && !conn_.clientHalfClosed() &&
+  return request_.keep_alive && owner_.acceptsNextRequest() &&
          (request_complete_ || !request_.hasBody());
 }
 
@@ -384,7 +381,9 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
     send(http::buildClientResponseHead(head, context));
     state_ = State::Tunnel;
     upstream_->startTunnel();
-    conn_.startTunnel();
+    // Bytes the client sent after its head go first; the owner hands later ones as they come.
+    const std::string early = owner_.startTunnel();
+    if (!early.empty()) onClientTunnelData(early.data(), early.size());
     return 0;
   }
   response_framing_ = http::responseFraming(head, head_request_, context.client_http10);
@@ -428,7 +427,7 @@ void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_star
                     upstream::toString(error));
     state_ = State::Done;
     complete(status_);
-    conn_.abortConnection();
+    owner_.abortResponse();
     return;
   }
   const bool nothing_sent = error == upstream::UpstreamError::ConnectFailed ||
@@ -470,9 +469,9 @@ void Exchange::finish(bool keep_alive) {
   complete(status_);
   if (client_paused_) {
     client_paused_ = false;
-    conn_.resumeReading();
+    owner_.resumeReading();
   }
-  conn_.responseFinished(keep_alive);  // the connection resets this exchange after this call
+  owner_.responseFinished(keep_alive);  // the connection resets this exchange after this call
 }
 
 void Exchange::onClientTunnelData(const char* data, size_t len) {
@@ -480,14 +479,14 @@ void Exchange::onClientTunnelData(const char* data, size_t len) {
   upstream_->write({data, len});
   if (upstream_->pendingBytes() > kHighWater && !client_paused_) {
     client_paused_ = true;
-    conn_.pauseReading();
+    owner_.pauseReading();
   }
 }
 
 void Exchange::onUpstreamTunnelData(const char* data, size_t len) {
-  conn_.tunnelActivity();
+  owner_.tunnelActivity();
   send({data, len});
-  if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
+  if (owner_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
     upstream_paused_ = true;
     upstream_->pauseReading();
   }
@@ -503,12 +502,12 @@ void Exchange::endTunnelSide(bool client_side) {
     if (upstream_) upstream_->shutdownWrite();
   } else {
     tunnel_upstream_ended_ = true;
-    conn_.transport().shutdownWrite();
+    owner_.shutdownWrite();
   }
   if (tunnel_client_ended_ && tunnel_upstream_ended_) {
     state_ = State::Done;
     complete(status_);
-    conn_.endTunnel();
+    owner_.tunnelEnded();
   }
 }
 

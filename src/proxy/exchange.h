@@ -1,9 +1,9 @@
 #pragma once
 
-// One request and its response on a client connection: route, (decide,) forward upstream,
-// relay the response, or answer locally. It lives inside its DownstreamConnection and is
-// reset between requests, so no callback can outlive it: reset()/abort() detach the upstream
-// connection and every pending operation.
+// One request and its response: route, (decide,) forward upstream, relay the response, or
+// answer locally. It lives inside its owner (an ExchangeOwner: the HTTP/1.1 connection, later
+// an HTTP/2 stream) and is reset between requests, so no callback can outlive it:
+// reset()/abort() detach the upstream connection and every pending operation.
 
 #include <cstdint>
 #include <deque>
@@ -21,14 +21,14 @@
 
 namespace sluice::proxy {
 
-class DownstreamConnection;
+class ExchangeOwner;
 
 class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCallbacks {
  public:
-  explicit Exchange(DownstreamConnection& connection);
+  explicit Exchange(ExchangeOwner& owner);
   ~Exchange() override;
 
-  // Connection use, in this order: begin, body pieces, complete; drained whenever the client
+  // Owner use, in this order: begin, body pieces, complete; drained whenever the client
   // took every byte we wrote.
   void begin(http::MessageHead&& head);
   void onRequestBody(const char* data, size_t len);
@@ -39,7 +39,7 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   // The client left or the connection closes: release everything, answer nothing. An
   // exchange in progress is logged with `status` (499 when the client left) and why.
   void abort(int status = 499, const char* why = "client closed the connection");
-  // The connection refuses the request (malformed, too large, too slow): answers `status` with
+  // The owner refuses the request (malformed, too large, too slow): answers `status` with
   // a problem+json body and Connection: close, and logs it. False when a response had already
   // started, so that only closing the connection is left.
   bool refuse(int status, const char* why);
@@ -58,7 +58,7 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
     Upstream,    // the request head went upstream (its body follows); no response head yet
     Responding,  // the upstream's response head went to the client; relaying its body
     Tunnel,      // after a 101: bytes flow both ways
-    Done,        // answered (or aborted); the connection resets it
+    Done,        // answered (or aborted); the owner resets it
   };
   // The request head went upstream: its body goes there too.
   bool headSent() const { return state_ == State::Upstream || state_ == State::Responding; }
@@ -101,7 +101,7 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void flushGathered();
   void endTunnelSide(bool client_side);
 
-  DownstreamConnection& conn_;
+  ExchangeOwner& owner_;
   State state_ = State::Idle;
   std::shared_ptr<Snapshot> snapshot_;
   const config::RouteConfig* route_ = nullptr;
