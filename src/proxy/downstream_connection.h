@@ -5,10 +5,12 @@
 // client-side timeouts, and closes without losing the last response (lingering close).
 //
 // Lifetime: created by the listener, destroyed in the transport's onClosed(), never earlier.
-// It is the HTTP/1.1 ExchangeOwner. The exchange is reset by the connection only, from its own
-// callbacks: when the exchange says its response is finished (from inside an upstream or Valkey
-// callback, or from inside the parser), the reset waits until that call has returned (after the
-// parser, or on the next loop iteration), so no object is reset while one of its methods runs.
+// It is the HTTP/1.1 ExchangeOwner: the exchange is reset by the connection only, from its own
+// callbacks. What the exchange asks from inside one of its methods (inside an upstream or
+// Valkey callback, or inside the parser) takes effect once that call has returned: the reset
+// after a finished response (after the parser, or on the next loop iteration, through
+// deferred_), and every close it asks for (on the next loop iteration), so no object is reset
+// while one of its methods runs.
 
 #include <memory>
 #include <optional>
@@ -43,7 +45,16 @@ class DownstreamConnection final : public ExchangeOwner,
 
  private:
   friend class WorkerContext;  // intrusive list
-  enum class State { Reading, Tunnel, Lingering, Closed };
+  enum class State {
+    Reading,        // requests are read and answered, one at a time
+    Closing,        // the last response is queued: once the client took it, Lingering (what
+                    // the client sends meanwhile is discarded)
+    Tunnel,         // after a 101: bytes flow raw both ways, through the exchange
+    TunnelClosing,  // both sides of the tunnel ended: closed once the last bytes went out
+    Lingering,      // FIN sent: reads are discarded until the client closes, or kLingerMs
+    Aborting,       // the exchange cut its response: closed on the next loop iteration
+    Closed,
+  };
   // The request being answered, while State::Reading.
   enum class Request {
     None,           // between requests
@@ -90,7 +101,9 @@ class DownstreamConnection final : public ExchangeOwner,
   void onMessageComplete() override;
 
   static void onTimer(void* self);
-  static void onAfterResponse(void* self);
+  // Runs what the exchange asked for from inside one of its calls: the reset after its
+  // response (afterResponse()), or the close it asked for.
+  static void onDeferred(void* self);
   static void onSendTimeout(void* self);
   static void onBodyTimeout(void* self);
   // Bytes wait for the client: it has send_timeout to take them (any progress to empty
@@ -116,9 +129,9 @@ class DownstreamConnection final : public ExchangeOwner,
   net::ConnectionBudget::Ticket ticket_;
   std::unique_ptr<net::Transport> transport_;
   Timer timer_;
-  Timer after_response_;  // runs afterResponse() on the next loop iteration
-  Timer send_timer_;      // send_timeout: bytes unsent since it started
-  Timer body_timer_;      // request_body_timeout: from the head to the body's last byte
+  Timer deferred_;    // runs onDeferred() on the next loop iteration
+  Timer send_timer_;  // send_timeout: bytes unsent since it started
+  Timer body_timer_;  // request_body_timeout: from the head to the body's last byte
   http::Parser parser_;
   Exchange exchange_;
   std::string pending_;  // received, not parsed yet (pipelined requests, tunnel bytes)
@@ -138,7 +151,6 @@ class DownstreamConnection final : public ExchangeOwner,
   // the high-water mark), whoever answered them: the next request is parsed once they left.
   bool resume_on_drain_ = false;
   bool client_eof_ = false;
-  bool close_when_drained_ = false;
   bool draining_ = false;
 };
 
