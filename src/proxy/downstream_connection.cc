@@ -1,8 +1,7 @@
 #include "proxy/downstream_connection.h"
 
 #include "core/logging.h"
-#include "http/responses.h"
-#include "proxy/worker_context.h"
+#include "http/headers.h"
 #include "stats/stats.h"
 
 namespace sluice::proxy {
@@ -32,7 +31,7 @@ DownstreamConnection::DownstreamConnection(WorkerContext& worker,
       ticket_(std::move(ticket)),
       transport_(std::move(transport)),
       timer_(worker.loop(), onTimer, this),
-      after_response_(worker.loop(), onAfterResponse, this),
+      deferred_(worker.loop(), onDeferred, this),
       send_timer_(worker.loop(), onSendTimeout, this),
       body_timer_(worker.loop(), onBodyTimeout, this),
       parser_(http::Parser::Type::Request, this, requestLimits(worker.snapshot()->config->server)),
@@ -69,17 +68,19 @@ void DownstreamConnection::armIdleTimer() {
 
 void DownstreamConnection::onRead(const char* data, size_t len) {
   switch (state_) {
+    case State::Reading:
+      break;
     case State::Tunnel:
       tunnelActivity();
       exchange_.onClientTunnelData(data, len);
       return;
+    case State::Closing:  // answered and closing: the rest is discarded
+    case State::TunnelClosing:
     case State::Lingering:
+    case State::Aborting:
     case State::Closed:
       return;
-    case State::Reading:
-      break;
   }
-  if (close_when_drained_) return;  // answered and closing: the rest is discarded
   const bool parsing_held = request_ == Request::Received || request_ == Request::Answered ||
                             !pending_.empty() || timer_role_ == TimerRole::Resume;
   if (parsing_held) {
@@ -168,16 +169,43 @@ void DownstreamConnection::responseFinished(bool keep_alive) {
   // The exchange is inside one of its methods: reset it once that returned. Inside the parser
   // the request may still be arriving, and process() takes it from here; otherwise on the
   // next loop iteration.
-  if (!in_parser_) after_response_.start(0);
+  if (!in_parser_) deferred_.start(0);
 }
 
-void DownstreamConnection::onAfterResponse(void* self) {
+void DownstreamConnection::abortResponse() {
+  if (state_ == State::Aborting || state_ == State::Closed) return;
+  // The exchange is inside one of its methods (an upstream callback): it is reset, and the
+  // connection closed, once that returned. Until then nothing more is read or timed.
+  state_ = State::Aborting;
+  timer_role_ = TimerRole::None;
+  timer_.stop();
+  send_timer_.stop();
+  body_timer_.stop();
+  deferred_.start(0);
+}
+
+void DownstreamConnection::onDeferred(void* self) {
   auto* conn = static_cast<DownstreamConnection*>(self);
-  if (conn->answered() && conn->state_ == State::Reading) conn->afterResponse();
+  switch (conn->state_) {
+    case State::Reading:
+      if (conn->answered()) conn->afterResponse();
+      return;
+    case State::TunnelClosing:
+      if (conn->transport_->pendingBytes() == 0) conn->closeNow();
+      return;
+    case State::Aborting:
+      conn->closeNow();
+      return;
+    case State::Closing:
+    case State::Tunnel:
+    case State::Lingering:
+    case State::Closed:
+      return;
+  }
 }
 
 void DownstreamConnection::afterResponse() {
-  after_response_.stop();
+  deferred_.stop();
   body_timer_.stop();
   const bool complete = request_ == Request::Answered;
   request_ = Request::None;
@@ -216,8 +244,8 @@ void DownstreamConnection::failRequest(int status, const char* reason) {
 }
 
 void DownstreamConnection::closeAfterWrites() {
-  if (state_ != State::Reading || close_when_drained_) return;
-  close_when_drained_ = true;
+  if (state_ != State::Reading) return;
+  state_ = State::Closing;
   exchange_.abort();
   if (transport_->pendingBytes() == 0) {
     onWriteDrained();
@@ -235,10 +263,9 @@ void DownstreamConnection::closeNow() {
   timer_.stop();
   send_timer_.stop();
   body_timer_.stop();
+  deferred_.stop();
   transport_->close();
 }
-
-void DownstreamConnection::abortConnection() { closeNow(); }
 
 void DownstreamConnection::pauseReading() {
   paused_by_exchange_ = true;
@@ -255,24 +282,29 @@ void DownstreamConnection::tunnelActivity() {
   timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
 }
 
-void DownstreamConnection::startTunnel() {
+std::string DownstreamConnection::startTunnel() {
   state_ = State::Tunnel;
   tunnelActivity();
   std::string early;
   early.swap(pending_);
-  if (!early.empty()) exchange_.onClientTunnelData(early.data(), early.size());
   paused_full_ = false;
-  if (state_ == State::Tunnel && !paused_by_exchange_) transport_->readStart();
+  // The exchange writes `early` upstream on return (and may pause reading again then).
+  if (!paused_by_exchange_) transport_->readStart();
+  return early;
 }
 
-void DownstreamConnection::endTunnel() {
-  close_when_drained_ = true;
-  if (transport_->pendingBytes() == 0) closeNow();
+void DownstreamConnection::tunnelEnded() {
+  if (state_ != State::Tunnel) return;
+  state_ = State::TunnelClosing;
+  // Closed once the last bytes went out: by onWriteDrained(), or, when none wait, on the next
+  // loop iteration (the exchange that said so is still inside its call).
+  if (transport_->pendingBytes() == 0) deferred_.start(0);
 }
 
 void DownstreamConnection::drain() {
   draining_ = true;
-  if (state_ != State::Reading) return;
+  // A connection closing after its last response is closed at once too, as when it reads.
+  if (state_ != State::Reading && state_ != State::Closing) return;
   if (request_ == Request::None && !parser_.inMessage()) closeNow();
 }
 
@@ -327,11 +359,11 @@ void DownstreamConnection::onBodyTimeout(void* context) {
 }
 
 void DownstreamConnection::onReadEnd(int status) {
-  if (state_ == State::Tunnel) {
+  if (state_ == State::Tunnel || state_ == State::TunnelClosing) {
     exchange_.onClientTunnelEnd();
     return;
   }
-  if (state_ == State::Lingering || status != UV_EOF) {
+  if (state_ != State::Reading || status != UV_EOF) {
     closeNow();
     return;
   }
@@ -340,8 +372,7 @@ void DownstreamConnection::onReadEnd(int status) {
   // Unless the request holds concurrency slots: a half-close and a client that left look the
   // same, and slots must not wait for a response nobody reads (nginx takes every end of the
   // client's side as a client abort).
-  if ((request_ == Request::Received || request_ == Request::Answered) && !close_when_drained_ &&
-      !exchange_.holdsSlots()) {
+  if ((request_ == Request::Received || request_ == Request::Answered) && !exchange_.holdsSlots()) {
     return;
   }
   closeNow();
@@ -349,24 +380,33 @@ void DownstreamConnection::onReadEnd(int status) {
 
 void DownstreamConnection::onWriteDrained() {
   send_timer_.stop();
-  if (resume_on_drain_ && state_ == State::Reading && !close_when_drained_) {
-    resume_on_drain_ = false;
-    timer_role_ = TimerRole::Resume;  // (it restarts reading)
-    timer_.start(0);
+  switch (state_) {
+    case State::Reading:
+      if (resume_on_drain_) {
+        resume_on_drain_ = false;
+        timer_role_ = TimerRole::Resume;  // (it restarts reading)
+        timer_.start(0);
+      }
+      exchange_.onClientDrained();
+      return;
+    case State::Closing:
+      state_ = State::Lingering;
+      transport_->shutdownWrite();
+      transport_->readStart();
+      timer_role_ = TimerRole::Linger;
+      timer_.start(kLingerMs);
+      return;
+    case State::Tunnel:
+      exchange_.onClientDrained();
+      return;
+    case State::TunnelClosing:
+      closeNow();
+      return;
+    case State::Lingering:
+    case State::Aborting:
+    case State::Closed:
+      return;
   }
-  if (close_when_drained_ && state_ == State::Reading) {
-    state_ = State::Lingering;
-    transport_->shutdownWrite();
-    transport_->readStart();
-    timer_role_ = TimerRole::Linger;
-    timer_.start(kLingerMs);
-    return;
-  }
-  if (state_ == State::Tunnel && close_when_drained_) {
-    closeNow();
-    return;
-  }
-  if (state_ == State::Reading || state_ == State::Tunnel) exchange_.onClientDrained();
 }
 
 void DownstreamConnection::onWriteError(int) { closeNow(); }

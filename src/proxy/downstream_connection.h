@@ -5,10 +5,12 @@
 // client-side timeouts, and closes without losing the last response (lingering close).
 //
 // Lifetime: created by the listener, destroyed in the transport's onClosed(), never earlier.
-// The exchange is reset by the connection only, from its own callbacks: when the exchange
-// says its response is finished (from inside an upstream or Valkey callback, or from inside
-// the parser), the reset waits until that call has returned (after the parser, or on the
-// next loop iteration), so no object is reset while one of its methods runs.
+// It is the HTTP/1.1 ExchangeOwner: the exchange is reset by the connection only, from its own
+// callbacks. What the exchange asks from inside one of its methods (inside an upstream or
+// Valkey callback, or inside the parser) takes effect once that call has returned: the reset
+// after a finished response (after the parser, or on the next loop iteration, through
+// deferred_), and every close it asks for (on the next loop iteration), so no object is reset
+// while one of its methods runs.
 
 #include <memory>
 #include <optional>
@@ -20,12 +22,14 @@
 #include "net/connection_budget.h"
 #include "net/transport.h"
 #include "proxy/exchange.h"
+#include "proxy/exchange_owner.h"
+#include "proxy/worker_context.h"
 
 namespace sluice::proxy {
 
-class WorkerContext;
-
-class DownstreamConnection final : public net::TransportCallbacks, public http::ParserCallbacks {
+class DownstreamConnection final : public ExchangeOwner,
+                                   public net::TransportCallbacks,
+                                   public http::ParserCallbacks {
  public:
   // `ticket`: its place in the process's connection budget, given back when it is destroyed.
   DownstreamConnection(WorkerContext& worker, std::unique_ptr<net::Transport> transport,
@@ -39,40 +43,18 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   // Drain time is over: close at once.
   void forceClose();
 
-  // Exchange use.
-  WorkerContext& worker() { return worker_; }
-  // The peer, formatted once per connection.
-  const std::optional<IpAddress>& peerIp() const { return peer_ip_; }
-  const std::string& peerText() const { return peer_text_; }
-  net::Transport& transport() { return *transport_; }
-  void write(std::string_view data) {
-    transport_->write(data);
-    armSendTimer();
-  }
-  void writev(const std::string_view* parts, size_t count) {
-    transport_->writev(parts, count);
-    armSendTimer();
-  }
-  size_t pendingBytes() const { return transport_->pendingBytes(); }
-  // Request body backpressure: stop reading from the client until resumeReading().
-  void pauseReading();
-  void resumeReading();
-  // The exchange queued the last byte of its response. keep_alive: the next request may come.
-  void responseFinished(bool keep_alive);
-  // The response cannot be completed (upstream failed after the head went out): close now.
-  void abortConnection();
-  // After a 101: bytes flow raw both ways; bytes the client sent after its request head are
-  // handed to the exchange now.
-  void startTunnel();
-  // Both sides of the tunnel ended: close once the last bytes went out.
-  void endTunnel();
-  // Bytes crossed the tunnel: a tunnel silent both ways for idle_timeout is closed.
-  void tunnelActivity();
-  bool clientHalfClosed() const { return client_eof_; }
-
  private:
   friend class WorkerContext;  // intrusive list
-  enum class State { Reading, Tunnel, Lingering, Closed };
+  enum class State {
+    Reading,        // requests are read and answered, one at a time
+    Closing,        // the last response is queued: once the client took it, Lingering (what
+                    // the client sends meanwhile is discarded)
+    Tunnel,         // after a 101: bytes flow raw both ways, through the exchange
+    TunnelClosing,  // both sides of the tunnel ended: closed once the last bytes went out
+    Lingering,      // FIN sent: reads are discarded until the client closes, or kLingerMs
+    Aborting,       // the exchange cut its response: closed on the next loop iteration
+    Closed,
+  };
   // The request being answered, while State::Reading.
   enum class Request {
     None,           // between requests
@@ -82,6 +64,30 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
                     // closes: the rest of the body is not read)
     Answered,       // both are done: the exchange is reset, then the next request may come
   };
+
+  // ExchangeOwner (exchange_ only)
+  WorkerContext& worker() const override { return worker_; }
+  const std::optional<IpAddress>& peerIp() const override { return peer_ip_; }
+  const std::string& peerText() const override { return peer_text_; }
+  std::string_view scheme() const override { return transport_->scheme(); }
+  void write(std::string_view data) override {
+    transport_->write(data);
+    armSendTimer();
+  }
+  void writev(const std::string_view* parts, size_t count) override {
+    transport_->writev(parts, count);
+    armSendTimer();
+  }
+  size_t pendingBytes() const override { return transport_->pendingBytes(); }
+  void pauseReading() override;
+  void resumeReading() override;
+  bool acceptsNextRequest() const override { return !worker_.draining() && !client_eof_; }
+  void responseFinished(bool keep_alive) override;
+  void abortResponse() override;
+  std::string startTunnel() override;
+  void tunnelActivity() override;
+  void shutdownWrite() override { transport_->shutdownWrite(); }
+  void tunnelEnded() override;
 
   // net::TransportCallbacks
   void onRead(const char* data, size_t len) override;
@@ -95,7 +101,9 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   void onMessageComplete() override;
 
   static void onTimer(void* self);
-  static void onAfterResponse(void* self);
+  // Runs what the exchange asked for from inside one of its calls: the reset after its
+  // response (afterResponse()), or the close it asked for.
+  static void onDeferred(void* self);
   static void onSendTimeout(void* self);
   static void onBodyTimeout(void* self);
   // Bytes wait for the client: it has send_timeout to take them (any progress to empty
@@ -121,9 +129,9 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   net::ConnectionBudget::Ticket ticket_;
   std::unique_ptr<net::Transport> transport_;
   Timer timer_;
-  Timer after_response_;  // runs afterResponse() on the next loop iteration
-  Timer send_timer_;      // send_timeout: bytes unsent since it started
-  Timer body_timer_;      // request_body_timeout: from the head to the body's last byte
+  Timer deferred_;    // runs onDeferred() on the next loop iteration
+  Timer send_timer_;  // send_timeout: bytes unsent since it started
+  Timer body_timer_;  // request_body_timeout: from the head to the body's last byte
   http::Parser parser_;
   Exchange exchange_;
   std::string pending_;  // received, not parsed yet (pipelined requests, tunnel bytes)
@@ -143,7 +151,6 @@ class DownstreamConnection final : public net::TransportCallbacks, public http::
   // the high-water mark), whoever answered them: the next request is parsed once they left.
   bool resume_on_drain_ = false;
   bool client_eof_ = false;
-  bool close_when_drained_ = false;
   bool draining_ = false;
 };
 

@@ -2,15 +2,15 @@
 
 #include <uv.h>
 
-#include "core/ip_address.h"
+#include <utility>
+
 #include "core/logging.h"
+#include "http/headers.h"
+#include "http/responses.h"
 #include "identity/request_facts.h"
-#include "identity/tenant_cache.h"
 #include "proxy/access_record.h"
-#include "proxy/downstream_connection.h"
-#include "ratelimit/applied_limits.h"
-#include "ratelimit/deny_cache.h"
-#include "ratelimit/headers.h"
+#include "proxy/exchange_owner.h"
+#include "proxy/worker_context.h"
 #include "ratelimit/keys.h"
 #include "stats/access_log.h"
 #include "stats/stats.h"
@@ -30,198 +30,201 @@ bool idempotent(std::string_view method) {
 
 }  // namespace
 
-Exchange::Exchange(DownstreamConnection& connection)
-    : conn_(connection), admission_(connection.worker(), *this) {}
+Exchange::Exchange(ExchangeOwner& owner) : owner_(owner), admission_(owner.worker(), *this) {}
 
 Exchange::~Exchange() { abort(); }
 
 const std::string& Exchange::requestId() {
-  if (request_id_.empty()) request_id_ = conn_.worker().nextRequestId();
-  return request_id_;
+  if (req_.id.empty()) req_.id = owner_.worker().nextRequestId();
+  return req_.id;
 }
 
 void Exchange::detach() {
-  if (upstream_) {
-    upstream_->abort();
-    upstream_ = nullptr;
+  if (req_.upstream) {
+    req_.upstream->abort();
+    req_.upstream = nullptr;
   }
   admission_.reset();
 }
 
 void Exchange::reset() {
   detach();
-  out_pieces_.clear();
-  out_owned_.clear();
-  client_ = identity::ClientAddress{};
-  state_ = State::Idle;
-  snapshot_.reset();
-  route_ = nullptr;
-  cluster_ = nullptr;
-  request_ = http::MessageHead{};
-  target_ = Target{};
-  std::string().swap(body_buffer_);
-  request_framing_ = response_framing_ = http::Framing::None;
-  status_ = attempts_ = 0;
-  start_ns_ = upstream_sent_ns_ = upstream_head_ns_ = 0;
-  bytes_in_ = bytes_out_ = 0;
-  endpoint_ = SIZE_MAX;
-  error_ = "";
-  request_id_.clear();
-  head_request_ = wants_upgrade_ = expect_continue_ = continue_sent_ = false;
-  request_complete_ = upstream_reused_ = false;
-  keep_alive_ = client_paused_ = upstream_paused_ = false;
-  tunnel_client_ended_ = tunnel_upstream_ended_ = false;
+  // A fresh value replaces the request's whole state. Moving the old one out first frees its
+  // buffers (a string assigned an empty one would keep its capacity).
+  Request old = std::exchange(req_, Request{});
 }
 
 void Exchange::abort(int status, const char* why) {
   detach();
-  if (state_ != State::Idle && state_ != State::Done) {
+  if (req_.state != State::Idle && req_.state != State::Done) {
     // Like nginx's 499: the client went away before its response was complete.
-    if (!*error_) error_ = why;
-    complete(responseStarted() ? status_ : status);
+    if (!*req_.error) req_.error = why;
+    complete(responseStarted() ? req_.status : status);
   }
-  state_ = State::Done;
+  req_.state = State::Done;
 }
 
 bool Exchange::refuse(int status, const char* why) {
   detach();
   if (responseStarted()) {
-    if (state_ != State::Idle && state_ != State::Done) {
-      error_ = why;
-      complete(status_);
+    if (req_.state != State::Idle && req_.state != State::Done) {
+      req_.error = why;
+      complete(req_.status);
     }
-    state_ = State::Done;
+    req_.state = State::Done;
     return false;
   }
-  if (state_ == State::Idle) resolveClient();  // the head never parsed: the peer is all we know
-  error_ = why;
+  if (req_.state == State::Idle) resolveClient();  // the head never parsed: the peer is all we know
+  req_.error = why;
   send(http::renderLocalResponse(http::problemResponse(status, why), false, false, false));
-  status_ = status;
-  state_ = State::Done;
+  req_.status = status;
+  req_.state = State::Done;
   complete(status);
   return true;
 }
 
 void Exchange::resolveClient() {
-  if (!conn_.peerIp()) return;
-  const auto& snapshot = snapshot_ ? snapshot_ : conn_.worker().snapshot();
-  client_ = identity::resolveClientAddress(*conn_.peerIp(), conn_.peerText(), request_.headers,
-                                           snapshot->config->identity.trusted_proxies);
+  if (!owner_.peerIp()) return;
+  const auto& snapshot = req_.snapshot ? req_.snapshot : owner_.worker().snapshot();
+  req_.client =
+      identity::resolveClientAddress(*owner_.peerIp(), owner_.peerText(), req_.head.headers,
+                                     snapshot->config->identity.trusted_proxies);
 }
 
 void Exchange::complete(int status) {
   if (status <= 0) return;
-  const std::shared_ptr<Snapshot>& snapshot = snapshot_ ? snapshot_ : conn_.worker().snapshot();
+  const std::shared_ptr<Snapshot>& snapshot =
+      req_.snapshot ? req_.snapshot : owner_.worker().snapshot();
   if (!snapshot) return;
-  snapshot->requestCounter(route_, status).inc();
+  snapshot->requestCounter(req_.route, status).inc();
   if (!snapshot->access_log) return;
   AccessRecord r;
   r.request_id = requestId();
-  r.peer = conn_.peerText();
-  r.client = client_.text.empty() ? r.peer : client_.text;
+  r.peer = owner_.peerText();
+  r.client = req_.client.text.empty() ? r.peer : req_.client.text;
   const identity::RequestFacts& facts = admission_.facts();
   if (facts.tenant) r.tenant = *facts.tenant;
   if (facts.api_key) r.api_key_id = ratelimit::hashedPart(*facts.api_key).substr(0, 17);
-  r.method = request_.method;
-  r.path = target_.path.empty() ? std::string_view(request_.target) : target_.path;
-  if (route_) r.route = route_->name;
+  r.method = req_.head.method;
+  r.path = req_.target.path.empty() ? std::string_view(req_.head.target) : req_.target.path;
+  if (req_.route) r.route = req_.route->name;
   r.status = status;
-  if (cluster_) {
-    r.upstream = cluster_->name();
-    if (endpoint_ < cluster_->endpointCount()) r.endpoint = cluster_->endpointName(endpoint_);
+  if (req_.cluster) {
+    r.upstream = req_.cluster->name();
+    if (req_.endpoint < req_.cluster->endpointCount())
+      r.endpoint = req_.cluster->endpointName(req_.endpoint);
   }
   const uint64_t now = uv_hrtime();
-  if (start_ns_) r.duration_ms = static_cast<double>(now - start_ns_) / 1e6;
-  if (upstream_sent_ns_ && upstream_head_ns_) {
-    r.upstream_ms = static_cast<double>(upstream_head_ns_ - upstream_sent_ns_) / 1e6;
+  if (req_.start_ns) r.duration_ms = static_cast<double>(now - req_.start_ns) / 1e6;
+  if (req_.upstream_sent_ns && req_.upstream_head_ns) {
+    r.upstream_ms = static_cast<double>(req_.upstream_head_ns - req_.upstream_sent_ns) / 1e6;
   }
   if (admission_.valkeyNs()) r.valkey_ms = static_cast<double>(admission_.valkeyNs()) / 1e6;
-  r.bytes_in = bytes_in_;
-  r.bytes_out = bytes_out_;
+  r.bytes_in = req_.bytes_in;
+  r.bytes_out = req_.bytes_out;
   r.limits = &admission_.results();
-  r.error = error_;
+  r.error = req_.error;
   snapshot->access_log->write(formatAccessRecord(r));
 }
 
 void Exchange::gatherOwned(std::string piece) {
-  out_owned_.push_back(std::move(piece));
-  out_pieces_.push_back(out_owned_.back());
+  req_.out_owned.push_back(std::move(piece));
+  req_.out_pieces.push_back(req_.out_owned.back());
 }
 
 void Exchange::flushGathered() {
-  if (!out_pieces_.empty()) sendv(out_pieces_.data(), out_pieces_.size());
-  out_pieces_.clear();
-  out_owned_.clear();
+  if (!req_.out_pieces.empty()) sendv(req_.out_pieces.data(), req_.out_pieces.size());
+  req_.out_pieces.clear();
+  req_.out_owned.clear();
 }
 
 void Exchange::onUpstreamReadDone() {
   flushGathered();
-  if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
-    upstream_paused_ = true;
-    upstream_->pauseReading();
+  pauseUpstreamIfAbove(owner_.pendingBytes());
+}
+
+void Exchange::pauseClientIfAbove(size_t pending) {
+  if (pending > kHighWater && !req_.client_paused) {
+    req_.client_paused = true;
+    owner_.pauseReading();
+  }
+}
+
+void Exchange::resumeClient() {
+  if (req_.client_paused) {
+    req_.client_paused = false;
+    owner_.resumeReading();
+  }
+}
+
+void Exchange::pauseUpstreamIfAbove(size_t pending) {
+  if (pending > kHighWater && !req_.upstream_paused && req_.upstream) {
+    req_.upstream_paused = true;
+    req_.upstream->pauseReading();
   }
 }
 
 void Exchange::send(std::string_view data) {
-  bytes_out_ += data.size();
-  conn_.write(data);
+  req_.bytes_out += data.size();
+  owner_.write(data);
 }
 
 void Exchange::sendv(const std::string_view* parts, size_t count) {
-  for (size_t i = 0; i < count; ++i) bytes_out_ += parts[i].size();
-  conn_.writev(parts, count);
+  for (size_t i = 0; i < count; ++i) req_.bytes_out += parts[i].size();
+  owner_.writev(parts, count);
 }
 
 void Exchange::begin(http::MessageHead&& head) {
   reset();
-  start_ns_ = uv_hrtime();
-  state_ = State::Deciding;
-  snapshot_ = conn_.worker().snapshot();
-  request_ = std::move(head);
+  req_.start_ns = uv_hrtime();
+  req_.state = State::Deciding;
+  req_.snapshot = owner_.worker().snapshot();
+  req_.head = std::move(head);
   resolveClient();
-  head_request_ = request_.method == "HEAD";
-  wants_upgrade_ = request_.upgrade;
-  if (request_.chunked) {
-    request_framing_ = http::Framing::Chunked;
-  } else if (request_.content_length) {
-    request_framing_ = http::Framing::ContentLength;
+  req_.head_method = req_.head.method == "HEAD";
+  req_.wants_upgrade = req_.head.upgrade;
+  if (req_.head.chunked) {
+    req_.request_framing = http::Framing::Chunked;
+  } else if (req_.head.content_length) {
+    req_.request_framing = http::Framing::ContentLength;
   }
-  if (const std::string* expect = request_.headers.get("expect")) {
+  if (const std::string* expect = req_.head.headers.get("expect")) {
     if (!http::iequals(*expect, "100-continue")) {
       respondLocal(http::problemResponse(417, "only 'Expect: 100-continue' is understood"));
       return;
     }
-    expect_continue_ = !request_.isHttp10() && request_.hasBody();
+    if (!req_.head.isHttp10() && req_.head.hasBody()) req_.expect = Continue::Owed;
   }
   std::string error;
-  auto target = parseTarget(request_.target, &error);
+  auto target = parseTarget(req_.head.target, &error);
   if (!target) {
     respondLocal(http::problemResponse(400, error));
     return;
   }
-  target_ = std::move(*target);
-  if (!target_.authority.empty()) {
+  req_.target = std::move(*target);
+  if (!req_.target.authority.empty()) {
     // RFC 9112 3.2.2: the authority of an absolute-form target replaces Host. Rewriting the
     // field itself, before anything reads it, gives the route, the limits (header:Host), the
     // Host sent upstream and X-Forwarded-Host one authority: routing on one and forwarding
     // the other would let a client pick a route without limits for another host's service.
-    if (!http::validAuthority(target_.authority)) {
+    if (!http::validAuthority(req_.target.authority)) {
       respondLocal(http::problemResponse(400, "bad authority in request-target"));
       return;
     }
-    request_.headers.replace("Host", target_.authority);
+    req_.head.headers.replace("Host", req_.target.authority);
   }
   std::string host;
-  if (const std::string* value = request_.headers.get("host")) host = normalizeHost(*value);
-  route_ = matchRoute(*snapshot_->config, request_.method, host, target_.match_path);
-  if (!route_) {
+  if (const std::string* value = req_.head.headers.get("host")) host = normalizeHost(*value);
+  req_.route = matchRoute(*req_.snapshot->config, req_.head.method, host, req_.target.match_path);
+  if (!req_.route) {
     respondLocal(http::problemResponse(404, "no route matches this request"));
     return;
   }
-  if (route_->limit_indices.empty() && !snapshot_->config->identity.reject_unknown_api_keys) {
+  if (req_.route->limit_indices.empty() &&
+      !req_.snapshot->config->identity.reject_unknown_api_keys) {
     forward();
   } else {
-    admission_.start(*snapshot_, *route_, request_, target_, client_);
+    admission_.start(*req_.snapshot, *req_.route, req_.head, req_.target, req_.client);
   }
 }
 
@@ -229,169 +232,157 @@ void Exchange::onAdmitted() { forward(); }
 
 void Exchange::onRefused(const http::LocalResponse& response) { respondLocal(response); }
 
-void Exchange::onBodyNeeded() {
-  if (expect_continue_ && !continue_sent_) {
-    continue_sent_ = true;
-    send(http::continueResponse());
-  }
+void Exchange::onBodyNeeded() { sendContinue(); }
+
+void Exchange::sendContinue() {
+  if (req_.expect != Continue::Owed) return;
+  req_.expect = Continue::Sent;
+  send(http::continueResponse());
 }
 
 void Exchange::forward() {
-  cluster_ = snapshot_->clusters[route_->upstream_index].get();
+  req_.cluster = req_.snapshot->clusters[req_.route->upstream_index].get();
   connectUpstream(false);
 }
 
 void Exchange::connectUpstream(bool fresh) {
-  ++attempts_;
-  state_ = State::Connecting;
-  const upstream::Cluster::Acquired acquired = cluster_->acquire(this, fresh);
+  ++req_.attempts;
+  req_.state = State::Connecting;
+  const upstream::Cluster::Acquired acquired = req_.cluster->acquire(this, fresh);
   if (!acquired.connection) {
-    if (attempts_ < static_cast<int>(cluster_->endpointCount())) {
+    if (req_.attempts < static_cast<int>(req_.cluster->endpointCount())) {
       connectUpstream(fresh);
       return;
     }
     respondLocal(http::problemResponse(502, "the upstream is unreachable"));
     return;
   }
-  upstream_ = acquired.connection;
-  upstream_reused_ = acquired.ready;
-  endpoint_ = upstream_->endpoint();
+  req_.upstream = acquired.connection;
+  req_.upstream_reused = acquired.ready;
+  req_.endpoint = req_.upstream->endpoint();
   if (acquired.ready) sendRequestHead();
 }
 
 void Exchange::onUpstreamReady() { sendRequestHead(); }
 
 void Exchange::sendRequestHead() {
-  state_ = State::Upstream;
-  const std::string target =
-      target_.originForm(route_->forward_path == config::RouteConfig::ForwardPath::Original);
+  req_.state = State::Upstream;
+  const std::string target = req_.target.originForm(req_.route->forward_path ==
+                                                    config::RouteConfig::ForwardPath::Original);
   http::UpstreamRequestContext context;
   context.target = target;
-  context.forwarded_for = client_.forwarded_for;
-  context.real_ip = client_.text;
-  context.peer = conn_.peerText();
-  context.trusted_peer = client_.peer_trusted;
-  context.scheme = conn_.transport().scheme();
-  context.tunnel = wants_upgrade_;
-  context.body = request_framing_;
-  context.default_host = cluster_->endpointAuthority(upstream_->endpoint());
-  const std::string head = http::buildUpstreamRequestHead(request_, context);
-  upstream_->expectResponse(head_request_, cluster_->responseTimeoutMs());
-  std::string_view parts[3] = {head, body_buffer_, {}};
+  context.forwarded_for = req_.client.forwarded_for;
+  context.real_ip = req_.client.text;
+  context.peer = owner_.peerText();
+  context.trusted_peer = req_.client.peer_trusted;
+  context.scheme = owner_.scheme();
+  context.tunnel = req_.wants_upgrade;
+  context.body = req_.request_framing;
+  context.default_host = req_.cluster->endpointAuthority(req_.upstream->endpoint());
+  const std::string head = http::buildUpstreamRequestHead(req_.head, context);
+  req_.upstream->expectResponse(req_.head_method, req_.cluster->responseTimeoutMs());
+  std::string_view parts[3] = {head, req_.body_buffer, {}};
   size_t count = 2;
-  if (request_complete_ && request_framing_ == http::Framing::Chunked)
+  if (req_.body_complete && req_.request_framing == http::Framing::Chunked)
     parts[count++] = http::kLastChunk;
-  upstream_->writev(parts, count);
-  std::string().swap(body_buffer_);
-  upstream_sent_ns_ = uv_hrtime();
-  if (request_complete_) {
-    upstream_->requestComplete();
-  } else if (expect_continue_ && !continue_sent_) {
-    continue_sent_ = true;
-    send(http::continueResponse());
+  req_.upstream->writev(parts, count);
+  std::string().swap(req_.body_buffer);
+  req_.upstream_sent_ns = uv_hrtime();
+  if (req_.body_complete) {
+    req_.upstream->requestComplete();
+  } else {
+    sendContinue();
   }
-  if (client_paused_ && upstream_->pendingBytes() < kHighWater) {
-    client_paused_ = false;
-    conn_.resumeReading();
-  }
+  if (req_.upstream->pendingBytes() < kHighWater) resumeClient();
 }
 
 void Exchange::onRequestBody(const char* data, size_t len) {
-  if (state_ == State::Done || state_ == State::Idle || len == 0) return;
-  bytes_in_ += len;
+  if (req_.state == State::Done || req_.state == State::Idle || len == 0) return;
+  req_.bytes_in += len;
   if (admission_.pending()) {
     admission_.onBody(data, len);
-    if (state_ == State::Done) return;  // refused: too large
+    if (req_.state == State::Done) return;  // refused: too large
   }
-  const bool chunked = request_framing_ == http::Framing::Chunked;
-  if (headSent() && upstream_) {
+  const bool chunked = req_.request_framing == http::Framing::Chunked;
+  if (headSent() && req_.upstream) {
     if (chunked) {
       const std::string header = http::chunkHeader(len);
       std::string_view parts[3] = {header, {data, len}, http::kChunkEnd};
-      upstream_->writev(parts, 3);
+      req_.upstream->writev(parts, 3);
     } else {
-      upstream_->write({data, len});
+      req_.upstream->write({data, len});
     }
-    if (upstream_->pendingBytes() > kHighWater && !client_paused_) {
-      client_paused_ = true;
-      conn_.pauseReading();
-    }
+    pauseClientIfAbove(req_.upstream->pendingBytes());
     return;
   }
-  if (chunked) body_buffer_ += http::chunkHeader(len);
-  body_buffer_.append(data, len);
-  if (chunked) body_buffer_ += http::kChunkEnd;
+  if (chunked) req_.body_buffer += http::chunkHeader(len);
+  req_.body_buffer.append(data, len);
+  if (chunked) req_.body_buffer += http::kChunkEnd;
   // While the admission reads the body it must get all of it (max_buffered_body_bytes bounds
   // that); otherwise the client waits until the upstream takes what is buffered.
-  if (body_buffer_.size() > kHighWater && !client_paused_ && !admission_.readsBody()) {
-    client_paused_ = true;
-    conn_.pauseReading();
-  }
+  if (!admission_.readsBody()) pauseClientIfAbove(req_.body_buffer.size());
 }
 
 void Exchange::onRequestComplete() {
-  request_complete_ = true;
-  if (state_ == State::Done || state_ == State::Idle) return;
+  req_.body_complete = true;
+  if (req_.state == State::Done || req_.state == State::Idle) return;
   if (admission_.pending()) {
     admission_.onBodyComplete();
     return;
   }
-  if (headSent() && upstream_) {
-    if (request_framing_ == http::Framing::Chunked) upstream_->write(http::kLastChunk);
-    upstream_->requestComplete();
+  if (headSent() && req_.upstream) {
+    if (req_.request_framing == http::Framing::Chunked) req_.upstream->write(http::kLastChunk);
+    req_.upstream->requestComplete();
   }
 }
 
-void Exchange::onUpstreamDrained() {
-  if (client_paused_) {
-    client_paused_ = false;
-    conn_.resumeReading();
-  }
-}
+void Exchange::onUpstreamDrained() { resumeClient(); }
 
 void Exchange::onClientDrained() {
-  if (upstream_paused_ && upstream_) {
-    upstream_paused_ = false;
-    upstream_->resumeReading();
+  if (req_.upstream_paused && req_.upstream) {
+    req_.upstream_paused = false;
+    req_.upstream->resumeReading();
   }
 }
 
 bool Exchange::clientKeepAlive() const {
-  return request_.keep_alive && !conn_.worker().draining() && !conn_.clientHalfClosed() &&
-         (request_complete_ || !request_.hasBody());
+  return req_.head.keep_alive && owner_.acceptsNextRequest() &&
+         (req_.body_complete || !req_.head.hasBody());
 }
 
 int Exchange::onUpstreamHead(http::MessageHead& head) {
   if (head.status == 101 &&
-      (!wants_upgrade_ || !http::upgradeAnswers(request_.headers, head.headers))) {
+      (!req_.wants_upgrade || !http::upgradeAnswers(req_.head.headers, head.headers))) {
     return 502;
   }
   admission_.chargeFromResponse(head);  // cost_from limits (the field goes on unchanged)
-  status_ = head.status;
-  state_ = State::Responding;
+  req_.status = head.status;
+  req_.state = State::Responding;
   const uint64_t now = uv_hrtime();
-  upstream_head_ns_ = now;
-  if (upstream_sent_ns_ != 0) {
-    snapshot_->upstreamLatency(route_->upstream_index)
-        .observeMicros((now - upstream_sent_ns_) / 1000);
+  req_.upstream_head_ns = now;
+  if (req_.upstream_sent_ns != 0) {
+    req_.snapshot->upstreamLatency(req_.route->upstream_index)
+        .observeMicros((now - req_.upstream_sent_ns) / 1000);
   }
   http::ClientResponseContext context;
-  context.client_http10 = request_.isHttp10();
+  context.client_http10 = req_.head.isHttp10();
   if (head.status == 101) {
     context.tunnel = true;
     context.keep_alive = true;
     context.framing = http::Framing::None;
     send(http::buildClientResponseHead(head, context));
-    state_ = State::Tunnel;
-    upstream_->startTunnel();
-    conn_.startTunnel();
+    req_.state = State::Tunnel;
+    req_.upstream->startTunnel();
+    // Bytes the client sent after its head go first; the owner hands later ones as they come.
+    const std::string early = owner_.startTunnel();
+    if (!early.empty()) onClientTunnelData(early.data(), early.size());
     return 0;
   }
-  response_framing_ = http::responseFraming(head, head_request_, context.client_http10);
-  keep_alive_ =
-      clientKeepAlive() && !wants_upgrade_ && response_framing_ != http::Framing::CloseDelimited;
-  context.keep_alive = keep_alive_;
-  context.framing = response_framing_;
+  req_.response_framing = http::responseFraming(head, req_.head_method, context.client_http10);
+  req_.keep_alive = clientKeepAlive() && !req_.wants_upgrade &&
+                    req_.response_framing != http::Framing::CloseDelimited;
+  context.keep_alive = req_.keep_alive;
+  context.framing = req_.response_framing;
   context.extra_headers = admission_.rateLimitHeaders();
   gatherOwned(http::buildClientResponseHead(head, context));
   return 0;
@@ -399,7 +390,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
 
 void Exchange::onUpstreamBody(const char* data, size_t len) {
   if (len == 0) return;
-  if (response_framing_ == http::Framing::Chunked) {
+  if (req_.response_framing == http::Framing::Chunked) {
     gatherOwned(http::chunkHeader(len));
     gather({data, len});
     gather(http::kChunkEnd);
@@ -409,26 +400,26 @@ void Exchange::onUpstreamBody(const char* data, size_t len) {
 }
 
 void Exchange::onUpstreamComplete() {
-  if (response_framing_ == http::Framing::Chunked) gather(http::kLastChunk);
+  if (req_.response_framing == http::Framing::Chunked) gather(http::kLastChunk);
   flushGathered();
-  upstream::UpstreamConnection* upstream = upstream_;
-  upstream_ = nullptr;
+  upstream::UpstreamConnection* upstream = req_.upstream;
+  req_.upstream = nullptr;
   upstream->release();
-  finish(keep_alive_);
+  finish(req_.keep_alive);
 }
 
 void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_started) {
-  upstream_ = nullptr;
-  error_ = upstream::toString(error);
-  snapshot_->upstreamErrors(route_->upstream_index, error).inc();
+  req_.upstream = nullptr;
+  req_.error = upstream::toString(error);
+  req_.snapshot->upstreamErrors(req_.route->upstream_index, error).inc();
   if (responseStarted()) {
     // The head went out: the only honest signal left is to cut the connection.
     flushGathered();
-    SLUICE_LOG_WARN("upstream {} failed in the middle of a response: {}", cluster_->name(),
+    SLUICE_LOG_WARN("upstream {} failed in the middle of a response: {}", req_.cluster->name(),
                     upstream::toString(error));
-    state_ = State::Done;
-    complete(status_);
-    conn_.abortConnection();
+    req_.state = State::Done;
+    complete(req_.status);
+    owner_.abortResponse();  // the owner cuts the connection once this call returned
     return;
   }
   const bool nothing_sent = error == upstream::UpstreamError::ConnectFailed ||
@@ -438,15 +429,16 @@ void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_star
   // connection the upstream had closed gets one extra, fresh try; an endpoint that died gets
   // the next endpoint (as nginx's proxy_next_upstream error does).
   const bool resendable = error == upstream::UpstreamError::Reset && !response_started &&
-                          !request_.hasBody() && idempotent(request_.method);
-  if (resendable && !upstream_reused_) cluster_->reportFailure(endpoint_);
+                          !req_.head.hasBody() && idempotent(req_.head.method);
+  if (resendable && !req_.upstream_reused) req_.cluster->reportFailure(req_.endpoint);
   if ((nothing_sent || resendable) &&
-      attempts_ < static_cast<int>(cluster_->endpointCount()) + (upstream_reused_ ? 1 : 0)) {
-    connectUpstream(resendable && upstream_reused_);
+      req_.attempts <
+          static_cast<int>(req_.cluster->endpointCount()) + (req_.upstream_reused ? 1 : 0)) {
+    connectUpstream(resendable && req_.upstream_reused);
     return;
   }
-  SLUICE_LOG_WARN("upstream {}: {} ({} {})", cluster_->name(), upstream::toString(error),
-                  request_.method, logging::sanitize(target_.path));
+  SLUICE_LOG_WARN("upstream {}: {} ({} {})", req_.cluster->name(), upstream::toString(error),
+                  req_.head.method, logging::sanitize(req_.target.path));
   if (error == upstream::UpstreamError::ResponseTimeout) {
     respondLocal(http::problemResponse(504, "the upstream did not answer in time"));
   } else {
@@ -455,42 +447,33 @@ void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_star
 }
 
 void Exchange::respondLocal(const http::LocalResponse& response) {
-  if (upstream_) {
-    upstream_->abort();
-    upstream_ = nullptr;
+  if (req_.upstream) {
+    req_.upstream->abort();
+    req_.upstream = nullptr;
   }
-  status_ = response.status;
-  const bool keep_alive = clientKeepAlive() && !wants_upgrade_;
-  send(http::renderLocalResponse(response, keep_alive, head_request_, request_.isHttp10()));
+  req_.status = response.status;
+  const bool keep_alive = clientKeepAlive() && !req_.wants_upgrade;
+  send(http::renderLocalResponse(response, keep_alive, req_.head_method, req_.head.isHttp10()));
   finish(keep_alive);
 }
 
 void Exchange::finish(bool keep_alive) {
-  state_ = State::Done;
-  complete(status_);
-  if (client_paused_) {
-    client_paused_ = false;
-    conn_.resumeReading();
-  }
-  conn_.responseFinished(keep_alive);  // the connection resets this exchange after this call
+  req_.state = State::Done;
+  complete(req_.status);
+  resumeClient();
+  owner_.responseFinished(keep_alive);  // the connection resets this exchange after this call
 }
 
 void Exchange::onClientTunnelData(const char* data, size_t len) {
-  if (!upstream_) return;
-  upstream_->write({data, len});
-  if (upstream_->pendingBytes() > kHighWater && !client_paused_) {
-    client_paused_ = true;
-    conn_.pauseReading();
-  }
+  if (!req_.upstream) return;
+  req_.upstream->write({data, len});
+  pauseClientIfAbove(req_.upstream->pendingBytes());
 }
 
 void Exchange::onUpstreamTunnelData(const char* data, size_t len) {
-  conn_.tunnelActivity();
+  owner_.tunnelActivity();
   send({data, len});
-  if (conn_.pendingBytes() > kHighWater && !upstream_paused_ && upstream_) {
-    upstream_paused_ = true;
-    upstream_->pauseReading();
-  }
+  pauseUpstreamIfAbove(owner_.pendingBytes());
 }
 
 void Exchange::onClientTunnelEnd() { endTunnelSide(true); }
@@ -498,17 +481,20 @@ void Exchange::onClientTunnelEnd() { endTunnelSide(true); }
 void Exchange::onUpstreamTunnelEnd() { endTunnelSide(false); }
 
 void Exchange::endTunnelSide(bool client_side) {
+  if (!inTunnel()) return;
+  const State other_ended = client_side ? State::TunnelUpstreamEnded : State::TunnelClientEnded;
+  const bool both = req_.state == other_ended;
   if (client_side) {
-    tunnel_client_ended_ = true;
-    if (upstream_) upstream_->shutdownWrite();
+    if (req_.upstream) req_.upstream->shutdownWrite();
+    if (!both) req_.state = State::TunnelClientEnded;
   } else {
-    tunnel_upstream_ended_ = true;
-    conn_.transport().shutdownWrite();
+    owner_.shutdownWrite();
+    if (!both) req_.state = State::TunnelUpstreamEnded;
   }
-  if (tunnel_client_ended_ && tunnel_upstream_ended_) {
-    state_ = State::Done;
-    complete(status_);
-    conn_.endTunnel();
+  if (both) {
+    req_.state = State::Done;
+    complete(req_.status);
+    owner_.tunnelEnded();  // the owner closes once this call returned and the bytes went out
   }
 }
 

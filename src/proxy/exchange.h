@@ -1,35 +1,46 @@
 #pragma once
 
-// One request and its response on a client connection: route, (decide,) forward upstream,
-// relay the response, or answer locally. It lives inside its DownstreamConnection and is
-// reset between requests, so no callback can outlive it: reset()/abort() detach the upstream
-// connection and every pending operation.
+// One request and its response: route, (decide,) forward upstream, relay the response, or
+// answer locally. It lives inside its owner (an ExchangeOwner: the HTTP/1.1 connection, later
+// an HTTP/2 stream) and is reset between requests, so no callback can outlive it: reset() and
+// abort() detach the upstream connection and every pending operation. Everything one request
+// owns is one value (Request), replaced as a whole by reset().
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "http/forwarding.h"
 #include "http/message.h"
-#include "http/responses.h"
 #include "identity/client_address.h"
 #include "proxy/admission.h"
 #include "proxy/router.h"
-#include "proxy/worker_context.h"
 #include "upstream/upstream_connection.h"
+
+namespace sluice::config {
+struct RouteConfig;
+}
+
+namespace sluice::upstream {
+class Cluster;
+}
 
 namespace sluice::proxy {
 
-class DownstreamConnection;
+class ExchangeOwner;
+struct Snapshot;
 
 class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCallbacks {
  public:
-  explicit Exchange(DownstreamConnection& connection);
+  explicit Exchange(ExchangeOwner& owner);
   ~Exchange() override;
 
-  // Connection use, in this order: begin, body pieces, complete; drained whenever the client
-  // took every byte we wrote.
+  // Owner use, in this order: begin, body pieces, complete; drained whenever the client took
+  // every byte we wrote.
   void begin(http::MessageHead&& head);
   void onRequestBody(const char* data, size_t len);
   void onRequestComplete();
@@ -39,8 +50,8 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   // The client left or the connection closes: release everything, answer nothing. An
   // exchange in progress is logged with `status` (499 when the client left) and why.
   void abort(int status = 499, const char* why = "client closed the connection");
-  // The connection refuses the request (malformed, too large, too slow): answers `status` with
-  // a problem+json body and Connection: close, and logs it. False when a response had already
+  // The owner refuses the request (malformed, too large, too slow): answers `status` with a
+  // problem+json body and Connection: close, and logs it. False when a response had already
   // started, so that only closing the connection is left.
   bool refuse(int status, const char* why);
   // Back to empty between two requests (frees per-request memory).
@@ -48,20 +59,71 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   // The request holds concurrency slots: a client that ends its side is taken as gone.
   bool holdsSlots() const { return admission_.holdsSlots(); }
   // A status line went to the client (from the upstream or ours).
-  bool responseStarted() const { return status_ != 0; }
+  bool responseStarted() const { return req_.status != 0; }
 
  private:
   enum class State {
-    Idle,        // no request (between two)
-    Deciding,    // routed; the admission runs (tenant, body, decision)
-    Connecting,  // admitted; waiting for an upstream connection
-    Upstream,    // the request head went upstream (its body follows); no response head yet
-    Responding,  // the upstream's response head went to the client; relaying its body
-    Tunnel,      // after a 101: bytes flow both ways
-    Done,        // answered (or aborted); the connection resets it
+    Idle,                 // no request (between two)
+    Deciding,             // routed; the admission runs (tenant, body, decision)
+    Connecting,           // admitted; waiting for an upstream connection
+    Upstream,             // the request head went upstream (its body follows); no response head
+    Responding,           // the upstream's response head went to the client; relaying its body
+    Tunnel,               // after a 101: bytes flow both ways
+    TunnelClientEnded,    // the client ended its side (FIN went upstream); the upstream's flow
+    TunnelUpstreamEnded,  // the upstream ended its side (FIN went to the client); the client's flow
+    Done,                 // answered (or aborted); the owner resets it
   };
+  // 100 Continue, for a request that says Expect: 100-continue and has a body.
+  enum class Continue {
+    None,  // not expected
+    Owed,  // expected, not sent yet (it goes when the body is needed)
+    Sent,
+  };
+
+  // Everything one request owns, replaced as a whole between requests.
+  struct Request {
+    State state = State::Idle;
+    std::shared_ptr<Snapshot> snapshot;  // the configuration it started on
+    const config::RouteConfig* route = nullptr;
+    upstream::Cluster* cluster = nullptr;
+    upstream::UpstreamConnection* upstream = nullptr;  // held (busy) while not null
+    http::MessageHead head;
+    Target target;
+    identity::ClientAddress client;
+    std::string body_buffer;  // framed request body the upstream could not take yet
+    // Response bytes of one upstream read, gathered for one write: views into the read buffer,
+    // plus owned heads and chunk headers (out_owned gives them stable addresses).
+    std::vector<std::string_view> out_pieces;
+    std::deque<std::string> out_owned;
+    http::Framing request_framing = http::Framing::None;
+    http::Framing response_framing = http::Framing::None;
+    std::string id;  // unique id (access log), made when first asked
+    uint64_t start_ns = 0;
+    uint64_t upstream_sent_ns = 0;
+    uint64_t upstream_head_ns = 0;
+    uint64_t bytes_in = 0;
+    uint64_t bytes_out = 0;
+    size_t endpoint = SIZE_MAX;  // of cluster, for the log
+    const char* error = "";
+    int status = 0;  // of the response, once one started
+    int attempts = 0;
+    Continue expect = Continue::None;
+    bool head_method = false;      // HEAD: the response has no body
+    bool wants_upgrade = false;    // asks for a protocol switch (101, then a tunnel)
+    bool body_complete = false;    // the request's last byte was read
+    bool upstream_reused = false;  // the attempt in progress took a pooled connection
+    bool keep_alive = false;       // of the upstream's response, towards the client
+    // Backpressure, one flag per direction: this exchange stopped reading from that side.
+    bool client_paused = false;
+    bool upstream_paused = false;
+  };
+
   // The request head went upstream: its body goes there too.
-  bool headSent() const { return state_ == State::Upstream || state_ == State::Responding; }
+  bool headSent() const { return req_.state == State::Upstream || req_.state == State::Responding; }
+  bool inTunnel() const {
+    return req_.state == State::Tunnel || req_.state == State::TunnelClientEnded ||
+           req_.state == State::TunnelUpstreamEnded;
+  }
 
   // upstream::UpstreamCallbacks
   void onUpstreamReady() override;
@@ -78,7 +140,6 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void onAdmitted() override;
   void onRefused(const http::LocalResponse& response) override;
   void onBodyNeeded() override;
-  // Unique id of the request (access log), made when first asked.
   const std::string& requestId();
 
   // Lets go of the upstream connection and the pending Valkey call: no callback after this.
@@ -87,6 +148,7 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void forward();
   void connectUpstream(bool fresh);
   void sendRequestHead();
+  void sendContinue();
   void respondLocal(const http::LocalResponse& response);
   void finish(bool keep_alive);
   bool clientKeepAlive() const;
@@ -94,49 +156,19 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void complete(int status);
   void send(std::string_view data);
   void sendv(const std::string_view* parts, size_t count);
-  // Response bytes of one upstream read are gathered (views into the read buffer, plus owned
-  // heads and chunk headers) and go to the client in one write: head and body in one packet.
-  void gather(std::string_view piece) { out_pieces_.push_back(piece); }
+  void gather(std::string_view piece) { req_.out_pieces.push_back(piece); }
   void gatherOwned(std::string piece);
   void flushGathered();
+  // Backpressure: above the high-water mark of unsent bytes towards one side, stop reading the
+  // other side (the flag says this exchange did; resume only undoes its own pause).
+  void pauseClientIfAbove(size_t pending);
+  void resumeClient();
+  void pauseUpstreamIfAbove(size_t pending);
   void endTunnelSide(bool client_side);
 
-  DownstreamConnection& conn_;
-  State state_ = State::Idle;
-  std::shared_ptr<Snapshot> snapshot_;
-  const config::RouteConfig* route_ = nullptr;
-  upstream::Cluster* cluster_ = nullptr;
-  upstream::UpstreamConnection* upstream_ = nullptr;
-  http::MessageHead request_;
-  Target target_;
-  std::string body_buffer_;  // framed request body the upstream could not take yet
-  std::vector<std::string_view> out_pieces_;
-  std::deque<std::string> out_owned_;  // stable addresses for out_pieces_
-  identity::ClientAddress client_;
-  Admission admission_;
-  http::Framing request_framing_ = http::Framing::None;
-  http::Framing response_framing_ = http::Framing::None;
-  std::string request_id_;
-  uint64_t start_ns_ = 0;
-  uint64_t upstream_sent_ns_ = 0;
-  uint64_t upstream_head_ns_ = 0;
-  uint64_t bytes_in_ = 0;
-  uint64_t bytes_out_ = 0;
-  size_t endpoint_ = SIZE_MAX;  // of cluster_, for the log
-  const char* error_ = "";
-  int status_ = 0;  // of the response, once one started
-  int attempts_ = 0;
-  bool head_request_ = false;
-  bool wants_upgrade_ = false;
-  bool expect_continue_ = false;
-  bool continue_sent_ = false;
-  bool request_complete_ = false;
-  bool upstream_reused_ = false;
-  bool keep_alive_ = false;
-  bool client_paused_ = false;
-  bool upstream_paused_ = false;
-  bool tunnel_client_ended_ = false;
-  bool tunnel_upstream_ended_ = false;
+  ExchangeOwner& owner_;
+  Admission admission_;  // reset with the request (detach()), not replaced
+  Request req_;
 };
 
 }  // namespace sluice::proxy
