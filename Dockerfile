@@ -18,6 +18,11 @@ EXPOSE 8080 9901
 ENTRYPOINT ["/usr/local/bin/sluice"]
 CMD ["-c", "/etc/sluice/sluice.toml"]
 
+# Valkey with the Sluice module (valkey-module/, built beside sluice): the compose stack's
+# store, deciding with the module's SLUICE.* commands (README "Engines").
+FROM valkey/valkey:8 AS valkey
+COPY --from=build /src/build/sluice-valkey.so /usr/local/lib/sluice-valkey.so
+
 # The demo upstream of the stack: the integration tests' upstream, served by Python.
 FROM debian:12-slim AS demo
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \

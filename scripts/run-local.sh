@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs, builds and runs Sluice locally: a redis-server (Valkey-compatible) on
-# 127.0.0.1:6380, two demo upstreams on :9000 and :9001, and Sluice on :8080 (admin :9901)
+# 127.0.0.1:6380 with the Sluice module loaded (build/sluice-valkey.so), two demo upstreams on :9000 and :9001, and Sluice on :8080 (admin :9901)
 # with conf/sluice.toml. Ctrl-C stops everything it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +17,7 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 redis-server --bind 127.0.0.1 --port 6380 --save '' --appendonly no --dir "$work" \
-  --daemonize no >"$work/redis.log" 2>&1 &
+  --loadmodule "$PWD/build/sluice-valkey.so" --daemonize no >"$work/redis.log" 2>&1 &
 pids+=($!)
 for port in 9000 9001; do
   /usr/bin/python3 tests/integration/upstream.py --port "$port" --strip-prefix /api \

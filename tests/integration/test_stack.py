@@ -24,7 +24,14 @@ def test_compose_file_is_valid_and_has_its_services():
     config = compose_config()
     services = config["services"]
     assert set(services) == {"valkey", "demo", "sluice", "prometheus", "grafana"}
-    assert services["valkey"]["image"].startswith("valkey/valkey:8")
+    # Valkey 8 (the official image), loading the module the Dockerfile builds beside sluice.
+    assert services["valkey"]["build"]["target"] == "valkey"
+    command = services["valkey"]["command"]
+    assert command[command.index("--loadmodule") + 1] == "/usr/local/lib/sluice-valkey.so"
+    dockerfile = (REPO / "Dockerfile").read_text()
+    assert re.search(r"^FROM valkey/valkey:8 AS valkey$", dockerfile, re.M)
+    assert "COPY --from=build /src/build/sluice-valkey.so /usr/local/lib/sluice-valkey.so" in \
+        dockerfile
     assert services["sluice"]["build"]["target"] == "sluice"
     assert services["demo"]["build"]["target"] == "demo"
     # The admin port is published on the host's loopback only.
