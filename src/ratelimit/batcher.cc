@@ -165,20 +165,24 @@ class DecisionBatcher::Split final : public PendingDecision {
   };
 
   // `slots`: the slot of each limit's key.
-  Split(DecisionTarget* target, std::shared_ptr<valkey::Store> store, Resender& resender,
+  Split(DecisionTarget* target, std::shared_ptr<valkey::Store> store, DecisionBatcher& batcher,
         const std::vector<AppliedLimit>& limits, const std::vector<unsigned>& slots)
-      : target_(target), store_(std::move(store)), resender_(resender), count_(limits.size()) {
+      : target_(target),
+        store_(std::move(store)),
+        batcher_(batcher),
+        resender_(batcher.resender_),
+        count_(limits.size()) {
     for (size_t i = 0; i < limits.size(); ++i) {
       const unsigned slot = slots[i];
-      auto it =
-          std::find_if(parts_.begin(), parts_.end(), [&](const Part& p) { return p.slot == slot; });
-      if (it == parts_.end()) {
-        it = parts_.emplace(parts_.end());
-        it->split = this;
-        it->slot = slot;
+      if (deferred(limits[i])) {
+        // Checked now, charged once every part allowed (see chargeDeferred()).
+        deferred_.push_back(limits[i]);
+        AppliedLimit checked = limits[i];
+        checked.charge = Charge::Later;
+        place(slot, std::move(checked), i);
+        continue;
       }
-      it->limits.push_back(limits[i]);
-      it->positions.push_back(i);
+      place(slot, limits[i], i);
     }
     waiting_ = parts_.size();
   }
@@ -189,6 +193,28 @@ class DecisionBatcher::Split final : public PendingDecision {
   void keepAlive(std::shared_ptr<const void> owner) { limits_owner_ = std::move(owner); }
 
  private:
+  // A shadow sliding_log that records refusals: its refusal trims the log to the newest
+  // `keep` + cost entries, which a take-back could not put back. So in a split request it is
+  // only checked with its part, and charged (as it would have been: the refusal recorded and
+  // the log trimmed, or the request's entries added) once the whole request is allowed; a
+  // refused request then has nothing of it to take back.
+  static bool deferred(const AppliedLimit& l) {
+    return l.charge == Charge::Now && l.config->shadow && l.config->count_denied &&
+           l.config->algorithm == config::Algorithm::SlidingLog;
+  }
+
+  void place(unsigned slot, AppliedLimit limit, size_t position) {
+    auto it =
+        std::find_if(parts_.begin(), parts_.end(), [&](const Part& p) { return p.slot == slot; });
+    if (it == parts_.end()) {
+      it = parts_.emplace(parts_.end());
+      it->split = this;
+      it->slot = slot;
+    }
+    it->limits.push_back(std::move(limit));
+    it->positions.push_back(position);
+  }
+
   void cancel() override { target_ = nullptr; }
 
   void partDone() {
@@ -216,6 +242,7 @@ class DecisionBatcher::Split final : public PendingDecision {
       combined.retry_after_s = 1;
     }
     if (combined.verdict != Decision::Verdict::Allow) takeBack();
+    if (combined.verdict == Decision::Verdict::Allow) chargeDeferred();
     DecisionTarget* target = target_;
     target_ = nullptr;
     if (!target) return;
@@ -254,12 +281,29 @@ class DecisionBatcher::Split final : public PendingDecision {
     }
   }
 
+  // The request is allowed: the deferred limits are charged now, each as a request of its own
+  // in the next flush (a shadow never refuses: the refusal it records or the request's
+  // entries). Only when Valkey decided every part: a part decided by on_error knows nothing,
+  // and a store that stops fails its calls while the worker (and its batcher) goes away.
+  void chargeDeferred() {
+    if (deferred_.empty()) return;
+    for (const Part& p : parts_) {
+      if (!p.answered) return;
+    }
+    for (AppliedLimit& l : deferred_) {
+      batcher_.batchFor(store_, store_->slotOf(l.key))->addCharge(std::move(l));
+    }
+    deferred_.clear();
+  }
+
   DecisionTarget* target_;  // null once told or cancelled
   std::shared_ptr<const void> limits_owner_;
   std::shared_ptr<valkey::Store> store_;
+  DecisionBatcher& batcher_;
   Resender& resender_;
-  size_t count_;            // the request's limits
-  std::deque<Part> parts_;  // (a deque: parts stay where they are, targets of entries)
+  std::vector<AppliedLimit> deferred_;  // charged once the request is allowed
+  size_t count_;                        // the request's limits
+  std::deque<Part> parts_;              // (a deque: parts stay where they are, targets of entries)
   size_t waiting_ = 0;
   std::string why_;  // of the last part that failed
 };
@@ -284,7 +328,7 @@ PendingDecision* DecisionBatcher::decide(const std::shared_ptr<valkey::Store>& s
     one_slot = one_slot && slots_.back() == slots_.front();
   }
   if (one_slot) return batchFor(store, slots_.front())->add(limits, target);
-  auto split = std::make_shared<Split>(target, store, resender_, limits, slots_);
+  auto split = std::make_shared<Split>(target, store, *this, limits, slots_);
   split->keepAlive(limits_owner);  // copied for a split only, not on every decision
   for (Split::Part& part : split->parts()) {
     batchFor(store, part.slot)->add(part.limits, &part)->keep = split;

@@ -254,14 +254,6 @@ def check_counters(valkey, algorithm: str, model: Model, context: str) -> None:
                 f"{key}: TAT {debt_s:.3f} s ahead, model {float(expected):.3f}; {context}"
             continue
         got = used(valkey, key, algorithm, window_s)
-        if algorithm == "sliding_log" and isinstance(valkey, ClusterStore):
-            # A take-back restores the newest `keep` entries, all that any quota reads (every
-            # check costs 1 or more): not those beyond, which a shadow refusal that counted
-            # had trimmed (README "Sliding log").
-            keep = model.keep[name]
-            assert min(got, keep) == min(expected, keep) and got <= expected, \
-                f"{key}: Valkey {got}, model {expected} (keep {keep}); {context}"
-            continue
         assert got == expected, f"{key}: Valkey {got}, model {expected}; {context}"
     # A key the model never charged may exist only as a take-back left it: empty.
     left = [k for k in sorted(set(limit_keys(c, "rl:v2:*")) - set(seen)) if not emptied(

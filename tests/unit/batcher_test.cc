@@ -114,6 +114,46 @@ TEST_SUITE("ratelimit: the decision batcher, calls per slot") {
     CHECK(compensations(f.stats, Result::Failed) == 0);
   }
 
+  TEST_CASE("a shadow sliding_log that records refusals: checked with its part, charged after") {
+    // Its refusal would trim the log, which no take-back puts back: in a split request it is
+    // checked only (written "~"), and charged as a request of its own once every part allowed;
+    // a refused request has nothing of it to take back.
+    LimitConfig log = limitConfig("log"), b = limitConfig("b");
+    log.algorithm = Algorithm::SlidingLog;
+    log.shadow = true;
+    log.count_denied = true;
+    const std::vector<AppliedLimit> limits = {applied(log, "1:log:{x}"), applied(b, "2:b:{x}")};
+    AppliedLimit checked = limits[0];
+    checked.charge = Charge::Later;
+    for (const bool allowed : {true, false}) {
+      CAPTURE(allowed);
+      Fixture f;
+      Recorder r;
+      REQUIRE(f.batcher->decide(f.store, limits, &r));
+      f.iterate();
+      REQUIRE(f.store->calls.size() == 2);
+      ScriptBatch part;
+      part.add({checked});
+      CHECK(f.store->calls[0]->command == part.command("decide_f"));
+      Reply shadow_refused = decideReply({0, 100, 900});
+      f.store->calls[0]->target->onValkeyReply(shadow_refused);
+      Reply other = allowed ? decideReply({7, 100, 0}) : decideReply({0, 5000, 4200});
+      f.store->calls[1]->target->onValkeyReply(other);
+      REQUIRE(r.told == 1);
+      CHECK((r.decision->verdict == Decision::Verdict::Allow) == allowed);
+      f.iterate();
+      if (!allowed) {
+        CHECK(f.store->calls.size() == 2);  // nothing charged, nothing to take back
+        continue;
+      }
+      REQUIRE(f.store->calls.size() == 3);
+      ScriptBatch charge;
+      charge.add({limits[0]});
+      CHECK(f.store->calls[2]->first_key == "1:log:{x}");
+      CHECK(f.store->calls[2]->command == charge.command("decide_f"));
+    }
+  }
+
   TEST_CASE("a part that fails decides by on_error; all or nothing over the outcomes") {
     Fixture f;
     LimitConfig open = limitConfig("open", OnError::Allow);
