@@ -217,7 +217,8 @@ def cluster_entry(e):
             keys = [y.get("keys") for y in d.get("valkey_nodes") or []]
             if x.get("keys") is not None and None not in keys and sum(keys):
                 key_share.append(x["keys"] / sum(keys))
-        fc = sum((x.get("calls") or {}).get("fcall", 0) for _, x in rows)
+        fc = sum((x.get("calls") or {}).get("fcall", 0) + (x.get("calls") or {}).get("sluice.decide", 0)
+                 for _, x in rows)
         out["nodes"].append({
             "port": port,
             "cpu_us_per_req": med(x.get("cpu_us_per_req") for _, x in rows),

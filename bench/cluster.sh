@@ -21,7 +21,8 @@ fi
 # key in the slot of "rl", on one primary).
 CLUSTER_KEY_PREFIX=${BENCH_CLUSTER_KEY_PREFIX:-rl:v1}
 CLUSTER_CLI=${BENCH_VALKEY_CLI:-}
-CLUSTER_VARIANTS="sluice+mix sluice+mix@cluster"  # the default variants of the mode
+# the default variants of the mode: each engine on one node and on the cluster
+CLUSTER_VARIANTS="sluice+mix sluice+mix@cluster sluice+mix+module sluice+mix+module@cluster"
 
 # Targets of sluice+mix@cluster against sluice+mix (information unless BENCH_STRICT=1).
 CLUSTER_CPU_PER_DECISION_RATIO_MAX=1.25  # Valkey CPU per decision, cluster (sum) / one node
@@ -52,7 +53,7 @@ ensure_valkey_cluster() {
     port=${ports[$((i - 1))]}
     "${TASKSET_CLIENT[@]}" "$bin" --bind 127.0.0.1 --port "$port" --save '' --appendonly no \
       --cluster-enabled yes --cluster-config-file "$d/nodes.conf" --cluster-node-timeout 5000 \
-      --dir "$d" --logfile "$d/valkey.log" --daemonize no >"$d/stdout.log" 2>&1 &
+      "${VALKEY_MODULE_ARGS[@]}" --dir "$d" --logfile "$d/valkey.log" --daemonize no >"$d/stdout.log" 2>&1 &
     pid=$!
     STARTED+=("$pid")
     CLUSTER_PORTS+=("$port") CLUSTER_PIDS+=("$pid")
@@ -78,7 +79,7 @@ ensure_valkey_cluster() {
 cluster_variant_valkey_toml() {
   local seeds
   seeds=$(printf '"127.0.0.1:%s", ' "${CLUSTER_PORTS[@]}")
-  printf '[valkey]\nnodes = [%s]\nkey_prefix = "%s"\n\n' "${seeds%, }" "$1"
+  printf '[valkey]\nnodes = [%s]\nkey_prefix = "%s"\n' "${seeds%, }" "$1"
 }
 
 # After the gateways started: the tenants in the cluster (each hash on the primary of its

@@ -28,7 +28,8 @@ KEY_FORMAT = "mk{:05d}"          # the API keys of bench/mix.lua
 TENANT_PREFIX = "sluice:apikey"  # [identity] tenant_key_prefix (default)
 CHECK_ADDRESS = "203.0.113.7"    # the check's client address, not one of the mix's
 # Commands Sluice sends itself; commandstats also counts those its scripts run (redis.call).
-SENT = {"fcall", "hmget", "function|load", "function", "ping", "info", "hello", "auth",
+SENT = {"fcall", "sluice.decide", "sluice.undo", "sluice.lease", "sluice.version", "hmget",
+        "function|load", "function", "ping", "info", "hello", "auth",
         "client|setname", "cluster|slots", "select"}
 
 
@@ -152,7 +153,8 @@ def variant_entry(directory, v, rounds):
     calls = e.get("valkey_calls") or {}
     if n and calls:
         sent = sum(c for k, c in calls.items() if k in SENT)
-        e["valkey_per_req"] = {"fcall": calls.get("fcall", 0) / n,
+        # (a decision: an FCALL of the functions, or the module's command)
+        e["valkey_per_req"] = {"fcall": (calls.get("fcall", 0) + calls.get("sluice.decide", 0)) / n,
                                "hmget": calls.get("hmget", 0) / n,
                                "script_commands": (sum(calls.values()) - sent) / n,
                                "all": sum(calls.values()) / n}
@@ -207,6 +209,17 @@ def checks_of(E, args, meta):
             args.valkey_cpu_us_max, f"<= {args.valkey_cpu_us_max}", "target")
         add("sluice+mix", "Sluice CPU us/req - plain sluice's (mix)", d["own_cpu_us_per_req"],
             -inf, args.own_cpu_us_max, f"<= {args.own_cpu_us_max}", "target")
+    mm = E.get("sluice+mix+module")
+    if mm and args.module_targets:
+        rps, p99, vk, own = (float(x) for x in args.module_targets.split(","))
+        d, inf, v = mm["derived"], float("inf"), "sluice+mix+module"
+        add(v, "requests/s / nginx (mix, module)", d["rps_ratio"], rps, inf, f">= {rps}",
+            "target")
+        add(v, "p99 / nginx (mix, module)", d["p99_ratio"], 0, p99, f"<= {p99}", "target")
+        add(v, "Valkey CPU us/req (module)", mm.get("valkey_cpu_us_per_req"), 0, vk, f"<= {vk}",
+            "target")
+        add(v, "Sluice CPU us/req - plain sluice's (mix, module)", d["own_cpu_us_per_req"], -inf,
+            own, f"<= {own}", "target")
     return checks + health_checks(E, args, meta)
 
 
@@ -353,6 +366,9 @@ def main():
         s.add_argument(f"--{name}", type=int, required=True)
     for name in ("rps-ratio-min", "p99-ratio-max", "valkey-cpu-us-max", "own-cpu-us-max"):
         s.add_argument(f"--{name}", type=float, required=True)
+    s.add_argument("--module-targets", default="",
+                   help="sluice+mix+module: rps ratio min, p99 ratio max, Valkey CPU us max, "
+                        "own CPU us max (comma-separated)")
     s.set_defaults(func=cmd_report)
     args = p.parse_args()
     sys.exit(args.func(args) or 0)

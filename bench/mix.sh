@@ -15,7 +15,8 @@ MIX_TENANT_KEYS=${BENCH_MIX_TENANT_KEYS:-1000}
 MIX_TENANTS=${BENCH_MIX_TENANTS:-100}
 MIX_SEED=${BENCH_MIX_SEED:-1}
 MIX_ONE_KEY=${BENCH_MIX_ONE_KEY:-sluice+limit}
-MIX_VARIANTS="nginx sluice sluice+mix sluice+mix:fixed_window sluice+mix:sliding_window"
+MIX_VARIANTS="nginx sluice sluice+mix sluice+mix+module sluice+mix:fixed_window"
+MIX_VARIANTS+=" sluice+mix:sliding_window"
 MIX_VARIANTS+=" sluice+mix:token_bucket sluice+mix:sliding_log sluice+limit"
 export MIX_ADDRESSES MIX_KEYS MIX_SEED  # read by mix.lua in wrk
 
@@ -24,6 +25,11 @@ MIX_RPS_RATIO_MIN=0.75     # requests/s, sluice+mix / nginx on the same requests
 MIX_P99_RATIO_MAX=1.5      # p99, the same pair
 MIX_VALKEY_CPU_US_MAX=12   # Valkey's CPU per request
 MIX_OWN_CPU_US_MAX=5       # Sluice's CPU per request above plain Sluice's (same requests)
+# sluice+mix+module: the same mix decided by the Valkey module (engine = "module").
+MODULE_RPS_RATIO_MIN=0.75
+MODULE_P99_RATIO_MAX=1.5
+MODULE_VALKEY_CPU_US_MAX=4
+MODULE_OWN_CPU_US_MAX=4
 
 # Every Sluice of the mode believes X-Forwarded-For from wrk (plain Sluice included, so that
 # it resolves the same client addresses); see sluice_config.
@@ -45,8 +51,15 @@ mix_limit_toml() {  # $1 = limit name, $2 = algorithm
 # sluice+mix: per_ip (sliding_window by ip) and per_key (token_bucket by api_key, raised 10x
 # by the plan "pro" of the tenants in Valkey). sluice+mix:ALGO: per_ip alone with ALGO.
 # NAME@cluster (--mode mix-cluster, bench/cluster.sh): the same against the Valkey Cluster.
+# NAME+module (sluice+mix+module, sluice+mix+module@cluster): decided by the Valkey module
+# (engine = "module", the servers load it: VALKEY_MODULE); the others by the Lua functions
+# (engine = "lua", on the same servers).
 variant_sluice_mix() {
-  local name=$1 base=${1%@cluster} algo route='limits = ["per_ip"]' cluster=0
+  local name=$1 base=${1%@cluster} algo route='limits = ["per_ip"]' cluster=0 engine=lua
+  if [[ $base == *+module ]]; then
+    engine=module base=${base%+module}
+    [[ -f $VALKEY_MODULE ]] || die "variant $name: no Valkey module at $VALKEY_MODULE"
+  fi
   algo=${base#*:}
   [[ $base == *:* ]] || algo=""
   [[ $name == *@cluster ]] && cluster=1
@@ -66,9 +79,10 @@ variant_sluice_mix() {
     if ((cluster)); then
       cluster_variant_valkey_toml "${GW_KEY_PREFIX[$name]}"
     else
-      printf '[valkey]\naddress = "127.0.0.1:%s"\nkey_prefix = "%s"\n\n' \
+      printf '[valkey]\naddress = "127.0.0.1:%s"\nkey_prefix = "%s"\n' \
         "$VALKEY_PORT" "${GW_KEY_PREFIX[$name]}"
     fi
+    printf 'engine = "%s"\n\n' "$engine"
     if [[ -z $algo ]]; then
       mix_limit_toml per_ip sliding_window
       mix_limit_toml per_key token_bucket
@@ -103,5 +117,6 @@ mix_report() {  # $1 = meta JSON, $2 = summary JSON to write
     --tenant-keys "$MIX_TENANT_KEYS" --tenants "$MIX_TENANTS" --seed "$MIX_SEED" \
     --rps-ratio-min "$MIX_RPS_RATIO_MIN" --p99-ratio-max "$MIX_P99_RATIO_MAX" \
     --valkey-cpu-us-max "$MIX_VALKEY_CPU_US_MAX" --own-cpu-us-max "$MIX_OWN_CPU_US_MAX" \
+    --module-targets "$MODULE_RPS_RATIO_MIN,$MODULE_P99_RATIO_MAX,$MODULE_VALKEY_CPU_US_MAX,$MODULE_OWN_CPU_US_MAX" \
     --out "$2"
 }

@@ -58,7 +58,7 @@ build_sluice() {
     local build_log=$RESULTS_DIR/build.log warnings
     log "building Sluice (Release) in build-release (log: $build_log)"
     if ! { cmake -S "$ROOT" -B "$ROOT/build-release" -DCMAKE_BUILD_TYPE=Release &&
-           cmake --build "$ROOT/build-release" --target sluice sluice_codec -j2; } \
+           cmake --build "$ROOT/build-release" --target sluice sluice_codec sluice_valkey -j2; } \
         >"$build_log" 2>&1; then
       tail -n 30 "$build_log" >&2
       die "build failed (if another engineer is editing src/, retry in a minute)"
@@ -68,4 +68,10 @@ build_sluice() {
     SLUICE_BIN=$ROOT/build-release/sluice
   fi
   SLUICE_BIN=$(realpath "$SLUICE_BIN")
+  # The Valkey module beside it (BENCH_VALKEY_MODULE overrides): every Valkey the benchmark
+  # starts loads it, and each variant says which engine it decides with.
+  VALKEY_MODULE=${BENCH_VALKEY_MODULE:-$(dirname "$SLUICE_BIN")/sluice-valkey.so}
+  VALKEY_MODULE_ARGS=()
+  [[ -f $VALKEY_MODULE ]] && VALKEY_MODULE_ARGS=(--loadmodule "$VALKEY_MODULE")
+  return 0
 }

@@ -15,6 +15,8 @@
 #
 # Settings (environment):
 #   SLUICE_BIN               use this binary instead of building build-release/sluice
+#   BENCH_VALKEY_MODULE      the Valkey module every Valkey loads (default: sluice-valkey.so
+#                            beside SLUICE_BIN); the +module variants decide with it
 #   BENCH_DURATION=10s       wrk duration of one measured run
 #   BENCH_CONNECTIONS=50     wrk connections
 #   BENCH_CAPACITY_CONNECTIONS=200  wrk connections of the capacity rounds: plain Sluice and
@@ -300,7 +302,7 @@ ensure_valkey() {  # one Valkey (redis-server stands in) for every variant with 
     || die "valkey-server or redis-server is needed for the rate-limit variants"
   next_port; VALKEY_PORT=$PORT_OUT
   "${TASKSET_CLIENT[@]}" "$VALKEY_BIN" --bind 127.0.0.1 --port "$VALKEY_PORT" --save '' \
-    --appendonly no --dir "$d" --logfile "$d/valkey.log" --daemonize no >"$d/stdout.log" 2>&1 &
+    --appendonly no "${VALKEY_MODULE_ARGS[@]}" --dir "$d" --logfile "$d/valkey.log" --daemonize no >"$d/stdout.log" 2>&1 &
   VALKEY_PID=$!
   STARTED+=("$VALKEY_PID")
   "${HELPER[@]}" wait-valkey --port "$VALKEY_PORT" --pid "$VALKEY_PID" \
