@@ -108,11 +108,17 @@ end
 local definitions, params, parsed, parsed_count = {}, {}, {}, 0
 local PARSED_MAX = 4096  -- texts kept at most (each names its key indices)
 
+-- The layout's numbers, as protocol/decide_protocol.h names them (a unit test of the gateway
+-- reads them here and compares): fields per definition, per key of an undo and of a lease.
+local DEFINITION_FIELDS = 7  -- kDefinitionFields
+local UNDO_FIELDS = 5        -- kUndoFieldsPerKey
+local LEASE_FIELDS = 2       -- kLeaseFieldsPerKey
+
 -- Keeps the parsed texts only when ARGV's definitions are those they were parsed from.
 -- Returns the number of definitions.
 local function read_definitions(ARGV)
   local d = ARGV[1] + 0
-  local fields = 7 * d
+  local fields = DEFINITION_FIELDS * d
   local same = #definitions == fields and parsed_count < PARSED_MAX
   if same then
     for i = 1, fields do
@@ -135,7 +141,8 @@ end
 -- arithmetic on them stays exact in Lua's doubles (below 2^53) and every value they write is a
 -- whole number that format('%d') renders exactly. A value outside fails only the requests that
 -- name it (params_of runs once per text).
-local MAX_COUNT = 1e15
+local MAX_COUNT = 1e15  -- kMaxCount
+local MAX_DEBT_US = 2147483647e6  -- kMaxDebtUs: a token bucket's debt, (2^31 - 1) s
 local function bounded(text, low, what, ref)
   local v = tonumber(text)
   if v == nil or not (v >= low and v <= MAX_COUNT) or v % 1 ~= 0 then
@@ -159,13 +166,15 @@ end
 local function definition_of(ref)
   local j, cost, mode = string.match(ref, '^(%d+):(%d+)([~!]?)$')
   j = j and tonumber(j)
-  if j == nil or j < 1 or 7 * j > #definitions then error('no limit definition in ' .. ref) end
+  if j == nil or j < 1 or DEFINITION_FIELDS * j > #definitions then
+    error('no limit definition in ' .. ref)
+  end
   return j, cost, mode
 end
 
 local function params_of(ref)
   local j, cost, mode = definition_of(ref)
-  local p = params_from(definitions, 7 * (j - 1), cost, mode, ref)
+  local p = params_from(definitions, DEFINITION_FIELDS * (j - 1), cost, mode, ref)
   params[ref] = p
   return p
 end
@@ -207,7 +216,7 @@ local function limits_of(text)
       if type(p) == 'table' then p = p.err end
       list.error = list.error or tostring(p)
       local found, j = pcall(definition_of, ref)
-      if found and definitions[7 * (j - 1) + 1] == 'concurrency' then
+      if found and definitions[DEFINITION_FIELDS * (j - 1) + 1] == 'concurrency' then
         list.slots = list.slots + 1
       end
     end
@@ -318,7 +327,7 @@ local function decide_batch(KEYS, ARGV)
   keys, values, nkeys = KEYS, redis.call('MGET', unpack(KEYS)), #KEYS
   build_modules()
   for _, module in pairs(modules) do module.start() end
-  local cursor = 2 + 7 * read_definitions(ARGV)
+  local cursor = 2 + DEFINITION_FIELDS * read_definitions(ARGV)
   reply[1] = now
   local pos = 1
   local k = 0
@@ -358,7 +367,7 @@ local function undo_batch(KEYS, ARGV)
   build_modules()
   local changed = 0
   for i = 1, #KEYS do
-    local a = 5 * (i - 1)
+    local a = UNDO_FIELDS * (i - 1)
     local module = modules[ARGV[a + 1]]
     if module == nil then error('unknown algorithm ' .. tostring(ARGV[a + 1])) end
     local at = ARGV[a + 5]  -- a time, or a concurrency slot's name
@@ -366,7 +375,7 @@ local function undo_batch(KEYS, ARGV)
     local cost, debt_us = ARGV[a + 4], false  -- tokens, or "u<N>": N us of a bucket's debt
     if string.byte(cost) == 117 then
       debt_us = tonumber(string.sub(cost, 2))
-      if debt_us == nil or not (debt_us >= 0 and debt_us <= 2147483647e6) or debt_us % 1 ~= 0
+      if debt_us == nil or not (debt_us >= 0 and debt_us <= MAX_DEBT_US) or debt_us % 1 ~= 0
           or ARGV[a + 1] ~= 'token_bucket' then
         error('bad debt in an undo: ' .. cost)
       end
@@ -387,8 +396,8 @@ local function lease_batch(KEYS, ARGV)
   if op ~= 'renew' and op ~= 'release' then error('unknown lease operation ' .. tostring(op)) end
   local found = 0
   for i = 1, #KEYS do
-    found = found + modules.concurrency.lease(op, KEYS[i], ARGV[2 * i], ARGV[2 * i + 1] + 0,
-                                              now_us)
+    local a = LEASE_FIELDS * (i - 1) + 1
+    found = found + modules.concurrency.lease(op, KEYS[i], ARGV[a + 1], ARGV[a + 2] + 0, now_us)
   end
   return found
 end

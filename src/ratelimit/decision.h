@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "protocol/decide_protocol.h"
 
 namespace sluice::ratelimit {
 
@@ -18,8 +19,8 @@ namespace sluice::ratelimit {
 // (retry_ms, reset_ms, a token bucket's debt) is at most kMaxWaitMs: 2^31 - 1 seconds (68
 // years), what a Retry-After is sure to be read as; the scripts keep debts below it, and the
 // gateway saturates any larger value a reply holds.
-inline constexpr int64_t kMaxCost = 1'000'000'000'000'000;
-inline constexpr int64_t kMaxWaitMs = int64_t{2'147'483'647} * 1000;
+inline constexpr int64_t kMaxCost = protocol::kMaxCost;
+inline constexpr int64_t kMaxWaitMs = protocol::kMaxWaitMs;
 
 // Skipped: the limit did not apply, its key part missing from the request (on_missing = skip).
 enum class Outcome { Allowed, Denied, ErrorAllowed, ErrorDenied, ShadowDenied, Skipped };

@@ -72,7 +72,7 @@ const char* algorithmName(config::Algorithm algorithm);
 class ScriptBatch {
  public:
   // algorithm, limit, window_ms, burst, count_denied, shadow, keep.
-  static constexpr size_t kDefinitionFields = 7;
+  static constexpr size_t kDefinitionFields = protocol::kDefinitionFields;
 
   // Adds the limits of one request (at least one).
   void add(const std::vector<AppliedLimit>& limits);
