@@ -9,13 +9,7 @@
 -- lease ended count as free whatever the key's expiry), so a key whose gateways all died goes
 -- away by itself.
 --
--- Standalone (EVAL this file):
---   KEYS[1]  the key (a sorted set)
---   ARGV[1]  limit          slots
---   ARGV[2]  lease_ms
---   ARGV[3]  the name of the slot to take
---   reply    {allowed (1|0), free slots, reset_ms, retry_ms}
--- Inside decide.lua the same code is a module (check, settle, report, finish, undo, lease; see
+-- A module of decide.lua (check, settle, report, finish, undo, lease; see
 -- decide.lua); its window_ms is the lease, and the request's slot name comes with the call.
 -- (library functions as locals: a global lookup per use costs more)
 local max, format, type = math.max, string.format, type
@@ -130,13 +124,4 @@ end
 
 local M = {start = start, check = check, settle = settle, report = report, finish = finish,
            undo = undo, lease = lease}
-if KEYS == nil then return M end
-start()
-local t = redis.call('TIME')
-local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), cost = 1}
-local allowed = check(1, KEYS[1], false, p, tonumber(t[1]) * 1000000 + tonumber(t[2]), ARGV[3])
-settle(1, p, allowed, allowed, ARGV[3])
-finish()
-local out = {allowed and 1 or 0}
-report(1, p, allowed, out, 1)
-return out
+return M

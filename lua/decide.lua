@@ -58,10 +58,10 @@
 --   #!lua name=sluice_<hash>
 --   local FUNCTION_NAME = 'sluice_decide_<hash>'
 --   local ALGORITHMS = {}
---   ALGORITHMS['<name>'] = function(KEYS, ARGV) <lua/<name>.lua> end
+--   ALGORITHMS['<name>'] = function() <lua/<name>.lua> end
 --   <this file>
 -- (<hash>: of the modules and this file; see src/ratelimit/scripts.cc) and calls it with
--- FCALL. Each call of an ALGORITHMS function with KEYS = nil returns the module; the library
+-- FCALL. Each ALGORITHMS function returns its module (nothing else runs a module); the library
 -- builds every module once, at its first call, and they keep their tables from call to call
 -- (a call reuses them instead of building new ones).
 -- A module keeps each key's state by the key's index for the whole call (several requests of a
@@ -317,7 +317,7 @@ end
 local function build_modules()
   if modules ~= nil then return end
   modules = {}
-  for name, load in pairs(ALGORITHMS) do modules[name] = load(nil, nil) end
+  for name, load in pairs(ALGORITHMS) do modules[name] = load() end
 end
 
 -- One call: the requests of ARGV, in order.

@@ -5,15 +5,7 @@
 -- which window a count belongs to (a script sees expiry as of the time it started; TIME is a
 -- little later).
 --
--- Standalone (EVAL this file):
---   KEYS[1]  the key
---   ARGV[1]  limit          requests per window
---   ARGV[2]  window_ms
---   ARGV[3]  burst          (unused here)
---   ARGV[4]  cost           what this request costs
---   ARGV[5]  count_denied   "1": a refused request is counted too
---   reply    {allowed (1|0), remaining, reset_ms, retry_ms}
--- Inside decide.lua the same code is a module (check, settle, report, finish; see decide.lua):
+-- A module of decide.lua (check, settle, report, finish; see decide.lua):
 -- it keeps each key's state by the key's index for the whole call, and writes each changed key
 -- once.
 -- (library functions as locals: a global lookup per use costs more)
@@ -110,15 +102,4 @@ end
 
 local M = {start = start, check = check, settle = settle, report = report, finish = finish,
            undo = undo}
-if KEYS == nil then return M end
-start()
-local t = redis.call('TIME')
-local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
-           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
-local allowed = check(1, KEYS[1], redis.call('GET', KEYS[1]), p,
-                      tonumber(t[1]) * 1000000 + tonumber(t[2]))
-settle(1, p, allowed, allowed or p.count_denied)
-finish()
-local out = {allowed and 1 or 0}
-report(1, p, allowed, out, 1)
-return out
+return M

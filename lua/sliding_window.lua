@@ -7,17 +7,7 @@
 -- What a key holds for an older window is read as what it means now: its current count
 -- becomes previous one window later, and nothing after that.
 --
--- Standalone (EVAL this file):
---   KEYS[1]  the key
---   ARGV[1]  limit          requests per window
---   ARGV[2]  window_ms
---   ARGV[3]  burst          (unused here)
---   ARGV[4]  cost
---   ARGV[5]  count_denied   "1": a refused request is counted too
---   reply    {allowed (1|0), remaining, reset_ms, retry_ms}
---            retry_ms is exact: the estimate first lets this cost through after it, if nothing
---            else arrives meanwhile.
--- Inside decide.lua the same code is a module (check, settle, report, finish; see decide.lua):
+-- A module of decide.lua (check, settle, report, finish; see decide.lua):
 -- it keeps each key's state by the key's index for the whole call, and writes each changed key
 -- once.
 -- (library functions as locals: a global lookup per use costs more)
@@ -144,15 +134,4 @@ end
 
 local M = {start = start, check = check, settle = settle, report = report, finish = finish,
            undo = undo}
-if KEYS == nil then return M end
-start()
-local t = redis.call('TIME')
-local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
-           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
-local allowed = check(1, KEYS[1], redis.call('GET', KEYS[1]), p,
-                      tonumber(t[1]) * 1000000 + tonumber(t[2]))
-settle(1, p, allowed, allowed or p.count_denied)
-finish()
-local out = {allowed and 1 or 0}
-report(1, p, allowed, out, 1)
-return out
+return M

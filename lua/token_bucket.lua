@@ -13,17 +13,7 @@
 -- bucket is full for all of them. (With tokens and a refill rate per quota, one quota's faster
 -- refill would hand another tokens it never had.)
 --
--- Standalone (EVAL this file):
---   KEYS[1]  the key (a string: TAT)
---   ARGV[1]  limit          tokens added per window
---   ARGV[2]  window_ms
---   ARGV[3]  burst          capacity
---   ARGV[4]  cost           tokens this request takes
---   ARGV[5]  count_denied   "1": a refused request empties the bucket (a client that keeps
---                           hammering stays blocked)
---   reply    {allowed (1|0), remaining (whole tokens), reset_ms (until full), retry_ms (until
---            `cost` tokens are there)}
--- Inside decide.lua the same code is a module (check, settle, report, finish; see decide.lua):
+-- A module of decide.lua (check, settle, report, finish; see decide.lua):
 -- it keeps each bucket by the key's index for the whole call, as how far behind it is
 -- (TAT - now, exact to a fraction of a microsecond), and writes TAT once, rounded up to a
 -- whole microsecond (never a token more).
@@ -157,15 +147,4 @@ end
 
 local M = {start = start, check = check, settle = settle, report = report, finish = finish,
            undo = undo}
-if KEYS == nil then return M end
-start()
-local t = redis.call('TIME')
-local p = {limit = tonumber(ARGV[1]), window = tonumber(ARGV[2]), burst = tonumber(ARGV[3]),
-           cost = tonumber(ARGV[4]), count_denied = ARGV[5] == '1'}
-local allowed = check(1, KEYS[1], redis.call('GET', KEYS[1]), p,
-                      tonumber(t[1]) * 1000000 + tonumber(t[2]))
-settle(1, p, allowed, allowed or p.count_denied)
-finish()
-local out = {allowed and 1 or 0}
-report(1, p, allowed, out, 1)
-return out
+return M

@@ -24,7 +24,7 @@ const Library& library() {
       }
       body += "ALGORITHMS['";
       body += s.name;
-      body += "'] = function(KEYS, ARGV)\n";
+      body += "'] = function()\n";
       body += s.source;
       body += "\nend\n";
     }

@@ -20,7 +20,7 @@ Rate limiting and identity (Valkey):
 - ratelimit_toml(valkey, limits=[...], identity={...}, plans=[...], tenants=[...]): the
   [valkey], [identity], [[limit]], [[plan]] and [[tenant]] text for sluice_factory(extra_toml=).
 - the decide function's calls and replies: decide_codec.py (Sluice's own codec, through the
-  sluice_codec tool); lua_source(name): a script for standalone EVAL.
+  sluice_codec tool).
 - parallel_requests(port, raw_requests, processes): fires requests at once from several
   processes (raw sockets), returns (status, headers) per request in order.
 - helpers: server_time(), sleep_until_window_offset(), avoid_window_boundary(), metric_sum(),
@@ -52,7 +52,7 @@ Robustness (test_robustness_*.py; see README.md):
 - TIMER_SLACK_S / EXIT_SLACK_S: how much later than configured a test may see a timer fire or
   the process exit after a drain.
 
-Where they live: the fixtures (and lua_source) are here; the rest is in the
+Where they live: the fixtures are here; the rest is in the
 harness package beside this file and re-exported here, so that tests import every name from
 conftest:
 
@@ -265,12 +265,6 @@ def valkey(valkey_factory) -> ValkeyServer:
 # ------------------------------------------------------------------ the decide script
 
 # (Its calls and replies: decide_codec.py, Sluice's own codec.)
-
-def lua_source(name: str) -> str:
-    """lua/<name>.lua byte for byte (no newline translation)."""
-    return (LUA_DIR / f"{name}.lua").read_bytes().decode()
-
-
 
 
 @pytest.fixture(scope="session")

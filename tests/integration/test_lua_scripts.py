@@ -1,6 +1,6 @@
-"""The Lua scripts of lua/ run directly on a real redis-server: each algorithm standalone (EVAL
-of the file, as its header documents) and the decide function of the library the gateway loads,
-called and read by the gateway's own codec (decide_codec.py). Time is the server's (TIME), so
+"""The Lua library of lua/ run directly on a real redis-server: each algorithm alone (one
+request of one limit) and the decide function with many, the library the gateway loads, called
+and read by the gateway's own codec (decide_codec.py). Time is the server's (TIME), so
 the tests use short windows and sleep."""
 
 import math
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from conftest import (WINDOW_NUMBERS, avoid_window_boundary, limit_cfg, lua_source, metric_sum,
+from conftest import (WINDOW_NUMBERS, avoid_window_boundary, limit_cfg, metric_sum,
                       ratelimit_toml, route_cfg, server_time, server_time_us,
                       sleep_until_window_offset, stored, wait_admin)
 from decide_codec import (decide_call, decide_command, decide_keys, decide_library, decide_reply,
@@ -20,15 +20,15 @@ from harness.valkey import ENGINE
 
 def run(client, algorithm, key, limit, window_ms, burst=None, cost=1, count_denied=False,
         keep=None):
-    """EVAL lua/<algorithm>.lua standalone; returns its reply, layout checked."""
-    args = [limit, window_ms, limit if burst is None else burst, cost, 1 if count_denied else 0]
-    if keep is not None:
-        args.append(keep)
-    reply = client.eval(lua_source(algorithm), 1, key, *args)
-    assert isinstance(reply, list) and len(reply) == 4 and all(isinstance(x, int) for x in reply), \
-        f"reply layout {{allowed, remaining, reset_ms, retry_ms}}: {reply!r}"
-    assert reply[0] in (0, 1)
-    return reply
+    """One request of one limit, through the library (and the codec): its reply as
+    [allowed (1|0), remaining, reset_ms, retry_ms], layout checked by the codec."""
+    lim = {"algorithm": algorithm, "limit": limit, "window_ms": window_ms,
+           "burst": limit if burst is None else burst, "cost": cost,
+           "count_denied": count_denied, "keep": limit if keep is None else keep}
+    request = [(key, lim)]
+    allowed, ((_, remaining, reset_ms, retry_ms),) = decided(
+        decide_call(client, decide_command([request])), request)
+    return [1 if allowed else 0, remaining, reset_ms, retry_ms]
 
 
 def assert_every_key_has_ttl(client):
@@ -314,7 +314,7 @@ def test_token_bucket_count_denied_empties_the_bucket(valkey):
     assert_every_key_has_ttl(c)
 
 
-def test_standalone_scripts_charge_the_cost(valkey):
+def test_each_algorithm_charges_the_cost(valkey):
     c = valkey.client
     assert run(c, "sliding_log", "t:c", 5, 2000, cost=2)[:2] == [1, 3]
     assert len(stored(valkey, "t:c", "sliding_log")) == 2, "one entry per unit of cost"

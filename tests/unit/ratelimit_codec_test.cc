@@ -331,7 +331,7 @@ TEST_SUITE("ratelimit: decide library") {
       INFO(std::string(name));
       CHECK(std::any_of(scripts.begin(), scripts.end(),
                         [&](const EmbeddedScript& s) { return s.name == name; }));
-      CHECK(body.find(std::string("ALGORITHMS['") + name + "'] = function(KEYS, ARGV)\n") !=
+      CHECK(body.find(std::string("ALGORITHMS['") + name + "'] = function()\n") !=
             std::string::npos);
     }
     // decide.lua last: it registers the function FCALL names, and its undo.
