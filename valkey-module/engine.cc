@@ -153,6 +153,10 @@ enum class Expiry { kKeepTtl, kAt, kIn };
 // SET key value KEEPTTL | PXAT at | PX in, replicated as the server propagates that SET
 // (PX as PXAT).
 void setString(Ctx* ctx, String* name, const std::string& value, Expiry how, long long ms) {
+  // As SET refuses it, the whole call failing (after the writes before it): a token bucket
+  // whose debt is below what a double resolves at the time (a huge limit per a short window)
+  // writes TAT = now and a PX of 0 in the Lua (a bug of the Lua, copied: see the report).
+  if (how != Expiry::kKeepTtl && ms <= 0) fail("ERR invalid expire time in 'set' command");
   Key* key = vm::OpenKey(ctx, name, vm::kRead | vm::kWrite);
   if (key == nullptr) fail("ERR cannot open the key for writing");
   vm::mstime_t kept = how == Expiry::kKeepTtl ? vm::GetAbsExpire(key) : vm::kNoExpire;
@@ -877,8 +881,11 @@ struct Concurrency {
         args.push_back(ends);
         args.push_back(slot);
       }
-      Reply(vm::Call(c->ctx, "ZADD", "!sv", key, args.data(), args.size()));
+      Reply added(vm::Call(c->ctx, "ZADD", "!sv", key, args.data(), args.size()));
       vm::FreeString(c->ctx, ends);
+      // A key that a string limit of this call wrote before (a key shared across algorithms):
+      // the Lua's ZADD fails, and with it the whole call, after the writes before it.
+      if (added.failed()) fail("WRONGTYPE Operation against a key holding the wrong kind of value");
       extendLease(c->ctx, key, st.lease);
     }
   }
@@ -972,11 +979,12 @@ struct Modules {
     }
   }
   // The order in which decide.lua's pairs(modules) meets them (Valkey's Lua 5.1: fixed by the
-  // names' hashes); it matters only for a key that limits of two algorithms share.
+  // names' hashes; found on Redis 7.0 and Valkey 8.0.1 by deciding two algorithms on one key);
+  // it matters only for a key that limits of two algorithms share in one call.
   void finish() {
+    fixed_window.finish();
     sliding_window.finish();
     token_bucket.finish();
-    fixed_window.finish();
     concurrency.finish();
     sliding_log.finish();
   }

@@ -18,6 +18,27 @@ namespace {
 
 using namespace sluice;
 
+// The keys of a call for cluster routing (getkeys-api: the server finds a module command's
+// keys for CROSSSLOT and redirection by asking it, key specs being used by COMMAND GETKEYS
+// and ACLs): numkeys at argv[1], the keys after it.
+template <vm::CmdFunc F>
+int withKeys(vm::Ctx* ctx, vm::String** argv, int argc) {
+  if (vm::IsKeysPositionRequest(ctx)) {
+    if (argc < 2) return vm::kOk;
+    size_t len = 0;
+    const char* p = vm::StringPtrLen(argv[1], &len);
+    long long n = 0;
+    for (size_t i = 0; i < len && n <= argc; ++i) {
+      if (p[i] < '0' || p[i] > '9') return vm::kOk;
+      n = n * 10 + (p[i] - '0');
+    }
+    if (len == 0 || n > argc - 2) return vm::kOk;
+    for (int i = 0; i < n; ++i) vm::KeyAtPos(ctx, 2 + i);
+    return vm::kOk;
+  }
+  return F(ctx, argv, argc);
+}
+
 int versionCommand(vm::Ctx* ctx, vm::String**, int argc) {
   if (argc != 1) return vm::WrongArity(ctx);
   return vm::ReplyWithLongLong(ctx, protocol::kProtocolVersion);
@@ -66,12 +87,14 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(vm::Ctx
                static_cast<unsigned long long>(getpid()));
   const uint64_t rw = vm::kKeyRW | vm::kKeyAccess | vm::kKeyUpdate;
   const uint64_t ro = vm::kKeyRO | vm::kKeyAccess;
-  if (create(ctx, "sluice.decide", engine::decideCommand, "write deny-oom", true, rw, -2) !=
-          vm::kOk ||
-      create(ctx, "sluice.undo", engine::undoCommand, "write deny-oom", true, rw, -2) != vm::kOk ||
-      create(ctx, "sluice.lease", engine::leaseCommand, "write deny-oom", true, rw, -2) !=
-          vm::kOk ||
-      create(ctx, "sluice.peek", engine::peekCommand, "readonly", true, ro, -2) != vm::kOk ||
+  if (create(ctx, "sluice.decide", withKeys<engine::decideCommand>, "write deny-oom getkeys-api",
+             true, rw, -2) != vm::kOk ||
+      create(ctx, "sluice.undo", withKeys<engine::undoCommand>, "write deny-oom getkeys-api", true,
+             rw, -2) != vm::kOk ||
+      create(ctx, "sluice.lease", withKeys<engine::leaseCommand>, "write deny-oom getkeys-api",
+             true, rw, -2) != vm::kOk ||
+      create(ctx, "sluice.peek", withKeys<engine::peekCommand>, "readonly getkeys-api", true, ro,
+             -2) != vm::kOk ||
       create(ctx, "sluice.version", versionCommand, "readonly fast", false, 0, 1) != vm::kOk)
     return vm::kErr;
   return vm::kOk;

@@ -129,7 +129,9 @@ using CmdFunc = int (*)(Ctx* ctx, String** argv, int argc);
   X(CallReplyType, int, (CallReply*))                                             \
   X(CallReplyInteger, long long, (CallReply*))                                    \
   X(CallReplyStringPtr, const char*, (CallReply*, size_t*))                       \
-  X(FreeCallReply, void, (CallReply*))
+  X(FreeCallReply, void, (CallReply*))                                            \
+  X(IsKeysPositionRequest, int, (Ctx*))                                           \
+  X(KeyAtPos, void, (Ctx*, int))
 
 #define SLUICE_VM_DECLARE(name, ret, args) extern ret(*name) args;
 SLUICE_VM_API(SLUICE_VM_DECLARE)
