@@ -163,12 +163,15 @@ void setString(Ctx* ctx, String* name, const std::string& value, Expiry how, lon
   String* str = vm::CreateString(ctx, value.data(), value.size());
   vm::StringSet(key, str);
   vm::FreeString(ctx, str);
+  // (the keyspace events SET raises: "set", and "expire" when it sets one)
+  vm::NotifyKeyspaceEvent(ctx, vm::kNotifyString, "set", name);
   if (how == Expiry::kKeepTtl) {
     if (kept != vm::kNoExpire) vm::SetAbsExpire(key, kept);
     vm::CloseKey(key);
     vm::Replicate(ctx, "SET", "sbc", name, value.data(), value.size(), "KEEPTTL");
     return;
   }
+  vm::NotifyKeyspaceEvent(ctx, vm::kNotifyGeneric, "expire", name);
   if (how == Expiry::kAt)
     vm::SetAbsExpire(key, ms);
   else
@@ -184,7 +187,9 @@ void deleteKey(Ctx* ctx, String* name) {
   bool existed = vm::KeyType(key) != vm::kKeyTypeEmpty;
   vm::DeleteKey(key);
   vm::CloseKey(key);
-  if (existed) vm::Replicate(ctx, "DEL", "s", name);
+  if (!existed) return;
+  vm::NotifyKeyspaceEvent(ctx, vm::kNotifyGeneric, "del", name);
+  vm::Replicate(ctx, "DEL", "s", name);
 }
 
 // A reply of RM_Call, freed when it goes.
@@ -222,14 +227,16 @@ Algorithm algorithmOf(std::string_view name) {
 }
 
 struct Params {
-  std::string algorithm;
+  std::string_view algorithm;  // (into the call's arguments)
   bool has_algorithm = false;  // (the field was there: tostring(nil) is "nil")
   Algorithm module = kUnknown;
   double limit = 0, window = 0, burst = 0, cost = 0, keep = 0;
   bool count_denied = false, shadow = false, later = false, forced = false, slots = false;
 };
 
-std::string algorithmText(const Params& p) { return p.has_algorithm ? p.algorithm : "nil"; }
+std::string algorithmText(const Params& p) {
+  return p.has_algorithm ? std::string(p.algorithm) : std::string("nil");
+}
 
 // bounded(): a whole number low .. 10^15.
 double bounded(const std::optional<std::string_view>& text, double low, const char* what,
@@ -256,7 +263,7 @@ Params paramsFrom(const Args& fields, double a, std::string_view cost, char mode
   Params p;
   auto algorithm = fields[a + 1];
   if (algorithm) {
-    p.algorithm = std::string(*algorithm);
+    p.algorithm = *algorithm;
     p.has_algorithm = true;
   }
   p.limit = bounded(fields[a + 2], 1, "limit", ref);

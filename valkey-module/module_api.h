@@ -33,6 +33,8 @@ constexpr int kReplyError = 1;
 constexpr int kReplyInteger = 2;
 constexpr int kReplyNull = 4;
 constexpr mstime_t kNoExpire = -1;
+constexpr int kNotifyGeneric = 1 << 2;
+constexpr int kNotifyString = 1 << 3;
 
 // RedisModuleCommandInfo and its key specs (version 1 of the layout, as in Redis 7.0).
 constexpr uint64_t kKeyRO = 1ULL << 0;
@@ -131,7 +133,8 @@ using CmdFunc = int (*)(Ctx* ctx, String** argv, int argc);
   X(CallReplyStringPtr, const char*, (CallReply*, size_t*))                       \
   X(FreeCallReply, void, (CallReply*))                                            \
   X(IsKeysPositionRequest, int, (Ctx*))                                           \
-  X(KeyAtPos, void, (Ctx*, int))
+  X(KeyAtPos, void, (Ctx*, int))                                                  \
+  X(NotifyKeyspaceEvent, int, (Ctx*, int, const char*, String*))
 
 #define SLUICE_VM_DECLARE(name, ret, args) extern ret(*name) args;
 SLUICE_VM_API(SLUICE_VM_DECLARE)
