@@ -317,12 +317,29 @@ DefinitionRef definitionOf(std::string_view ref, double definition_fields) {
 
 // ---------------------------------------------------------------- the modules
 
+// A call's keys and time. A key's value is read when a limit first checks it (the Lua reads
+// every key with one MGET first: the same values, since nothing is written before finish but
+// a concurrency key's ended slots, a sorted set that MGET reads as absent either way; a key no
+// limit checks is never copied).
 struct CallState {
   Ctx* ctx;
   String** keys;
   int nkeys;
   double now;
-  std::vector<std::optional<std::string>> values;  // by key index (from 1)
+  std::vector<std::optional<std::string>> read;  // by key index (from 1)
+  std::vector<char> loaded;
+
+  const std::optional<std::string>& value(int k) {
+    if (loaded.empty()) {
+      read.resize(static_cast<size_t>(nkeys) + 1);
+      loaded.resize(static_cast<size_t>(nkeys) + 1);
+    }
+    if (!loaded[k]) {
+      loaded[k] = 1;
+      read[k] = readString(ctx, keys[k - 1]);
+    }
+    return read[k];
+  }
 };
 
 using Out = std::vector<double>;
@@ -351,7 +368,7 @@ struct FixedWindow {
       double n = std::floor(c->now / window);
       bool current = false;
       double used = 0;
-      const auto& value = c->values[k];
+      const auto& value = c->value(k);
       if (value && value->size() == 12) {
         double stored_n = readU32(value->data());
         double count = readDouble(value->data() + 4);
@@ -446,7 +463,7 @@ struct SlidingWindow {
       double n = std::floor(c->now / window);
       double current = 0, previous = 0;
       bool same = false;
-      const auto& value = c->values[k];
+      const auto& value = c->value(k);
       if (value && value->size() == 20) {
         double stored_n = readU32(value->data());
         double stored_current = readDouble(value->data() + 4);
@@ -594,7 +611,7 @@ struct SlidingLog {
       st.seen = true;
       now = c->now;
       double window = p.window * 1000;
-      const auto& value = c->values[k];
+      const auto& value = c->value(k);
       std::string log = value ? *value : std::string();
       double n = std::floor(static_cast<double>(log.size()) / kEntry);
       double first = 1, cutoff = c->now - window;
@@ -708,7 +725,7 @@ struct TokenBucket {
   bool check(int k, const Params& p) {
     S& st = at(k);
     if (!st.seen) {
-      const auto& value = c->values[k];
+      const auto& value = c->value(k);
       double debt = 0;
       if (value) {
         double tat = 0;
@@ -1213,10 +1230,8 @@ int decideCommand(Ctx* ctx, String** argv, int argc) {
   Parsed call;
   if (!parseCall(ctx, argv, argc, &call)) return vm::kOk;
   return guarded(ctx, [&]() -> int {
-    CallState c{ctx, call.keys, call.nkeys, serverTime(), {}};
+    CallState c{ctx, call.keys, call.nkeys, serverTime(), {}, {}};
     if (c.nkeys == 0) fail("wrong number of arguments for 'mget' command (the call names no key)");
-    c.values.resize(c.nkeys + 1);
-    for (int i = 1; i <= c.nkeys; ++i) c.values[i] = readString(ctx, c.keys[i - 1]);
     const Args& argv2 = call.args;
     double d = arith(argv2[1], "field '?'");
     if (!(d >= 0) || lua::mod(d, 1) != 0)
@@ -1347,12 +1362,10 @@ int peekCommand(Ctx* ctx, String** argv, int argc) {
   Parsed call;
   if (!parseCall(ctx, argv, argc, &call)) return vm::kOk;
   return guarded(ctx, [&]() -> int {
-    CallState c{ctx, call.keys, call.nkeys, serverTime(), {}};
+    CallState c{ctx, call.keys, call.nkeys, serverTime(), {}, {}};
     Params p = paramsFrom(call.args, 0, "1", '\0', "the peek");
     if (p.module == kUnknown) fail("unknown algorithm " + algorithmText(p));
     if (c.nkeys == 0) fail("wrong number of arguments for 'type' command (the peek names no key)");
-    c.values.resize(c.nkeys + 1);
-    c.values[1] = readString(ctx, c.keys[0]);
     Modules m(&c);
     m.concurrency.peek = true;
     Out out;

@@ -310,8 +310,10 @@ def test_key_specs_give_getkeys_crossslot_and_acl_key_patterns(servers, tmp_path
     assert denied[0] == "error" and "no permissions" in denied[1].lower(), denied
     u.close()
     # A cluster node: keys of two slots are CROSSSLOT, of one slot decided.
+    from harness.net import free_port
     node = servers("--cluster-enabled", "yes", "--cluster-config-file",
-                   str(tmp_path / "nodes.conf"), name="cluster")
+                   str(tmp_path / "nodes.conf"), "--cluster-port", str(free_port()),
+                   name="cluster")  # (its own bus port: port + 10000 may pass 65535)
     n = node.client
     n.execute_command("CLUSTER", "ADDSLOTSRANGE", "0", "16383")
     deadline = time.monotonic() + 10
