@@ -13,7 +13,7 @@ build=(
 )
 runtime=(libuv1 libhiredis0.14 libssl3 libspdlog1.10 libfmt9 ca-certificates)
 test=(
-  redis-server python3 python3-pytest python3-redis python3-yaml curl openssl
+  redis-server faketime python3 python3-pytest python3-redis python3-yaml curl openssl
   prometheus docker-compose clang-14 libclang-rt-14-dev clang-format-14
 )
 

@@ -1,0 +1,1380 @@
+#include "engine.h"
+
+#include <sys/time.h>
+
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lua_numbers.h"
+#include "protocol/decide_protocol.h"
+
+// Every step below follows lua/decide.lua and the algorithm modules line by line (the Lua
+// names are kept: check, settle, report, finish, undo, lease), in doubles, in the Lua's order
+// of operations, so that replies and stored values are bit-identical. Where the Lua raises an
+// error with error('...') the text here is the same without Lua's "<chunk>:<line>: " prefix.
+
+namespace sluice::engine {
+
+namespace {
+
+namespace proto = sluice::protocol;
+using vm::Ctx;
+using vm::Key;
+using vm::String;
+
+constexpr double kMaxCount = 1e15;               // decide.lua MAX_COUNT
+constexpr double kMaxStored = 4503599627370496;  // 2^52: fixed/sliding window counts
+constexpr double kWindows = 4294967296;          // window numbers modulo 2^32
+constexpr double kMaxDebtUs = 2147483647e6;      // token_bucket MAX_DEBT_US
+constexpr double kSlackUs = 1e-6;                // token_bucket SLACK_US
+constexpr size_t kEntry = 8;                     // sliding_log entry
+// A sliding_log's string never grows past this (the Lua would build whatever string.rep
+// makes, up to gigabytes, and stall or exhaust Valkey): a request whose charge would is an
+// error (its own), before anything is charged.
+constexpr size_t kMaxLogBytes = size_t{64} << 20;
+// The most limits one request's text may name (the Lua has no bound; a gateway sends a few).
+constexpr size_t kMaxLimits = 4096;
+
+static_assert(proto::kDefinitionFields == 7 && proto::kUndoFieldsPerKey == 5 &&
+              proto::kLeaseFieldsPerKey == 2);
+static_assert(static_cast<double>(proto::kMaxCount) == kMaxCount);
+static_assert(static_cast<double>(proto::kMaxDebtUs) == kMaxDebtUs);
+static_assert(static_cast<double>(proto::kMaxStoredCount) == kMaxStored);
+static_assert(static_cast<double>(proto::kWindowNumbers) == kWindows);
+
+// An error of one request (decide) or of the whole call (the others): the Lua's error text.
+struct Failure {
+  std::string message;
+};
+
+[[noreturn]] void fail(std::string message) { throw Failure{std::move(message)}; }
+
+// ---------------------------------------------------------------- small tools
+
+unsigned long long rng_state = 0x9e3779b97f4a7c15ULL;
+
+double randomUpTo(int u) {  // math.random(0, u): a whole number 0 .. u
+  rng_state ^= rng_state << 13;
+  rng_state ^= rng_state >> 7;
+  rng_state ^= rng_state << 17;
+  double r = static_cast<double>(rng_state >> 11) / 9007199254740992.0;
+  return std::floor(r * (static_cast<double>(u) + 1));
+}
+
+// The expiry spread of every module: random(0, max(0, min(floor(window_ms / 10), 60000))).
+double spread(double window_ms) {
+  return randomUpTo(lua::toInt(lua::max(0, lua::min(std::floor(window_ms / 10), 60000))));
+}
+
+std::string_view view(const String* s) {
+  size_t len = 0;
+  const char* p = vm::StringPtrLen(s, &len);
+  return {p, len};
+}
+
+// The server's time (us) as a script's TIME reads it: Valkey 8 the command's cached time,
+// Redis 7.0 gettimeofday.
+double serverTime() {
+  long long sec, usec;
+  if (vm::CachedMicroseconds != nullptr) {
+    long long us = vm::CachedMicroseconds();
+    sec = us / 1000000;
+    usec = us % 1000000;
+  } else {
+    struct timeval tv;
+    gettimeofday(&tv, nullptr);
+    sec = tv.tv_sec;
+    usec = tv.tv_usec;
+  }
+  return static_cast<double>(sec) * 1000000 + static_cast<double>(usec);
+}
+
+uint32_t readU32(const char* p) {
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(p[i]);
+  return v;
+}
+
+double readDouble(const char* p) {
+  uint64_t bits = 0;
+  for (int i = 7; i >= 0; --i) bits = (bits << 8) | static_cast<unsigned char>(p[i]);
+  double d;
+  std::memcpy(&d, &bits, sizeof d);
+  return d;
+}
+
+void putU32(std::string& out, double n) {  // struct.pack('<I', n)
+  auto v = static_cast<uint64_t>(lua::toInteger(n));
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+void putDouble(std::string& out, double d) {
+  uint64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+}
+
+// ---------------------------------------------------------------- key access
+
+// GET as MGET reads it: a string's bytes, or nothing (absent, or another type).
+std::optional<std::string> readString(Ctx* ctx, String* name) {
+  Key* key = vm::OpenKey(ctx, name, vm::kRead);
+  std::optional<std::string> out;
+  if (key != nullptr) {
+    if (vm::KeyType(key) == vm::kKeyTypeString) {
+      size_t len = 0;
+      const char* p = vm::StringDMA(key, &len, vm::kRead);
+      if (p != nullptr) out.emplace(p, len);
+    }
+    vm::CloseKey(key);
+  }
+  return out;
+}
+
+// redis.call('GET', key) of an undo: a key of another type is the call's error.
+std::optional<std::string> getString(Ctx* ctx, String* name) {
+  Key* key = vm::OpenKey(ctx, name, vm::kRead);
+  if (key == nullptr) return std::nullopt;
+  int type = vm::KeyType(key);
+  vm::CloseKey(key);
+  if (type != vm::kKeyTypeEmpty && type != vm::kKeyTypeString)
+    fail("WRONGTYPE Operation against a key holding the wrong kind of value");
+  return readString(ctx, name);
+}
+
+enum class Expiry { kKeepTtl, kAt, kIn };
+
+// SET key value KEEPTTL | PXAT at | PX in, replicated as the server propagates that SET
+// (PX as PXAT).
+void setString(Ctx* ctx, String* name, const std::string& value, Expiry how, long long ms) {
+  // As SET refuses it, the whole call failing (after the writes before it): a token bucket
+  // whose debt is below what a double resolves at the time (a huge limit per a short window)
+  // writes TAT = now and a PX of 0 in the Lua (a bug of the Lua, copied: see the report).
+  if (how != Expiry::kKeepTtl && ms <= 0) fail("ERR invalid expire time in 'set' command");
+  Key* key = vm::OpenKey(ctx, name, vm::kRead | vm::kWrite);
+  if (key == nullptr) fail("ERR cannot open the key for writing");
+  vm::mstime_t kept = how == Expiry::kKeepTtl ? vm::GetAbsExpire(key) : vm::kNoExpire;
+  String* str = vm::CreateString(ctx, value.data(), value.size());
+  vm::StringSet(key, str);
+  vm::FreeString(ctx, str);
+  // (the keyspace events SET raises: "set", and "expire" when it sets one)
+  vm::NotifyKeyspaceEvent(ctx, vm::kNotifyString, "set", name);
+  if (how == Expiry::kKeepTtl) {
+    if (kept != vm::kNoExpire) vm::SetAbsExpire(key, kept);
+    vm::CloseKey(key);
+    vm::Replicate(ctx, "SET", "sbc", name, value.data(), value.size(), "KEEPTTL");
+    return;
+  }
+  vm::NotifyKeyspaceEvent(ctx, vm::kNotifyGeneric, "expire", name);
+  if (how == Expiry::kAt)
+    vm::SetAbsExpire(key, ms);
+  else
+    vm::SetExpire(key, ms);
+  long long at = vm::GetAbsExpire(key);
+  vm::CloseKey(key);
+  vm::Replicate(ctx, "SET", "sbcl", name, value.data(), value.size(), "PXAT", at);
+}
+
+void deleteKey(Ctx* ctx, String* name) {
+  Key* key = vm::OpenKey(ctx, name, vm::kRead | vm::kWrite);
+  if (key == nullptr) return;
+  bool existed = vm::KeyType(key) != vm::kKeyTypeEmpty;
+  vm::DeleteKey(key);
+  vm::CloseKey(key);
+  if (!existed) return;
+  vm::NotifyKeyspaceEvent(ctx, vm::kNotifyGeneric, "del", name);
+  vm::Replicate(ctx, "DEL", "s", name);
+}
+
+// A reply of RM_Call, freed when it goes.
+struct Reply {
+  vm::CallReply* r;
+  explicit Reply(vm::CallReply* reply) : r(reply) {}
+  Reply(const Reply&) = delete;
+  Reply& operator=(const Reply&) = delete;
+  ~Reply() {
+    if (r != nullptr) vm::FreeCallReply(r);
+  }
+  bool failed() const { return r == nullptr || vm::CallReplyType(r) == vm::kReplyError; }
+  long long integer() const {
+    return r != nullptr && vm::CallReplyType(r) == vm::kReplyInteger ? vm::CallReplyInteger(r) : 0;
+  }
+  std::optional<std::string> string() const {
+    if (r == nullptr || vm::CallReplyType(r) != vm::kReplyString) return std::nullopt;
+    size_t len = 0;
+    const char* p = vm::CallReplyStringPtr(r, &len);
+    return std::string(p, len);
+  }
+};
+
+// ---------------------------------------------------------------- parameters
+
+enum Algorithm { kFixedWindow, kSlidingWindow, kSlidingLog, kTokenBucket, kConcurrency, kUnknown };
+
+Algorithm algorithmOf(std::string_view name) {
+  if (name == "fixed_window") return kFixedWindow;
+  if (name == "sliding_window") return kSlidingWindow;
+  if (name == "sliding_log") return kSlidingLog;
+  if (name == "token_bucket") return kTokenBucket;
+  if (name == "concurrency") return kConcurrency;
+  return kUnknown;
+}
+
+struct Params {
+  std::string_view algorithm;  // (into the call's arguments)
+  bool has_algorithm = false;  // (the field was there: tostring(nil) is "nil")
+  Algorithm module = kUnknown;
+  double limit = 0, window = 0, burst = 0, cost = 0, keep = 0;
+  bool count_denied = false, shadow = false, later = false, forced = false, slots = false;
+};
+
+std::string algorithmText(const Params& p) {
+  return p.has_algorithm ? std::string(p.algorithm) : std::string("nil");
+}
+
+// bounded(): a whole number low .. 10^15.
+double bounded(const std::optional<std::string_view>& text, double low, const char* what,
+               std::string_view ref) {
+  double v = 0;
+  if (!text || !lua::toNumber(*text, &v) || !(v >= low && v <= kMaxCount) || lua::mod(v, 1) != 0)
+    fail(std::string(what) + " out of range in " + std::string(ref));
+  return v;
+}
+
+// The fields of a call: ARGV (from 1, as in Lua); nothing past the end.
+struct Args {
+  String** argv;
+  int count;
+  std::optional<std::string_view> operator[](double i) const {
+    if (!(i >= 1 && i <= count) || std::floor(i) != i) return std::nullopt;
+    return view(argv[static_cast<int>(i) - 1]);
+  }
+};
+
+// params_from(fields, a, cost, mode, ref): fields[a + 1 .. a + 7].
+Params paramsFrom(const Args& fields, double a, std::string_view cost, char mode,
+                  std::string_view ref) {
+  Params p;
+  auto algorithm = fields[a + 1];
+  if (algorithm) {
+    p.algorithm = *algorithm;
+    p.has_algorithm = true;
+  }
+  p.limit = bounded(fields[a + 2], 1, "limit", ref);
+  p.window = bounded(fields[a + 3], 1, "window", ref);
+  p.burst = bounded(fields[a + 4], 1, "burst", ref);
+  p.cost = bounded(cost, 0, "cost", ref);
+  p.count_denied = fields[a + 5] == std::optional<std::string_view>("1");
+  p.shadow = fields[a + 6] == std::optional<std::string_view>("1");
+  p.keep = bounded(fields[a + 7], 1, "keep", ref);
+  p.later = mode == '~';
+  p.forced = mode == '!';
+  p.slots = p.has_algorithm && p.algorithm == "concurrency";
+  p.module = p.has_algorithm ? algorithmOf(p.algorithm) : kUnknown;
+  return p;
+}
+
+bool allDigits(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+// definition_of(ref): '^(%d+):(%d+)([~!]?)$' and a definition there.
+struct DefinitionRef {
+  double j;
+  std::string_view cost;
+  char mode;
+};
+
+DefinitionRef definitionOf(std::string_view ref, double definition_fields) {
+  DefinitionRef out{0, {}, '\0'};
+  size_t colon = ref.find(':');
+  bool matched = false;
+  if (colon != std::string_view::npos) {
+    std::string_view j = ref.substr(0, colon);
+    std::string_view rest = ref.substr(colon + 1);
+    if (!rest.empty() && (rest.back() == '~' || rest.back() == '!')) {
+      out.mode = rest.back();
+      rest.remove_suffix(1);
+    }
+    if (allDigits(j) && allDigits(rest)) {
+      matched = lua::toNumber(j, &out.j);
+      out.cost = rest;
+    }
+  }
+  if (!matched || out.j < 1 || 7 * out.j > definition_fields)
+    fail("no limit definition in " + std::string(ref));
+  return out;
+}
+
+// ---------------------------------------------------------------- the modules
+
+// A call's keys and time. A key's value is read when a limit first checks it (the Lua reads
+// every key with one MGET first: the same values, since nothing is written before finish but
+// a concurrency key's ended slots, a sorted set that MGET reads as absent either way; a key no
+// limit checks is never copied).
+struct CallState {
+  Ctx* ctx;
+  String** keys;
+  int nkeys;
+  double now;
+  std::vector<std::optional<std::string>> read;  // by key index (from 1)
+  std::vector<char> loaded;
+
+  const std::optional<std::string>& value(int k) {
+    if (loaded.empty()) {
+      read.resize(static_cast<size_t>(nkeys) + 1);
+      loaded.resize(static_cast<size_t>(nkeys) + 1);
+    }
+    if (!loaded[k]) {
+      loaded[k] = 1;
+      read[k] = readString(ctx, keys[k - 1]);
+    }
+    return read[k];
+  }
+};
+
+using Out = std::vector<double>;
+
+// fixed_window.lua
+struct FixedWindow {
+  struct S {
+    bool seen = false, queued = false, current = false;
+    double window = 0, used = 0, end = 0, reset = 0;
+  };
+  std::vector<S> s;
+  std::vector<int> changed;
+  CallState* c;
+
+  explicit FixedWindow(CallState* call) : c(call) {}
+  S& at(int k) {
+    if (s.empty()) s.resize(static_cast<size_t>(c->nkeys) + 1);
+    return s[k];
+  }
+
+  bool check(int k, const Params& p) {
+    S& st = at(k);
+    if (!st.seen) {
+      st.seen = true;
+      double window = p.window * 1000;
+      double n = std::floor(c->now / window);
+      bool current = false;
+      double used = 0;
+      const auto& value = c->value(k);
+      if (value && value->size() == 12) {
+        double stored_n = readU32(value->data());
+        double count = readDouble(value->data() + 4);
+        if (stored_n == lua::mod(n, kWindows)) {
+          used = count;
+          current = true;
+          if (!(used >= 0))
+            used = 0;
+          else if (used > kMaxStored)
+            used = kMaxStored;
+        }
+      }
+      st.window = n;
+      st.used = used;
+      st.current = current;
+      st.end = (n + 1) * p.window + spread(p.window);
+      st.reset = (n + 1) * p.window - std::floor(c->now / 1000);
+    }
+    return st.used + p.cost <= p.limit;
+  }
+
+  void settle(int k, const Params& p, bool, bool charge) {
+    if (!charge) return;
+    S& st = s[k];
+    if (!st.queued) {
+      st.queued = true;
+      changed.push_back(k);
+    }
+    st.used = lua::min(st.used + p.cost, kMaxStored);
+  }
+
+  void report(int k, const Params& p, bool allowed, Out& out) {
+    const S& st = s[k];
+    out.push_back(lua::max(0, p.limit - st.used));
+    out.push_back(st.reset);
+    out.push_back(allowed ? 0 : st.reset);
+  }
+
+  void finish() {
+    for (int k : changed) {
+      const S& st = s[k];
+      std::string value;
+      putU32(value, lua::mod(st.window, kWindows));
+      putDouble(value, st.used);
+      if (st.current)
+        setString(c->ctx, c->keys[k - 1], value, Expiry::kKeepTtl, 0);
+      else
+        setString(c->ctx, c->keys[k - 1], value, Expiry::kAt, lua::toInteger(st.end));
+    }
+  }
+
+  static double undo(Ctx* ctx, String* key, double, double window_ms, double cost, double at_us) {
+    auto value = getString(ctx, key);
+    if (!value || value->size() != 12) return 0;
+    double stored_n = readU32(value->data());
+    double count = readDouble(value->data() + 4);
+    if (stored_n != lua::mod(std::floor(at_us / (window_ms * 1000)), kWindows)) return 0;
+    std::string out;
+    putU32(out, stored_n);
+    putDouble(out, lua::max(0, count - cost));
+    setString(ctx, key, out, Expiry::kKeepTtl, 0);
+    return 1;
+  }
+};
+
+double countOf(double v) {  // sliding_window count_of
+  if (!(v >= 0)) return 0;
+  return lua::min(v, kMaxStored);
+}
+
+// sliding_window.lua
+struct SlidingWindow {
+  struct S {
+    bool seen = false, queued = false, same = false;
+    double window = 0, length = 0, elapsed = 0, expiry = 0, current = 0, previous = 0;
+  };
+  std::vector<S> s;
+  std::vector<int> changed;
+  CallState* c;
+
+  explicit SlidingWindow(CallState* call) : c(call) {}
+  S& at(int k) {
+    if (s.empty()) s.resize(static_cast<size_t>(c->nkeys) + 1);
+    return s[k];
+  }
+
+  bool check(int k, const Params& p) {
+    S& st = at(k);
+    if (!st.seen) {
+      st.seen = true;
+      double window = p.window * 1000;
+      double n = std::floor(c->now / window);
+      double current = 0, previous = 0;
+      bool same = false;
+      const auto& value = c->value(k);
+      if (value && value->size() == 20) {
+        double stored_n = readU32(value->data());
+        double stored_current = readDouble(value->data() + 4);
+        double stored_previous = readDouble(value->data() + 12);
+        if (stored_n == lua::mod(n, kWindows)) {
+          current = countOf(stored_current);
+          previous = countOf(stored_previous);
+          same = true;
+        } else if (stored_n == lua::mod(n - 1, kWindows)) {
+          previous = countOf(stored_current);
+        }
+      }
+      st.window = n;
+      st.length = window;
+      st.elapsed = c->now - n * window;
+      st.expiry = (n + 2) * p.window + spread(p.window);
+      st.current = current;
+      st.previous = previous;
+      st.same = same;
+    }
+    double window = st.length;
+    return st.current + st.previous * (window - st.elapsed) / window + p.cost <= p.limit;
+  }
+
+  void settle(int k, const Params& p, bool, bool charge) {
+    if (!charge) return;
+    S& st = s[k];
+    if (!st.queued) {
+      st.queued = true;
+      changed.push_back(k);
+    }
+    st.current = lua::min(st.current + p.cost, kMaxStored);
+  }
+
+  double waitUs(const S& st, const Params& p) const {
+    double window = st.length, current = st.current, previous = st.previous;
+    double left = window - st.elapsed;
+    if (current + p.cost <= p.limit) {
+      if (previous <= 0) return 0;
+      return lua::max(0, left - (p.limit - p.cost - current) * window / previous);
+    }
+    if (p.cost > p.limit) return left + window;
+    return left + lua::max(0, window * (1 - (p.limit - p.cost) / current));
+  }
+
+  void report(int k, const Params& p, bool allowed, Out& out) {
+    const S& st = s[k];
+    double window = st.length, current = st.current, previous = st.previous;
+    double left = window - st.elapsed;
+    double reset = 0;
+    if (current > 0)
+      reset = left + window;
+    else if (previous > 0)
+      reset = left;
+    out.push_back(lua::max(0, std::floor(p.limit - current - previous * left / window)));
+    out.push_back(std::ceil(reset / 1000));
+    out.push_back(allowed ? 0 : lua::max(1, std::ceil(waitUs(st, p) / 1000)));
+  }
+
+  void finish() {
+    for (int k : changed) {
+      const S& st = s[k];
+      std::string value;
+      putU32(value, lua::mod(st.window, kWindows));
+      putDouble(value, st.current);
+      putDouble(value, st.previous);
+      if (st.same)
+        setString(c->ctx, c->keys[k - 1], value, Expiry::kKeepTtl, 0);
+      else
+        setString(c->ctx, c->keys[k - 1], value, Expiry::kAt, lua::toInteger(st.expiry));
+    }
+  }
+
+  static double undo(Ctx* ctx, String* key, double, double window_ms, double cost, double at_us) {
+    auto value = getString(ctx, key);
+    if (!value || value->size() != 20) return 0;
+    double stored_n = readU32(value->data());
+    double current = readDouble(value->data() + 4);
+    double previous = readDouble(value->data() + 12);
+    double n = std::floor(at_us / (window_ms * 1000));
+    if (stored_n == lua::mod(n, kWindows))
+      current = lua::max(0, current - cost);
+    else if (stored_n == lua::mod(n + 1, kWindows))
+      previous = lua::max(0, previous - cost);
+    else
+      return 0;
+    std::string out;
+    putU32(out, stored_n);
+    putDouble(out, current);
+    putDouble(out, previous);
+    setString(ctx, key, out, Expiry::kKeepTtl, 0);
+    return 1;
+  }
+};
+
+// string.sub(s, i, j) with Lua's rules for i, j (whole numbers given as doubles).
+std::string luaSub(const std::string& s, double i, double j) {
+  auto len = static_cast<long long>(s.size());
+  auto rel = [len](long long pos) {
+    if (pos < 0) pos += len + 1;
+    return pos >= 0 ? pos : 0;
+  };
+  long long start = rel(lua::toInteger(i)), end = rel(lua::toInteger(j));
+  if (start < 1) start = 1;
+  if (end > len) end = len;
+  if (start > end) return std::string();
+  return s.substr(static_cast<size_t>(start - 1), static_cast<size_t>(end - start + 1));
+}
+
+// sliding_log.lua
+struct SlidingLog {
+  struct S {
+    bool seen = false, queued = false;
+    std::string log;
+    double count = 0, window = 0;
+  };
+  std::vector<S> s;
+  std::vector<int> changed;
+  CallState* c;
+  double now = 0;
+
+  explicit SlidingLog(CallState* call) : c(call) {}
+  S& at(int k) {
+    if (s.empty()) s.resize(static_cast<size_t>(c->nkeys) + 1);
+    return s[k];
+  }
+
+  // entry(log, i) as struct.unpack('<d', log, (i - 1) * 8 + 1) reads it.
+  static double entry(const std::string& log, double i) {
+    long long pos = lua::toInteger((i - 1) * kEntry + 1) - 1;
+    if (pos < 0 || static_cast<unsigned long long>(pos) + kEntry > log.size())
+      fail("bad argument #2 to 'unpack' (data string too short)");
+    return readDouble(log.data() + pos);
+  }
+
+  // How many entries string.rep(entry, cost) makes (luaL_checkint: the low 32 bits).
+  static size_t repeats(double cost) {
+    int n = lua::toInt(cost);
+    return n > 0 ? static_cast<size_t>(n) : 0;
+  }
+
+  bool check(int k, const Params& p) {
+    S& st = at(k);
+    if (!st.seen) {
+      st.seen = true;
+      now = c->now;
+      double window = p.window * 1000;
+      const auto& value = c->value(k);
+      std::string log = value ? *value : std::string();
+      double n = std::floor(static_cast<double>(log.size()) / kEntry);
+      double first = 1, cutoff = c->now - window;
+      while (first <= n && entry(log, first) <= cutoff) first = first + 1;
+      if (first > 1) log = luaSub(log, (first - 1) * kEntry + 1, n * kEntry);
+      st.count = n - first + 1;
+      st.log = std::move(log);
+      st.window = window;
+    }
+    if (repeats(p.cost) > 0 &&
+        st.log.size() + kEntry * std::min(repeats(p.cost), kMaxLogBytes) > kMaxLogBytes)
+      fail("sliding_log: a charge of " + lua::format14g(p.cost) +
+           " would make its key longer than " + std::to_string(kMaxLogBytes) + " bytes");
+    return st.count + p.cost <= p.limit;
+  }
+
+  void settle(int k, const Params& p, bool allowed, bool charge) {
+    if (!charge) return;
+    S& st = s[k];
+    size_t reps = repeats(p.cost);
+    if (reps > 0 && st.log.size() + kEntry * std::min(reps, kMaxLogBytes) > kMaxLogBytes)
+      fail("sliding_log: a charge of " + lua::format14g(p.cost) +
+           " would make its key longer than " + std::to_string(kMaxLogBytes) + " bytes");
+    std::string one;
+    putDouble(one, now);
+    st.log.reserve(st.log.size() + reps * kEntry);
+    for (size_t i = 0; i < reps; ++i) st.log += one;
+    double count = st.count + p.cost;
+    double keep = lua::max(p.keep, p.limit) + p.cost;
+    if (!allowed && count > keep) {
+      st.log = luaSub(st.log, -keep * kEntry, -1);
+      count = keep;
+    }
+    st.count = count;
+    if (!st.queued) {
+      st.queued = true;
+      changed.push_back(k);
+    }
+  }
+
+  double expiryOf(const S& st, double i) const {
+    if (i < 1 || i > st.count) return 0;
+    return lua::max(0, entry(st.log, i) + st.window - now);
+  }
+
+  void report(int k, const Params& p, bool allowed, Out& out) {
+    const S& st = s[k];
+    double count = st.count;
+    double reset = expiryOf(st, count);
+    double retry = 0;
+    if (!allowed) {
+      if (p.cost > p.limit)
+        retry = reset + st.window;
+      else
+        retry = expiryOf(st, count + p.cost - p.limit);
+    }
+    out.push_back(lua::max(0, p.limit - count));
+    out.push_back(std::ceil(reset / 1000));
+    out.push_back(allowed ? 0 : lua::max(1, std::ceil(retry / 1000)));
+  }
+
+  void finish() {
+    for (int k : changed) {
+      const S& st = s[k];
+      double window_ms = std::ceil(st.window / 1000);
+      setString(c->ctx, c->keys[k - 1], st.log, Expiry::kIn,
+                lua::toInteger(window_ms + spread(window_ms)));
+    }
+  }
+
+  static double undo(Ctx* ctx, String* key, double, double, double cost, double at_us) {
+    auto log = getString(ctx, key);
+    if (!log) return 0;
+    size_t n = log->size() / kEntry;
+    std::string kept;
+    double removed = 0;
+    for (size_t i = 0; i < n; ++i) {
+      double t = readDouble(log->data() + i * kEntry);
+      if (removed < cost && t == at_us)
+        removed = removed + 1;
+      else
+        kept.append(log->data() + i * kEntry, kEntry);
+    }
+    if (removed == 0) return 0;
+    if (kept.empty())
+      deleteKey(ctx, key);
+    else
+      setString(ctx, key, kept, Expiry::kKeepTtl, 0);
+    return 1;
+  }
+};
+
+// token_bucket.lua
+struct TokenBucket {
+  struct S {
+    bool seen = false, queued = false;
+    double debt = 0, window = 0;
+  };
+  std::vector<S> s;
+  std::vector<int> changed;
+  CallState* c;
+  double now = 0;
+  double added = 0;
+
+  explicit TokenBucket(CallState* call) : c(call) {}
+  S& at(int k) {
+    if (s.empty()) s.resize(static_cast<size_t>(c->nkeys) + 1);
+    return s[k];
+  }
+
+  bool check(int k, const Params& p) {
+    S& st = at(k);
+    if (!st.seen) {
+      const auto& value = c->value(k);
+      double debt = 0;
+      if (value) {
+        double tat = 0;
+        if (!lua::toNumber(*value, &tat))
+          fail("attempt to perform arithmetic on local 'value' (a string value)");
+        if (tat > c->now) debt = lua::min(tat - c->now, kMaxDebtUs);
+      }
+      // (the Lua marks the key seen before it reads the value: see the report)
+      st.seen = true;
+      now = c->now;
+      st.debt = debt;
+      st.window = p.window;
+    }
+    double token_us = p.window * 1000 / p.limit;
+    return st.debt + p.cost * token_us <= lua::min(p.burst * token_us, kMaxDebtUs) + kSlackUs;
+  }
+
+  void settle(int k, const Params& p, bool allowed, bool charge) {
+    added = 0;
+    if (!charge) return;
+    S& st = s[k];
+    double token_us = p.window * 1000 / p.limit;
+    double before = st.debt;
+    if (allowed)
+      st.debt = lua::min(before + p.cost * token_us, kMaxDebtUs);
+    else
+      st.debt = lua::max(before, lua::min(p.burst * token_us, kMaxDebtUs));
+    added = st.debt - before;
+    if (!st.queued) {
+      st.queued = true;
+      changed.push_back(k);
+    }
+  }
+
+  void report(int k, const Params& p, bool allowed, Out& out) {
+    const S& st = s[k];
+    double token_us = p.window * 1000 / p.limit;
+    double debt = st.debt;
+    double retry = 0;
+    if (!allowed) {
+      if (p.cost > p.burst)
+        retry = debt + p.window * 1000;
+      else
+        retry = debt + (p.cost - p.burst) * token_us;
+    }
+    out.push_back(lua::max(0, std::floor(p.burst - debt / token_us + 1e-9)));
+    out.push_back(std::ceil(debt / 1000 - 1e-9));
+    out.push_back(allowed ? 0 : lua::max(1, std::ceil(lua::min(retry, kMaxDebtUs) / 1000 - 1e-9)));
+    if (p.shadow && p.count_denied) out.push_back(std::floor(added));
+  }
+
+  void finish() {
+    for (int k : changed) {
+      const S& st = s[k];
+      double debt = st.debt;
+      if (debt > kSlackUs) {
+        double tat = std::ceil(now + debt - kSlackUs);
+        setString(c->ctx, c->keys[k - 1], lua::formatD(tat), Expiry::kIn,
+                  lua::toInteger(std::ceil((tat - now) / 1000) + spread(st.window)));
+      }
+    }
+  }
+
+  static double undo(Ctx* ctx, String* key, double limit, double window_ms, double cost,
+                     double at_us, double now_us, std::optional<double> debt_us) {
+    auto value = getString(ctx, key);
+    if (!value) return 0;
+    double tat = 0;
+    if (!lua::toNumber(*value, &tat))
+      fail("attempt to perform arithmetic on local 'value' (a string value)");
+    double back =
+        (debt_us ? *debt_us : cost * window_ms * 1000 / limit) - lua::max(0, now_us - at_us);
+    if (!(back > 0)) return 0;
+    tat = std::ceil(lua::min(tat, now_us + kMaxDebtUs) - back);
+    if (!(tat > now_us)) {
+      deleteKey(ctx, key);
+    } else {
+      setString(ctx, key, lua::formatD(tat), Expiry::kIn,
+                lua::toInteger(std::ceil((tat - now_us) / 1000) + spread(window_ms)));
+    }
+    return 1;
+  }
+};
+
+// concurrency.lua: the sorted set through the server's own commands (as the Lua does).
+void extendLease(Ctx* ctx, String* key, double lease_ms) {
+  Reply pttl(vm::Call(ctx, "PTTL", "s", key));
+  if (static_cast<double>(pttl.integer()) < lease_ms) {
+    std::string ms = lua::formatD(lease_ms + spread(lease_ms));
+    Reply(vm::Call(ctx, "PEXPIRE", "!sc", key, ms.c_str()));
+  }
+}
+
+struct Concurrency {
+  struct S {
+    bool seen = false, queued = false, wrong = false;
+    double count = 0, lease = 0;
+    std::vector<String*> taken;
+  };
+  std::vector<S> s;
+  std::vector<int> changed;
+  CallState* c;
+  double now = 0;
+  bool peek = false;  // a peek counts the live slots and removes nothing (readonly)
+
+  explicit Concurrency(CallState* call) : c(call) {}
+  S& at(int k) {
+    if (s.empty()) s.resize(static_cast<size_t>(c->nkeys) + 1);
+    return s[k];
+  }
+
+  bool check(int k, const Params& p) {
+    S& st = at(k);
+    if (!st.seen) {
+      st.seen = true;
+      now = c->now;
+      double count = 0;
+      bool wrong = false;
+      String* key = c->keys[k - 1];
+      std::string now_text = lua::formatD(c->now);
+      if (peek) {
+        std::string above = "(" + now_text;
+        Reply live(vm::Call(c->ctx, "ZCOUNT", "scc", key, above.c_str(), "+inf"));
+        if (live.failed())
+          wrong = true;
+        else
+          count = static_cast<double>(live.integer());
+      } else {
+        Reply removed(vm::Call(c->ctx, "ZREMRANGEBYSCORE", "!scc", key, "-inf", now_text.c_str()));
+        if (removed.failed()) {
+          wrong = true;
+        } else {
+          Reply card(vm::Call(c->ctx, "ZCARD", "s", key));
+          count = static_cast<double>(card.integer());
+        }
+      }
+      st.count = count;
+      st.wrong = wrong;
+    }
+    return st.count + p.cost <= p.limit;
+  }
+
+  void settle(int k, const Params& p, bool allowed, bool charge, String* slot) {
+    if (!charge || !allowed || slot == nullptr) return;
+    S& st = s[k];
+    st.count = st.count + p.cost;
+    if (!st.queued) {
+      st.queued = true;
+      changed.push_back(k);
+      st.taken.clear();
+      st.lease = p.window;
+    }
+    st.taken.push_back(slot);
+    st.lease = lua::max(st.lease, p.window);
+  }
+
+  void report(int k, const Params& p, bool allowed, Out& out) {
+    double free = lua::max(0, p.limit - s[k].count);
+    out.push_back(free);
+    out.push_back(free > 0 ? 0 : 1000);
+    out.push_back(allowed ? 0 : 1000);
+  }
+
+  void finish() {
+    for (int k : changed) {
+      S& st = s[k];
+      String* key = c->keys[k - 1];
+      if (st.wrong) Reply(vm::Call(c->ctx, "DEL", "!s", key));
+      String* ends = nullptr;
+      {
+        std::string text = lua::formatD(now + st.lease * 1000);
+        ends = vm::CreateString(c->ctx, text.data(), text.size());
+      }
+      std::vector<String*> args;
+      args.reserve(2 * st.taken.size());
+      for (String* slot : st.taken) {
+        args.push_back(ends);
+        args.push_back(slot);
+      }
+      Reply added(vm::Call(c->ctx, "ZADD", "!sv", key, args.data(), args.size()));
+      vm::FreeString(c->ctx, ends);
+      // A key that a string limit of this call wrote before (a key shared across algorithms):
+      // the Lua's ZADD fails, and with it the whole call, after the writes before it.
+      if (added.failed()) fail("WRONGTYPE Operation against a key holding the wrong kind of value");
+      extendLease(c->ctx, key, st.lease);
+    }
+  }
+
+  static double undo(Ctx* ctx, String* key, String* slot) {
+    if (slot == nullptr) return 0;
+    Reply removed(vm::Call(ctx, "ZREM", "!ss", key, slot));
+    if (removed.failed()) return 0;
+    return static_cast<double>(removed.integer());
+  }
+
+  static double lease(Ctx* ctx, bool release, String* key, String* slot, double lease_ms,
+                      double now_us) {
+    if (release) return undo(ctx, key, slot);
+    if (slot == nullptr) return 0;
+    Reply score(vm::Call(ctx, "ZSCORE", "ss", key, slot));
+    if (score.failed()) return 0;
+    auto ends_text = score.string();
+    if (!ends_text) return 0;
+    double ends = 0;
+    if (!lua::toNumber(*ends_text, &ends))
+      fail("attempt to perform arithmetic on local 'ends' (a string value)");
+    if (ends <= now_us) {
+      Reply(vm::Call(ctx, "ZREM", "!ss", key, slot));
+      return 0;
+    }
+    std::string at = lua::formatD(now_us + lease_ms * 1000);
+    Reply(vm::Call(ctx, "ZADD", "!sccs", key, "XX", at.c_str(), slot));
+    extendLease(ctx, key, lease_ms);
+    return 1;
+  }
+};
+
+// ---------------------------------------------------------------- decide.lua
+
+struct Modules {
+  FixedWindow fixed_window;
+  SlidingWindow sliding_window;
+  SlidingLog sliding_log;
+  TokenBucket token_bucket;
+  Concurrency concurrency;
+  explicit Modules(CallState* c)
+      : fixed_window(c), sliding_window(c), sliding_log(c), token_bucket(c), concurrency(c) {}
+
+  bool check(int k, const Params& p) {
+    switch (p.module) {
+      case kFixedWindow:
+        return fixed_window.check(k, p);
+      case kSlidingWindow:
+        return sliding_window.check(k, p);
+      case kSlidingLog:
+        return sliding_log.check(k, p);
+      case kTokenBucket:
+        return token_bucket.check(k, p);
+      case kConcurrency:
+        return concurrency.check(k, p);
+      default:
+        fail("unknown algorithm " + algorithmText(p));
+    }
+  }
+  void settle(int k, const Params& p, bool allowed, bool charge, String* slot) {
+    switch (p.module) {
+      case kFixedWindow:
+        return fixed_window.settle(k, p, allowed, charge);
+      case kSlidingWindow:
+        return sliding_window.settle(k, p, allowed, charge);
+      case kSlidingLog:
+        return sliding_log.settle(k, p, allowed, charge);
+      case kTokenBucket:
+        return token_bucket.settle(k, p, allowed, charge);
+      case kConcurrency:
+        return concurrency.settle(k, p, allowed, charge, slot);
+      default:
+        return;
+    }
+  }
+  void report(int k, const Params& p, bool allowed, Out& out) {
+    switch (p.module) {
+      case kFixedWindow:
+        return fixed_window.report(k, p, allowed, out);
+      case kSlidingWindow:
+        return sliding_window.report(k, p, allowed, out);
+      case kSlidingLog:
+        return sliding_log.report(k, p, allowed, out);
+      case kTokenBucket:
+        return token_bucket.report(k, p, allowed, out);
+      case kConcurrency:
+        return concurrency.report(k, p, allowed, out);
+      default:
+        return;
+    }
+  }
+  // The order in which decide.lua's pairs(modules) meets them (Valkey's Lua 5.1: fixed by the
+  // names' hashes; found on Redis 7.0 and Valkey 8.0.1 by deciding two algorithms on one key);
+  // it matters only for a key that limits of two algorithms share in one call.
+  void finish() {
+    fixed_window.finish();
+    sliding_window.finish();
+    token_bucket.finish();
+    concurrency.finish();
+    sliding_log.finish();
+  }
+};
+
+// A request's limits (limits_of).
+struct Limit {
+  bool ok = false;
+  Params p;
+  double at = 0;  // the key index, 0: the next new key
+};
+
+struct List {
+  std::vector<Limit> limits;
+  double fresh = 0;
+  double slots = 0;
+  bool special = false;
+  std::optional<std::string> error;
+};
+
+List limitsOf(std::string_view text, const Args& definitions, double definition_fields) {
+  List list;
+  size_t from = 0;
+  while (true) {
+    size_t comma = text.find(',', from);
+    std::string_view ref = text;
+    if (comma != std::string_view::npos || from > 0)
+      ref = text.substr(from,
+                        comma == std::string_view::npos ? std::string_view::npos : comma - from);
+    Limit limit;
+    size_t mark = ref.find('@');
+    if (mark != std::string_view::npos) {
+      double at = 0;
+      if (!lua::toNumber(ref.substr(mark + 1), &at) || at < 1 || lua::mod(at, 1) != 0) {
+        if (!list.error) list.error = "bad key index in " + std::string(ref);
+        at = 1;
+      }
+      limit.at = at;
+      ref = ref.substr(0, mark);
+    } else {
+      list.fresh = list.fresh + 1;
+      limit.at = 0;
+    }
+    try {
+      DefinitionRef d = definitionOf(ref, definition_fields);
+      limit.p = paramsFrom(definitions, 7 * (d.j - 1), d.cost, d.mode, ref);
+      limit.ok = true;
+      if (limit.p.slots) list.slots = list.slots + 1;
+      if (limit.p.slots || limit.p.later || limit.p.forced) list.special = true;
+    } catch (const Failure& f) {
+      if (!list.error) list.error = f.message;
+      try {
+        DefinitionRef d = definitionOf(ref, definition_fields);
+        if (definitions[7 * (d.j - 1) + 1] == std::optional<std::string_view>("concurrency"))
+          list.slots = list.slots + 1;
+      } catch (const Failure&) {
+      }
+    }
+    // (once the request has failed its limits are only counted: no text makes a list
+    // longer than kMaxLimits)
+    if (!list.error && list.limits.size() == kMaxLimits)
+      list.error = "more than " + std::to_string(kMaxLimits) + " limits in one request";
+    if (!list.error) list.limits.push_back(std::move(limit));
+    if (comma == std::string_view::npos) break;
+    from = comma + 1;
+  }
+  return list;
+}
+
+[[noreturn]] void noKey(double i) { fail("no key " + lua::format14g(i)); }
+
+// decide / decide_special: one request whose new keys follow KEYS[k]; its values after out.
+void decideOne(Modules& m, CallState& c, const List& list, double k, Out& out, const Args& argv,
+               double s) {
+  const size_t n = list.limits.size();
+  if (!list.special && n == 1) {
+    const Params& p = list.limits[0].p;
+    if (p.module == kUnknown) fail("unknown algorithm " + algorithmText(p));
+    double i = list.limits[0].at != 0 ? list.limits[0].at : k + 1;
+    if (i > c.nkeys) noKey(i);
+    int ki = static_cast<int>(i);
+    bool allowed = m.check(ki, p);
+    m.settle(ki, p, allowed, allowed || p.count_denied, nullptr);
+    m.report(ki, p, allowed, out);
+    return;
+  }
+  std::vector<int> indices(n);
+  std::vector<char> fits(n);
+  std::vector<String*> names(n, nullptr);
+  bool refused = false;
+  double fresh = k;
+  for (size_t j = 0; j < n; ++j) {
+    const Params& p = list.limits[j].p;
+    double i = list.limits[j].at;
+    if (i == 0) {
+      fresh = fresh + 1;
+      i = fresh;
+    }
+    if (i > c.nkeys) noKey(i);
+    String* slot = nullptr;
+    if (list.special && p.slots) {
+      if (s >= 1 && s <= argv.count) slot = argv.argv[static_cast<int>(s) - 1];
+      s = s + 1;
+    }
+    int ki = static_cast<int>(i);
+    bool allowed = m.check(ki, p);
+    if (list.special && p.forced) allowed = true;
+    indices[j] = ki;
+    fits[j] = allowed;
+    names[j] = slot;
+    if (!allowed && !p.shadow) refused = true;
+  }
+  for (size_t j = 0; j < n; ++j) {
+    const Params& p = list.limits[j].p;
+    bool allowed = fits[j];
+    bool charge;
+    if (refused)
+      charge = !allowed && !p.shadow && p.count_denied;
+    else
+      charge = allowed || p.count_denied;
+    if (list.special) charge = charge && !p.later;
+    m.settle(indices[j], p, allowed, charge, names[j]);
+    m.report(indices[j], p, allowed, out);
+  }
+}
+
+// The parts of an FCALL-shaped call: numkeys, KEYS, ARGV.
+struct Parsed {
+  int nkeys = 0;
+  String** keys = nullptr;
+  Args args{nullptr, 0};
+};
+
+// As FCALL reads numkeys; false after an error reply.
+bool parseCall(Ctx* ctx, String** argv, int argc, Parsed* out) {
+  if (argc < 2) {
+    vm::WrongArity(ctx);
+    return false;
+  }
+  std::string_view text = view(argv[1]);
+  long long n = 0;
+  bool ok = !text.empty() && text.size() <= 20;
+  size_t i = 0;
+  bool negative = false;
+  if (ok && text[0] == '-') {
+    negative = true;
+    i = 1;
+    ok = text.size() > 1;
+  }
+  for (; ok && i < text.size(); ++i) {
+    if (text[i] < '0' || text[i] > '9' || n > (INT64_MAX - 9) / 10) {
+      ok = false;
+      break;
+    }
+    n = n * 10 + (text[i] - '0');
+  }
+  if (!ok) {
+    vm::ReplyWithError(ctx, "ERR value is not an integer or out of range");
+    return false;
+  }
+  if (negative && n != 0) {
+    vm::ReplyWithError(ctx, "ERR Number of keys can't be negative");
+    return false;
+  }
+  if (n > argc - 2) {
+    vm::ReplyWithError(ctx, "ERR Number of keys can't be greater than number of args");
+    return false;
+  }
+  out->nkeys = static_cast<int>(n);
+  out->keys = argv + 2;
+  out->args = Args{argv + 2 + n, static_cast<int>(argc - 2 - n)};
+  return true;
+}
+
+// `x + 0` of an ARGV string (an error when it is not a number, as Lua's arithmetic).
+double arith(const std::optional<std::string_view>& text, const char* what) {
+  double v = 0;
+  if (!text) fail(std::string("attempt to perform arithmetic on ") + what + " (a nil value)");
+  if (!lua::toNumber(*text, &v))
+    fail(std::string("attempt to perform arithmetic on ") + what + " (a string value)");
+  return v;
+}
+
+int replyFailure(Ctx* ctx, const std::string& message) {
+  // An error reply is one line: an error's text never carries CR or LF.
+  std::string line = message;
+  for (char& ch : line)
+    if (ch == '\r' || ch == '\n') ch = ' ';
+  if (line.rfind("ERR ", 0) != 0 && line.rfind("WRONGTYPE ", 0) != 0) line = "ERR " + line;
+  return vm::ReplyWithError(ctx, line.c_str());
+}
+
+template <typename F>
+int guarded(Ctx* ctx, F&& body) {
+  try {
+    return body();
+  } catch (const Failure& f) {
+    return replyFailure(ctx, f.message);
+  } catch (const std::bad_alloc&) {
+    return vm::ReplyWithError(ctx, "ERR out of memory in the sluice module");
+  } catch (const std::exception& e) {
+    return replyFailure(ctx, std::string("sluice module: ") + e.what());
+  } catch (...) {
+    return vm::ReplyWithError(ctx, "ERR sluice module: unknown failure");
+  }
+}
+
+struct Element {
+  bool is_error;
+  long long n;
+  std::string text;
+};
+
+}  // namespace
+
+void seed(unsigned long long value) { rng_state = value ? value : 0x9e3779b97f4a7c15ULL; }
+
+int decideCommand(Ctx* ctx, String** argv, int argc) {
+  Parsed call;
+  if (!parseCall(ctx, argv, argc, &call)) return vm::kOk;
+  return guarded(ctx, [&]() -> int {
+    CallState c{ctx, call.keys, call.nkeys, serverTime(), {}, {}};
+    if (c.nkeys == 0) fail("wrong number of arguments for 'mget' command (the call names no key)");
+    const Args& argv2 = call.args;
+    double d = arith(argv2[1], "field '?'");
+    if (!(d >= 0) || lua::mod(d, 1) != 0)
+      fail("the number of limit definitions is not a whole number: " + std::string(*argv2[1]));
+    double last = argv2.count;
+    // definitions: ARGV[2 .. 1 + 7D], as many as there are
+    double definition_fields = lua::min(7 * d, last - 1);
+    Args definitions{argv2.argv + 1, static_cast<int>(lua::max(0, definition_fields))};
+    Modules m(&c);
+    std::vector<Element> reply;
+    reply.push_back({false, lua::toInteger(c.now), {}});
+    double cursor = 2 + 7 * d;
+    double k = 0;
+    Out out;
+    while (cursor <= last) {
+      std::string_view text = *argv2[cursor];
+      List list = limitsOf(text, definitions, definition_fields);
+      cursor = cursor + 1;
+      if (list.error) {
+        reply.push_back({true, 0, *list.error});
+      } else {
+        out.clear();
+        try {
+          decideOne(m, c, list, k, out, argv2, cursor);
+          for (double v : out) reply.push_back({false, lua::toInteger(v), {}});
+        } catch (const Failure& f) {
+          reply.push_back({true, 0, f.message});
+        }
+      }
+      cursor = cursor + list.slots;
+      k = k + list.fresh;
+    }
+    m.finish();
+    vm::ReplyWithArray(ctx, static_cast<long>(reply.size()));
+    for (const Element& e : reply) {
+      if (e.is_error)
+        vm::ReplyWithStringBuffer(ctx, e.text.data(), e.text.size());
+      else
+        vm::ReplyWithLongLong(ctx, e.n);
+    }
+    return vm::kOk;
+  });
+}
+
+int undoCommand(Ctx* ctx, String** argv, int argc) {
+  Parsed call;
+  if (!parseCall(ctx, argv, argc, &call)) return vm::kOk;
+  return guarded(ctx, [&]() -> int {
+    double now_us = serverTime();
+    const Args& a = call.args;
+    double changed = 0;
+    for (int i = 1; i <= call.nkeys; ++i) {
+      double b = 5.0 * (i - 1);
+      auto algorithm_text = a[b + 1];
+      Algorithm algorithm = algorithm_text ? algorithmOf(*algorithm_text) : kUnknown;
+      if (algorithm == kUnknown)
+        fail("unknown algorithm " +
+             (algorithm_text ? std::string(*algorithm_text) : std::string("nil")));
+      auto at_text = a[b + 5];
+      double at = 0;
+      if (algorithm != kConcurrency) at = arith(at_text, "local 'at'");
+      auto cost_text = a[b + 4];
+      if (!cost_text) fail("bad argument #1 to 'byte' (string expected, got nil)");
+      std::optional<double> debt_us;
+      std::optional<std::string_view> cost_value = cost_text;
+      if (!cost_text->empty() && (*cost_text)[0] == proto::kDebtMarker) {
+        double debt = 0;
+        if (!lua::toNumber(cost_text->substr(1), &debt) || !(debt >= 0 && debt <= 2147483647e6) ||
+            lua::mod(debt, 1) != 0 || algorithm != kTokenBucket)
+          fail("bad debt in an undo: " + std::string(*cost_text));
+        debt_us = debt;
+        cost_value = "0";
+      }
+      double limit = arith(a[b + 2], "field '?'");
+      double window_ms = arith(a[b + 3], "field '?'");
+      double cost = arith(cost_value, "local 'cost'");
+      String* key = call.keys[i - 1];
+      double result = 0;
+      switch (algorithm) {
+        case kFixedWindow:
+          result = FixedWindow::undo(ctx, key, limit, window_ms, cost, at);
+          break;
+        case kSlidingWindow:
+          result = SlidingWindow::undo(ctx, key, limit, window_ms, cost, at);
+          break;
+        case kSlidingLog:
+          result = SlidingLog::undo(ctx, key, limit, window_ms, cost, at);
+          break;
+        case kTokenBucket:
+          result = TokenBucket::undo(ctx, key, limit, window_ms, cost, at, now_us, debt_us);
+          break;
+        case kConcurrency: {
+          String* slot = nullptr;
+          if (at_text) slot = a.argv[static_cast<int>(b + 5) - 1];
+          result = Concurrency::undo(ctx, key, slot);
+          break;
+        }
+        default:
+          break;
+      }
+      changed = changed + result;
+    }
+    return vm::ReplyWithLongLong(ctx, lua::toInteger(changed));
+  });
+}
+
+int leaseCommand(Ctx* ctx, String** argv, int argc) {
+  Parsed call;
+  if (!parseCall(ctx, argv, argc, &call)) return vm::kOk;
+  return guarded(ctx, [&]() -> int {
+    double now_us = serverTime();
+    const Args& a = call.args;
+    auto op = a[1];
+    if (!op || (*op != "renew" && *op != "release"))
+      fail("unknown lease operation " + (op ? std::string(*op) : std::string("nil")));
+    bool release = *op == "release";
+    double found = 0;
+    for (int i = 1; i <= call.nkeys; ++i) {
+      double lease_ms = arith(a[2.0 * i + 1], "field '?'");
+      String* slot = a[2.0 * i] ? a.argv[2 * i - 1] : nullptr;
+      found = found + Concurrency::lease(ctx, release, call.keys[i - 1], slot, lease_ms, now_us);
+    }
+    return vm::ReplyWithLongLong(ctx, lua::toInteger(found));
+  });
+}
+
+int peekCommand(Ctx* ctx, String** argv, int argc) {
+  Parsed call;
+  if (!parseCall(ctx, argv, argc, &call)) return vm::kOk;
+  return guarded(ctx, [&]() -> int {
+    CallState c{ctx, call.keys, call.nkeys, serverTime(), {}, {}};
+    Params p = paramsFrom(call.args, 0, "1", '\0', "the peek");
+    if (p.module == kUnknown) fail("unknown algorithm " + algorithmText(p));
+    if (c.nkeys == 0) fail("wrong number of arguments for 'type' command (the peek names no key)");
+    Modules m(&c);
+    m.concurrency.peek = true;
+    Out out;
+    bool allowed = m.check(1, p);
+    m.report(1, p, allowed, out);
+    vm::ReplyWithArray(ctx, 3);
+    for (size_t i = 0; i < 3; ++i) vm::ReplyWithLongLong(ctx, lua::toInteger(out[i]));
+    return vm::kOk;
+  });
+}
+
+}  // namespace sluice::engine
