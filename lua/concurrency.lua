@@ -5,7 +5,7 @@
 -- renews the lease while the request lasts and frees the slot when it ends (the lease
 -- function of decide.lua). A slot whose lease ended (its gateway died, or could not renew)
 -- counts as free: each call first drops them. The key expires a lease after the last take or
--- renewal (plus a random spread of up to a tenth of the lease, at most a minute: slots whose
+-- renewal (plus a random spread of up to half the lease, at most 5 minutes: slots whose
 -- lease ended count as free whatever the key's expiry), so a key whose gateways all died goes
 -- away by itself.
 --
@@ -15,11 +15,11 @@
 local max, format, type = math.max, string.format, type
 local floor, min, random = math.floor, math.min, math.random
 
--- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to a tenth of the
--- window (at most a minute), drawn per key, so that keys written together do not all expire
+-- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to half the
+-- window (at most 5 minutes), drawn per key, so that keys written together do not all expire
 -- in the same millisecond. A key may outlive its window this way, never die before it.
 local function spread(window_ms)
-  return random(0, max(0, min(floor(window_ms / 10), 60000)))
+  return random(0, max(0, min(5 * floor(window_ms / 10), 300000)))
 end
 
 -- By key index: the key, the live slots, whether it held another type (replaced when written),

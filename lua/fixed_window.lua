@@ -1,6 +1,6 @@
 -- fixed_window: a counter per window; windows are aligned to the epoch. One string key holds
 -- struct '<Id' (the window number modulo 2^32, the count) and expires at the end of its
--- window, plus a random spread of up to a tenth of the window (at most a minute; see spread()).
+-- window, plus a random spread of up to half the window (at most 5 minutes; see spread()).
 -- A key that holds an earlier window counts as empty: the window number, not the expiry, says
 -- which window a count belongs to (a script sees expiry as of the time it started; TIME is a
 -- little later).
@@ -21,13 +21,13 @@ local MAX_COUNT = 4503599627370496
 -- window (its expiry is right), the window's end (ms) and the wait until then (ms).
 local key_of, window_of, used_of, current_of, end_of, reset_of = {}, {}, {}, {}, {}, {}
 -- The expiry spread: each write that sets a key's expiry adds a random extra life of up to a
--- tenth of the window (at most a minute), drawn per key, so that the keys of many clients that
+-- half the window (at most 5 minutes), drawn per key, so that the keys of many clients that
 -- end together (windows are aligned to the epoch; a burst of new clients) do not all expire in
 -- the same millisecond: Valkey's active expiry holds its main thread while it deletes them.
 -- A key may outlive its window this way, never die before it, so no decision changes.
 -- (math.random in a function: effects replication sends the writes, not the script.)
 local function spread(window_ms)
-  return random(0, max(0, min(floor(window_ms / 10), 60000)))
+  return random(0, max(0, min(5 * floor(window_ms / 10), 300000)))
 end
 -- The call (a number) that first met each key index: state of another call is stale. The
 -- tables live as long as the library, so a call reuses them instead of building new ones.

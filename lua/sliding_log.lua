@@ -1,6 +1,6 @@
 -- sliding_log: the times of the requests in the last window (server microseconds), oldest
 -- first, one 8-byte little-endian double each, in one string key that expires one window after
--- its newest entry (plus a random spread of up to a tenth of the window, at most a minute).
+-- its newest entry (plus a random spread of up to half the window, at most 5 minutes).
 -- An entry older than the window no longer counts and is dropped the next time the key is
 -- written. A request of `cost` adds `cost` entries. Memory is bounded: accepted requests never
 -- exceed the limit, and with count_denied a refused request keeps the newest `keep` + `cost`
@@ -22,11 +22,11 @@ local format, min, random = string.format, math.min, math.random
 local pack, unpack = struct.pack, struct.unpack
 local ENTRY = 8
 
--- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to a tenth of the
--- window (at most a minute), drawn per key, so that keys written together do not all expire
+-- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to half the
+-- window (at most 5 minutes), drawn per key, so that keys written together do not all expire
 -- in the same millisecond. A key may outlive its window this way, never die before it.
 local function spread(window_ms)
-  return random(0, max(0, min(floor(window_ms / 10), 60000)))
+  return random(0, max(0, min(5 * floor(window_ms / 10), 300000)))
 end
 
 -- By key index: the key, its live entries, how many, the window (us).

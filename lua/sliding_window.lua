@@ -2,7 +2,7 @@
 -- the estimate is current + previous * (window - elapsed) / window. One string key holds
 -- struct '<Idd' (the window number modulo 2^32, the current count, the previous count) and
 -- expires at the end of the next window, where its current count still weighs as previous,
--- plus a random spread of up to a tenth of the window (at most a minute), so that the keys of
+-- plus a random spread of up to half the window (at most 5 minutes), so that the keys of
 -- many clients do not all expire in the same millisecond (Valkey stalls while it deletes them).
 -- What a key holds for an older window is read as what it means now: its current count
 -- becomes previous one window later, and nothing after that.
@@ -18,11 +18,11 @@ local WINDOWS = 4294967296  -- window numbers are kept modulo this ('I')
 -- Counts saturate here (2^52): above any limit (at most 10^15) with any cost added, and exact
 -- in doubles. Expiry times are whole milliseconds below 2^53 (windows are at most 10^15 ms).
 local MAX_COUNT = 4503599627370496
--- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to a tenth of the
--- window (at most a minute), drawn per key, so that keys written together do not all expire
+-- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to half the
+-- window (at most 5 minutes), drawn per key, so that keys written together do not all expire
 -- in the same millisecond. A key may outlive its window this way, never die before it.
 local function spread(window_ms)
-  return random(0, max(0, min(floor(window_ms / 10), 60000)))
+  return random(0, max(0, min(5 * floor(window_ms / 10), 300000)))
 end
 local function count_of(v)
   if not (v >= 0) then return 0 end

@@ -3,7 +3,7 @@
 -- is `window / limit` of time (T); the bucket is empty by (TAT - now) / T tokens and full when
 -- TAT <= now. A request of `cost` fits when max(TAT, now) + cost * T - now <= burst * T; it
 -- moves TAT there. The key expires at TAT, when the bucket is full again, plus a random spread
--- of up to a tenth of the window (at most a minute): a TAT that has passed reads as a full
+-- of up to half the window (at most 5 minutes): a TAT that has passed reads as a full
 -- bucket, so the spread changes no decision.
 --
 -- Quotas that share a key (a plan's and the limit's own, for one client with and without its
@@ -32,11 +32,11 @@ local MAX_DEBT_US = 2147483647e6
 -- rounding, so that `burst` requests at one instant all fit.
 local SLACK_US = 1e-6
 
--- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to a tenth of the
--- window (at most a minute), drawn per key, so that keys written together do not all expire
+-- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to half the
+-- window (at most 5 minutes), drawn per key, so that keys written together do not all expire
 -- in the same millisecond. A key may outlive its window this way, never die before it.
 local function spread(window_ms)
-  return random(0, max(0, min(floor(window_ms / 10), 60000)))
+  return random(0, max(0, min(5 * floor(window_ms / 10), 300000)))
 end
 
 local key_of, debt_of, window_of = {}, {}, {}  -- by key index: the key, TAT - now (us), window

@@ -67,9 +67,9 @@ double randomUpTo(int u) {  // math.random(0, u): a whole number 0 .. u
   return std::floor(r * (static_cast<double>(u) + 1));
 }
 
-// The expiry spread of every module: random(0, max(0, min(floor(window_ms / 10), 60000))).
+// The expiry spread of every module: random(0, max(0, min(5 * floor(window_ms / 10), 300000))).
 double spread(double window_ms) {
-  return randomUpTo(lua::toInt(lua::max(0, lua::min(std::floor(window_ms / 10), 60000))));
+  return randomUpTo(lua::toInt(lua::max(0, lua::min(5 * std::floor(window_ms / 10), 300000))));
 }
 
 std::string_view view(const String* s) {

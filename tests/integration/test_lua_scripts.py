@@ -53,9 +53,9 @@ def test_fixed_window_counter_per_epoch_window(valkey):
         "the window number (floor(now_us / window_us)) and the count"
     window_end_us = (n + 1) * 1_000_000
     pttl = c.pttl("t:fw")
-    # (plus a spread of up to a tenth of the window, so that many keys do not expire at once)
+    # (plus a spread of up to half the window, so that many keys do not expire at once)
     assert (window_end_us - server_time_us(c)) / 1000 - 5 <= pttl <= \
-        (window_end_us - t0) / 1000 + 100, "the key expires at the end of its window"
+        (window_end_us - t0) / 1000 + 500 + 5, "the key expires at the end of its window"
     assert r[0] == 1 and r[1] == 2 and r[3] == 0
     assert (window_end_us - t1) / 1000 - 1 <= r[2] <= (window_end_us - t0) / 1000 + 1, "reset_ms"
 
@@ -73,7 +73,7 @@ def test_fixed_window_counter_per_epoch_window(valkey):
     r = run(c, "fixed_window", "t:fw", 3, 1000)
     assert r[:2] == [1, 2], "a new window starts from zero"
     assert stored(valkey, "t:fw", "fixed_window") == ((n + 1) % WINDOW_NUMBERS, 1)
-    assert 900 < c.pttl("t:fw") <= 1100
+    assert 900 < c.pttl("t:fw") <= 1000 + 500  # (and a spread of up to half the window)
 
 
 def test_fixed_window_an_earlier_window_counts_as_empty(valkey):
@@ -86,7 +86,7 @@ def test_fixed_window_an_earlier_window_counts_as_empty(valkey):
     c.set("t:old", struct.pack("<Id", (n - 1) % WINDOW_NUMBERS, 7), px=600_000)
     assert run(c, "fixed_window", "t:old", 3, 60000)[:2] == [1, 2]
     assert stored(valkey, "t:old", "fixed_window") == (n % WINDOW_NUMBERS, 1)
-    assert c.pttl("t:old") <= 60000 + 6000, "this window (and a spread of up to a tenth)"
+    assert c.pttl("t:old") <= 60000 + 30000, "this window (and a spread of up to half of it)"
 
 
 def test_fixed_window_count_denied_and_cost(valkey):
@@ -123,7 +123,7 @@ def test_sliding_log_memory_bounded_while_hammering(valkey, count_denied):
         assert len(entries) <= bound, f"sliding_log holds {len(entries)} entries after {i + 1}"
         assert entries == sorted(entries), "oldest first"
         pttl = c.pttl("t:sl")
-        assert 0 < pttl <= 2000 + 200, f"TTL {pttl} (a window, and a spread of a tenth)"
+        assert 0 < pttl <= 2000 + 1000, f"TTL {pttl} (a window, and a spread of half of it)"
         if i < limit:
             assert r[:2] == [1, limit - 1 - i]
             assert len(entries) == i + 1, "one entry per accepted request"
@@ -200,10 +200,10 @@ def test_sliding_window_ttl_and_estimate(valkey):
     before = server_time_us(c)
     pttl = c.pttl("t:sw")
     after = server_time_us(c)
-    # It expires at the end of the next window, plus a spread of up to a tenth of the window:
+    # It expires at the end of the next window, plus a spread of up to half the window:
     # PTTL is read between `before` and `after`.
     earliest, latest = [((n + 2) * 1_000_000 - t) / 1000 for t in (after, before)]
-    assert earliest - 5 <= pttl <= latest + window_ms / 10 + 5, \
+    assert earliest - 5 <= pttl <= latest + window_ms / 2 + 5, \
         f"the key lives to the end of the next window: PTTL {pttl}, {earliest:.0f}-{latest:.0f}"
 
     # Halfway into the next window: estimate = current + previous * (window - elapsed) / window.
@@ -267,8 +267,8 @@ def test_token_bucket_refill_and_ttl(valkey):
     # Bounds from the server's clock, not from how fast this machine makes the calls: the TTL
     # runs to TAT (PX rounded up to the millisecond), and the refused call computed its reset
     # between t_start and t_refused.
-    assert (tat - t_pttl) / 1000 - 1 <= pttl <= (tat - t_start) / 1000 + 1 + window_ms / 10, \
-        f"TTL = until full again (and a spread of up to a tenth of the window): {pttl}"
+    assert (tat - t_pttl) / 1000 - 1 <= pttl <= (tat - t_start) / 1000 + 1 + window_ms / 2, \
+        f"TTL = until full again (and a spread of up to half the window): {pttl}"
     assert (tat - t_refused) / 1000 - 1 <= refused[2] <= (tat - t_start) / 1000 + 1, \
         "reset_ms: until the bucket is full"
     now = server_time_us(c)

@@ -31,7 +31,7 @@ def test_slots_are_taken_until_full_and_named_by_their_requests(valkey):
     members = dict(c.zrange("s:k", 0, -1, withscores=True))
     assert set(members) == {"r0", "r1"}, "the refused request took no slot"
     assert all(s == decided.time_us + 30_000_000 for s in members.values()), "lease end"
-    assert 29_000 < c.pttl("s:k") <= 33_000, "a lease (and a spread of up to a tenth)"
+    assert 29_000 < c.pttl("s:k") <= 45_000, "a lease (and a spread of up to half of it)"
 
 
 def test_a_refusing_limit_takes_no_slot_and_a_missing_slot_charges_nothing(valkey):

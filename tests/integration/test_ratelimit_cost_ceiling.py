@@ -38,8 +38,8 @@ def assert_bounded_tat(valkey, key):
     now = server_time_us(valkey.client)
     assert tat is not None
     assert now < tat <= now + MAX_WAIT_US, (tat, now)
-    # (the expiry runs to TAT, plus a spread of up to a minute: test_ratelimit_expiry_spread.py)
-    assert 0 < valkey.client.pttl(key) <= MAX_WAIT_S * 1000 + 60_000 + 1
+    # (the expiry runs to TAT, plus a spread of up to 5 minutes: test_ratelimit_expiry_spread.py)
+    assert 0 < valkey.client.pttl(key) <= MAX_WAIT_S * 1000 + 300_000 + 1
 
 
 @pytest.mark.parametrize("cost", [300_000_000_000_000, 999_999_999_999_999, TOP])
