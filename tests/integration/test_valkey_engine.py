@@ -33,9 +33,8 @@ def servers(tmp_path):
 
 def gateway(sluice_factory, upstream, address: str, limits: list, engine=None, workers=1,
             **valkey):
-    options = {"timeout": "1s", **valkey}
-    if engine:
-        options["engine"] = engine
+    # (engine "auto" unless the test says: not the suites' default of SLUICE_ENGINE)
+    options = {"timeout": "1s", "engine": engine or "auto", **valkey}
     return sluice_factory(upstream, routes=[route_cfg("api", [l["name"] for l in limits])],
                           workers=workers,
                           extra_toml=ratelimit_toml(address, limits=limits,
@@ -200,7 +199,8 @@ def test_a_cluster_whose_nodes_differ_is_exact(sluice_factory, upstream, tmp_pat
         limit = limit_cfg("per_user", "fixed_window", 3, "1h", by=["header:X-User"])
         gw = sluice_factory(upstream, routes=[route_cfg("api", ["per_user"])], workers=1,
                             extra_toml=ratelimit_toml(None, limits=[limit], valkey_options={
-                                "nodes": [f"127.0.0.1:{cluster.ports[0]}"], "timeout": "1s"}))
+                                "nodes": [f"127.0.0.1:{cluster.ports[0]}"], "timeout": "1s",
+                                "engine": "auto"}))
         wait_admin(gw, "/ready", 200)
         users = [f"u{i}" for i in range(24)]
         owners = {u: cluster.owner(int(cluster.cli(

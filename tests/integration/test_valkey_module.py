@@ -80,7 +80,8 @@ class Server(ValkeyServer):
 
     def __init__(self, workdir: Path, extra_args=(), env: Optional[dict] = None,
                  binary: Optional[str] = None):
-        super().__init__(workdir, extra_args=extra_args)
+        # (the test loads the module itself, or not: never as SLUICE_ENGINE says)
+        super().__init__(workdir, extra_args=extra_args, module=False)
         self.env = env or {}
         self.binary = binary
 
