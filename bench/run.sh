@@ -485,6 +485,7 @@ sluice_variant() {  # $1 = name, $2 = extra route lines; TOML on stdin (see slui
 start_variant() {
   local name=$1 fn=variant_${1%%:*} tls=()  # (sluice+mix:ALGO -> variant_sluice_mix)
   fn=${fn%%@*}  # (sluice+mix@cluster -> variant_sluice_mix)
+  fn=${fn%+module}  # (sluice+mix+module -> variant_sluice_mix: the engine is the variant's)
   fn=${fn//[-+]/_}
   declare -F "$fn" >/dev/null || die "unknown variant '$name' (no function $fn in run.sh)"
   "$fn" "$name"
