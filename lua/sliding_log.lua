@@ -2,9 +2,9 @@
 -- first, one 8-byte little-endian double each, in one string key that expires one window after
 -- its newest entry (plus a random spread of up to half the window, at most 5 minutes).
 -- An entry older than the window no longer counts and is dropped the next time the key is
--- written. A request of `cost` adds `cost` entries. Memory is bounded: accepted requests never
--- exceed the limit, and with count_denied a refused request keeps the newest `keep` + `cost`
--- entries (keep: the largest limit of the quotas that share the key, a plan's and the limit's
+-- written. A request of `cost` adds `cost` entries (at most keep + 1: added() below). Memory
+-- is bounded: accepted requests never exceed the limit, and with count_denied a refused
+-- request (or a charge forced into debt) keeps the newest `keep` + `cost` entries (keep: the largest limit of the quotas that share the key, a plan's and the limit's
 -- own), so a key never holds more than that, even while a client keeps hammering. Trimming to
 -- the refused request's own limit would erase what a larger quota on the same key still
 -- counts; `keep` entries are all that any of them reads (a quota of L refuses at L entries and
@@ -21,6 +21,10 @@ local floor, ceil, max, rep, sub = math.floor, math.ceil, math.max, string.rep, 
 local format, min, random = string.format, math.min, math.random
 local pack, unpack = struct.pack, struct.unpack
 local ENTRY = 8
+-- A key's log never grows past MAX_LOG_BYTES (64 MiB, 8 Mi entries; the configuration keeps a
+-- sliding_log's limit at most 1,000,000, whose log is at most 2,000,001 entries): a request
+-- whose charge would make it longer fails alone, before anything is charged.
+local MAX_LOG_BYTES = 67108864
 
 -- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to half the
 -- window (at most 5 minutes), drawn per key, so that keys written together do not all expire
@@ -42,6 +46,14 @@ local function start()
 end
 local now  -- the call's time (us)
 
+-- The entries a charge adds: its cost, but never more than the largest limit on the key + 1.
+-- As many entries of one time refuse every quota on the key (each is at most that limit) until
+-- they leave the window, as a larger cost would (a cost reported by a response can be 10^15),
+-- and a request waits for the same entry; so no decision changes.
+local function added(p)
+  return min(p.cost, max(p.keep or p.limit, p.limit) + 1)
+end
+
 -- Entry i (from 1, the oldest) of a log.
 local function entry(log, i)
   return (unpack('<d', log, (i - 1) * ENTRY + 1))
@@ -60,14 +72,22 @@ local function check(k, key, value, p, now_us)
     local count = n - first + 1
     key_of[k], log_of[k], count_of[k], window_of[k] = key, log, count, window
   end
+  local add = added(p)
+  if add > 0 and #log_of[k] + add * ENTRY > MAX_LOG_BYTES then
+    error(format('sliding_log: a charge of %.14g would make its key longer than %d bytes',
+                 p.cost, MAX_LOG_BYTES))
+  end
   return count_of[k] + p.cost <= p.limit
 end
 
 local function settle(k, p, allowed, charge)
   if not charge then return end
-  local log, count = log_of[k] .. rep(pack('<d', now), p.cost), count_of[k] + p.cost
-  local keep = max(p.keep or p.limit, p.limit) + p.cost
-  if not allowed and count > keep then
+  local add = added(p)
+  local log, count = log_of[k] .. rep(pack('<d', now), add), count_of[k] + add
+  -- (an allowed charge never passes keep; a forced one, into debt, may: the newest keep + add
+  -- entries are all that any quota on the key reads, as for a refusal)
+  local keep = max(p.keep or p.limit, p.limit) + add
+  if count > keep then
     log, count = sub(log, -keep * ENTRY), keep
   end
   log_of[k], count_of[k] = log, count

@@ -56,13 +56,13 @@ local now  -- the call's time (us)
 
 local function check(k, key, value, p, now_us)
   if seen[k] ~= call then
-    seen[k] = call
-    now = now_us
     local debt = 0
     if value then
-      local tat = value + 0
+      local tat = value + 0  -- (not a number: this request's error, and the key is not seen)
       if tat > now_us then debt = min(tat - now_us, MAX_DEBT_US) end
     end
+    seen[k] = call
+    now = now_us
     key_of[k], debt_of[k], window_of[k] = key, debt, p.window
   end
   local debt = debt_of[k]
@@ -116,6 +116,10 @@ local function finish()
     local debt = debt_of[k]
     if debt > SLACK_US then
       local tat = ceil(now + debt - SLACK_US)  -- debt <= MAX_DEBT_US: a whole number < 2^53
+      -- A debt below what a double resolves at now (a huge limit per a short window) is
+      -- still a debt: a microsecond, rounded up as every TAT is (never a token more), so the
+      -- key's life is at least a millisecond (SET refuses PX 0, which would fail the call).
+      if tat <= now then tat = now + 1 end
       redis.call('SET', key_of[k], format('%d', tat), 'PX',
                  format('%d', ceil((tat - now) / 1000) + spread(window_of[k])))
     end

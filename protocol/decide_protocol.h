@@ -39,6 +39,12 @@ inline constexpr long long kMaxWaitMs = 2147483647LL * 1000;
 inline constexpr long long kMaxDebtUs = kMaxWaitMs * 1000;
 // Counts of fixed_window and sliding_window saturate at 2^52 (exact in doubles).
 inline constexpr long long kMaxStoredCount = 1LL << 52;
+// A sliding_log's key holds 8 bytes per entry, at most kMaxLogBytes (a charge that would make
+// it longer fails its request); the configuration keeps a sliding_log's limit at most
+// kMaxLogLimit, whose log (at most 2 * limit + 1 entries) stays far below that.
+inline constexpr size_t kLogEntryBytes = 8;
+inline constexpr size_t kMaxLogBytes = size_t{64} << 20;
+inline constexpr long long kMaxLogLimit = 1000000;
 // Window numbers are stored modulo 2^32.
 inline constexpr long long kWindowNumbers = 1LL << 32;
 

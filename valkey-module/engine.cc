@@ -33,11 +33,10 @@ constexpr double kMaxStored = 4503599627370496;  // 2^52: fixed/sliding window c
 constexpr double kWindows = 4294967296;          // window numbers modulo 2^32
 constexpr double kMaxDebtUs = 2147483647e6;      // token_bucket MAX_DEBT_US
 constexpr double kSlackUs = 1e-6;                // token_bucket SLACK_US
-constexpr size_t kEntry = 8;                     // sliding_log entry
-// A sliding_log's string never grows past this (the Lua would build whatever string.rep
-// makes, up to gigabytes, and stall or exhaust Valkey): a request whose charge would is an
-// error (its own), before anything is charged.
-constexpr size_t kMaxLogBytes = size_t{64} << 20;
+constexpr size_t kEntry = proto::kLogEntryBytes;  // sliding_log entry
+// A sliding_log's string never grows past this: a request whose charge would is an error
+// (its own), before anything is charged.
+constexpr size_t kMaxLogBytes = proto::kMaxLogBytes;
 // The most limits one request's text may name (the Lua has no bound; a gateway sends a few).
 constexpr size_t kMaxLimits = 4096;
 
@@ -153,9 +152,8 @@ enum class Expiry { kKeepTtl, kAt, kIn };
 // SET key value KEEPTTL | PXAT at | PX in, replicated as the server propagates that SET
 // (PX as PXAT).
 void setString(Ctx* ctx, String* name, const std::string& value, Expiry how, long long ms) {
-  // As SET refuses it, the whole call failing (after the writes before it): a token bucket
-  // whose debt is below what a double resolves at the time (a huge limit per a short window)
-  // writes TAT = now and a PX of 0 in the Lua (a bug of the Lua, copied: see the report).
+  // As SET refuses it, the whole call failing (after the writes before it): no caller writes
+  // one (a token bucket's TAT is at least now + 1 us, as in the Lua).
   if (how != Expiry::kKeepTtl && ms <= 0) fail("ERR invalid expire time in 'set' command");
   Key* key = vm::OpenKey(ctx, name, vm::kRead | vm::kWrite);
   if (key == nullptr) fail("ERR cannot open the key for writing");
@@ -599,10 +597,16 @@ struct SlidingLog {
     return readDouble(log.data() + pos);
   }
 
-  // How many entries string.rep(entry, cost) makes (luaL_checkint: the low 32 bits).
-  static size_t repeats(double cost) {
-    int n = lua::toInt(cost);
-    return n > 0 ? static_cast<size_t>(n) : 0;
+  // The entries a charge adds (sliding_log.lua added()): its cost, at most keep + 1.
+  static double added(const Params& p) { return lua::min(p.cost, lua::max(p.keep, p.limit) + 1); }
+
+  // A charge that would make the log longer than kMaxLogBytes fails its request.
+  static void bound(const S& st, const Params& p) {
+    double add = added(p);
+    if (add > 0 && static_cast<double>(st.log.size()) + add * kEntry >
+                       static_cast<double>(kMaxLogBytes))
+      fail("sliding_log: a charge of " + lua::format14g(p.cost) +
+           " would make its key longer than " + std::to_string(kMaxLogBytes) + " bytes");
   }
 
   bool check(int k, const Params& p) {
@@ -621,27 +625,24 @@ struct SlidingLog {
       st.log = std::move(log);
       st.window = window;
     }
-    if (repeats(p.cost) > 0 &&
-        st.log.size() + kEntry * std::min(repeats(p.cost), kMaxLogBytes) > kMaxLogBytes)
-      fail("sliding_log: a charge of " + lua::format14g(p.cost) +
-           " would make its key longer than " + std::to_string(kMaxLogBytes) + " bytes");
+    bound(st, p);
     return st.count + p.cost <= p.limit;
   }
 
-  void settle(int k, const Params& p, bool allowed, bool charge) {
+  // (an allowed charge never passes keep; one forced into debt may, as a refusal may)
+  void settle(int k, const Params& p, bool /*allowed*/, bool charge) {
     if (!charge) return;
     S& st = s[k];
-    size_t reps = repeats(p.cost);
-    if (reps > 0 && st.log.size() + kEntry * std::min(reps, kMaxLogBytes) > kMaxLogBytes)
-      fail("sliding_log: a charge of " + lua::format14g(p.cost) +
-           " would make its key longer than " + std::to_string(kMaxLogBytes) + " bytes");
+    bound(st, p);
+    const double add = added(p);
+    const size_t reps = add > 0 ? static_cast<size_t>(add) : 0;
     std::string one;
     putDouble(one, now);
     st.log.reserve(st.log.size() + reps * kEntry);
     for (size_t i = 0; i < reps; ++i) st.log += one;
-    double count = st.count + p.cost;
-    double keep = lua::max(p.keep, p.limit) + p.cost;
-    if (!allowed && count > keep) {
+    double count = st.count + add;
+    double keep = lua::max(p.keep, p.limit) + add;
+    if (count > keep) {
       st.log = luaSub(st.log, -keep * kEntry, -1);
       count = keep;
     }
@@ -733,7 +734,7 @@ struct TokenBucket {
           fail("attempt to perform arithmetic on local 'value' (a string value)");
         if (tat > c->now) debt = lua::min(tat - c->now, kMaxDebtUs);
       }
-      // (the Lua marks the key seen before it reads the value: see the report)
+      // (seen once its value is read: a value that is not a number fails each request on it)
       st.seen = true;
       now = c->now;
       st.debt = debt;
@@ -783,6 +784,8 @@ struct TokenBucket {
       double debt = st.debt;
       if (debt > kSlackUs) {
         double tat = std::ceil(now + debt - kSlackUs);
+        // (a debt below what a double resolves at now: a microsecond, as in the Lua)
+        if (tat <= now) tat = now + 1;
         setString(c->ctx, c->keys[k - 1], lua::formatD(tat), Expiry::kIn,
                   lua::toInteger(std::ceil((tat - now) / 1000) + spread(st.window)));
       }

@@ -1,9 +1,21 @@
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "config/loader_sections.h"
 
 namespace sluice::config::loader_internal {
+
+namespace {
+
+// A sliding_log's limit beyond kMaxLogLimit: why it is refused.
+std::string logLimitTooLarge(int64_t limit) {
+  return "limit " + std::to_string(limit) + " is too large for algorithm = \"sliding_log\", " +
+         "which keeps 8 bytes per request in its window: at most " + std::to_string(kMaxLogLimit) +
+         " (sliding_window counts any limit in 20 bytes)";
+}
+
+}  // namespace
 
 // [[limit]] (with its key parts), [[plan]] and [[tenant]].
 
@@ -29,6 +41,9 @@ void Loader::loadLimit(TableReader& r) {
   const auto limit = r.integer("limit", 1, kMaxCount);
   if (limit) l.limit = *limit;
   if (!r.has("limit")) r.missing("limit");
+  if (limit && l.algorithm == Algorithm::SlidingLog && *limit > kMaxLogLimit) {
+    r.error("limit", logLimitTooLarge(*limit));
+  }
   if (concurrency) {
     // No window: a slot is held while its request lasts. Its lease is what the script keeps
     // as the window of the limit's definition.
@@ -232,6 +247,12 @@ void Loader::loadPlan(TableReader& r) {
           "expected a limit (an integer) or { limit = N, burst = M }, got " + describe(value));
     }
     if (!limit) continue;
+    if (config_.limits[entry->index].algorithm == Algorithm::SlidingLog && *limit > kMaxLogLimit) {
+      const toml::table* detail = value.as_table();
+      diag_.add(detail ? *detail->get("limit") : value, detail ? path + ".limit" : path,
+                logLimitTooLarge(*limit));
+      continue;
+    }
     override.limit = *limit;
     // Same rule as on the limit itself: a cost above the capacity never passes. A token
     // bucket's capacity under a plan is the plan's burst, else the limit's written burst

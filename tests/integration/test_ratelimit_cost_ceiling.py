@@ -172,3 +172,94 @@ def test_a_huge_cost_never_fails_another_client_decided_in_the_same_call(sluice_
             statuses += [f.result() for f in futures]
     assert statuses.count(503) == 0, statuses
     assert metric_sum(gw, "sluice_ratelimit_decisions_total", outcome="error_denied") == 0
+
+
+def test_a_debt_below_a_double_s_resolution_is_a_microsecond_and_fails_nothing(valkey):
+    """10^10 tokens per 5 ms: a token is 5 * 10^-7 us, so 10 of them are a debt that now + debt
+    (about 1.7 * 10^15 us, resolved to a quarter of a microsecond) cannot tell from now. The
+    bucket is written a microsecond in debt (rounded up, as every TAT), with a PX of at least
+    1 ms: before, TAT = now and PX 0 (no spread under 10 ms), which SET refuses, failing the
+    whole call, its other requests with it."""
+    c = valkey.client
+    fine = {"algorithm": "token_bucket", "limit": 10**10, "window_ms": 5, "burst": 10**10,
+            "cost": 10}
+    for i in range(20):
+        requests = [[(f"fine:{i}", fine)], [("fine:other", {**TOKENS, "cost": 1})],
+                    [(f"fine:{i}", fine)]]
+        r = call(c, requests)
+        assert [x[0] for x in r.results] == [1, 1, 1], r.results
+        tat = stored(valkey, f"fine:{i}", "token_bucket")
+        assert tat is None or r.time_us < tat <= r.time_us + 1, (tat, r.time_us)
+
+
+def test_a_fine_grained_bucket_through_the_gateway_never_fails_closed(sluice_factory, upstream,
+                                                                      valkey):
+    """The same bucket in a configuration, on_error = "deny": every request is decided (a
+    failed call would answer 503)."""
+    gw = sluice_with_limits(
+        sluice_factory, upstream, valkey,
+        [limit_cfg("fine", "token_bucket", 10**10, "5ms", by=["header:X-Key"], cost=10,
+                   on_error="deny")], workers=1)
+    statuses = [gw.get("/status/200", headers=[("X-Key", f"k{i % 3}")]).status
+                for i in range(30)]
+    assert statuses == [200] * 30, statuses
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total", outcome="error_denied") == 0
+
+
+LOG = {"algorithm": "sliding_log", "limit": 10, "window_ms": 3_600_000, "keep": 10}
+
+
+@pytest.mark.parametrize("cost", [2**32 + 5, 2**31 + 3, 10**15])
+def test_a_huge_sliding_log_charge_adds_keep_plus_one_entries_and_refuses_for_the_window(
+        valkey, cost):
+    """A charge forced into debt (what a direct caller may send; the gateway's costs on a
+    sliding_log are at most its limit) adds keep + 1 entries of its time: every quota on the
+    key refuses until they age out, as the whole cost would. Before, string.rep took the low
+    32 bits of the count: 2^32 + 5 added 5 entries (and the next request was allowed), 2^31 + 3
+    none, and a count in range built gigabytes."""
+    c = valkey.client
+    key = f"log:{cost}"
+    r = call(c, [[(key, {**LOG, "cost": 1})], [(key, {**LOG, "cost": cost, "charge": "forced"})],
+                 [("log:other", {**LOG, "cost": 1})], [(key, {**LOG, "cost": 1})]])
+    assert [x if isinstance(x, str) else x[0] for x in r.results] == [1, 1, 1, 0], r.results
+    entries = stored(valkey, key, "sliding_log")
+    assert len(entries) == 1 + 11, len(entries)
+    assert entries.count(r.time_us) == 12
+    retry_ms = r.results[3][1][0][3]
+    assert 3_599_000 <= retry_ms <= 3_600_000, retry_ms
+    # The next call is refused as well, and adds nothing (count_denied is off here).
+    again = call(c, [[(key, {**LOG, "cost": 1})]])
+    assert again.results[0][0] == 0
+    assert len(stored(valkey, key, "sliding_log")) == 12
+
+
+def test_a_sliding_log_charge_beyond_its_key_s_ceiling_fails_alone(valkey):
+    """A limit of 10^15 (the library's range; the configuration keeps a sliding_log's at
+    10^6): a charge of 10^8 entries would be 800 MB. That request fails with its own error,
+    before anything is charged; the call's other requests are decided."""
+    c = valkey.client
+    big = {"algorithm": "sliding_log", "limit": TOP, "window_ms": 60_000, "keep": TOP}
+    r = call(c, [[("huge:a", {**big, "cost": 1})], [("huge:a", {**big, "cost": 10**8})],
+                 [("huge:b", {**LOG, "cost": 1})], [("huge:a", {**big, "cost": 1})]])
+    assert isinstance(r.results[1], str) and "longer than 67108864 bytes" in r.results[1], \
+        r.results
+    assert [r.results[i][0] for i in (0, 2, 3)] == [1, 1, 1], r.results
+    assert len(stored(valkey, "huge:a", "sliding_log")) == 2
+
+
+def test_a_bucket_value_that_is_no_number_fails_every_request_on_it(valkey):
+    """Two requests of one call on a key whose value is not a number: both fail (before, the
+    first marked the key's index as read before it failed, and the second decided on the state
+    an earlier call left at that index, then wrote that earlier call's key, one this call does
+    not name)."""
+    c = valkey.client
+    earlier = call(c, [[("nan:earlier", {**TOKENS, "cost": 500})]])
+    assert earlier.results[0][0] == 1
+    before = c.get("nan:earlier")
+    c.set("nan:bad", "not a number")
+    r = call(c, [[("nan:bad", {**TOKENS, "cost": 1})], [("nan:bad", {**TOKENS, "cost": 1})],
+                 [("nan:fine", {**TOKENS, "cost": 1})]])
+    assert isinstance(r.results[0], str) and isinstance(r.results[1], str), r.results
+    assert r.results[2][0] == 1
+    assert c.get("nan:earlier") == before, "a key the call does not name was written"
+    assert c.get("nan:bad") == "not a number"

@@ -335,10 +335,10 @@ def test_key_specs_give_getkeys_crossslot_and_acl_key_patterns(servers, tmp_path
 LONG_WINDOWS = [600_000, 3_600_000]
 SHORT_WINDOWS = [1, 3, 7, 9]
 ALGORITHMS = ["fixed_window", "sliding_window", "sliding_log", "token_bucket", "concurrency"]
-# Costs: small, 0, huge (for a sliding_log only those whose string.rep count, the low 32 bits,
-# is 0 or 1: the Lua would build gigabytes for others), and out of range.
+# Costs: small, 0, huge (a sliding_log's charge adds at most keep + 1 entries, and fails its
+# request where its key would pass 64 MiB), and out of range.
 COSTS = [0, 1, 1, 1, 2, 3, 5]
-HUGE = [10**15, 10**15 - 1, 2**31, 2**32, 2**32 + 1, 2**40]
+HUGE = [10**15, 10**15 - 1, 2**31, 2**31 + 3, 2**32, 2**32 + 1, 2**32 + 5, 2**40]
 BAD_COSTS = [10**15 + 1, 10**16, 99999999999999999999]
 
 
@@ -383,13 +383,10 @@ class Differential:
     def key_for(self, algorithm: str) -> str:
         r = self.rng
         pool = {"concurrency": "c", "token_bucket": "t"}.get(algorithm, "s")
-        if r.random() < 0.05 and pool != "t":
-            # another algorithm's key: another format or type. (Not a token bucket's: a
-            # bucket whose value is not a number fails its request, and the Lua library then
-            # reads that key index's state of an earlier call for the next request of the
-            # call that names it (token_bucket.lua check() marks the index seen before it
-            # reads the value), which the module does not copy: see the report of issue 25.)
-            return r.choice([k for k in self.keys if k[0] != "t"])
+        if r.random() < 0.05:
+            # another algorithm's key: another format or type (a bucket whose value is not a
+            # number fails each request on it)
+            return r.choice([k for k in self.keys if k[0] != pool[0]])
         return r.choice([k for k in self.keys if k[0] == pool])
 
     def cost(self, algorithm: str) -> str:
@@ -424,9 +421,8 @@ class Differential:
                     ref += f"@{keys.index(key) + 1}"
                 elif r.random() < 0.03:
                     odd = ["@0", "@x", "@1.5", f"@{len(keys) + 5}"]
-                    if keys and (keys[0][0] == "t") == (algorithm == "token_bucket"):
-                        odd += ["@ 1", "@1e0"]  # KEYS[1], written oddly (as above: no bucket
-                        # on another algorithm's key)
+                    if keys:
+                        odd += ["@ 1", "@1e0"]  # KEYS[1], written oddly
                     ref += r.choice(odd)
                 else:
                     keys.append(key)

@@ -160,6 +160,33 @@ limits = { l = { limit = 1 } })") ==
           "request could ever pass");
   }
 
+  TEST_CASE("a sliding_log's limit is at most 1,000,000, on the limit and in plans") {
+    const std::string log = R"([[limit]]
+name = "log"
+algorithm = "sliding_log"
+by = ["ip"]
+window = "1h"
+)";
+    const std::string why =
+        " is too large for algorithm = \"sliding_log\", which keeps 8 bytes per request in its "
+        "window: at most 1000000 (sliding_window counts any limit in 20 bytes)";
+    CHECK(errorsOf(log + "limit = 1000001\n") == "t.toml:6:9: limit[0].limit: limit 1000001" + why);
+    CHECK(errorsOf(log + "limit = 1000000000000000\n") ==
+          "t.toml:6:9: limit[0].limit: limit 1000000000000000" + why);
+    CHECK(errorsOf(log + "limit = 10\n[[plan]]\nname = \"p\"\nlimits = { log = 2000000 }\n"
+                         "[[plan]]\nname = \"q\"\nlimits = { log = { limit = 3000000 } }\n") ==
+          "t.toml:9:18: plan[0].limits.log: limit 2000000" + why + "\n" +
+              "t.toml:12:28: plan[1].limits.log.limit: limit 3000000" + why);
+    load(log + "limit = 1000000\n[[plan]]\nname = \"p\"\nlimits = { log = 1000000 }\n");
+    // Other algorithms count in a fixed size: the whole range.
+    load(R"([[limit]]
+name = "w"
+by = ["ip"]
+window = "1h"
+limit = 1000000000000000
+)");
+  }
+
   TEST_CASE("a plan may not lower a token bucket's capacity under the cost") {
     const std::string bucket = R"([[limit]]
 name = "tb"

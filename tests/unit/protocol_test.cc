@@ -63,6 +63,11 @@ TEST_SUITE("protocol: one definition for the codec, the module and the Lua libra
     const auto bucket = luaConstants(source("lua/token_bucket.lua"));
     REQUIRE(bucket.count("MAX_DEBT_US"));
     CHECK(bucket.at("MAX_DEBT_US") == static_cast<double>(kMaxDebtUs));
+    const auto log = luaConstants(source("lua/sliding_log.lua"));
+    REQUIRE(log.count("MAX_LOG_BYTES"));
+    CHECK(log.at("MAX_LOG_BYTES") == static_cast<double>(kMaxLogBytes));
+    REQUIRE(log.count("ENTRY"));
+    CHECK(log.at("ENTRY") == static_cast<double>(kLogEntryBytes));
   }
 
   TEST_CASE("decide.lua reads the same markers") {
