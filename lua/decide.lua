@@ -118,7 +118,9 @@ local LEASE_FIELDS = 2       -- kLeaseFieldsPerKey
 -- Returns the number of definitions.
 local function read_definitions(ARGV)
   local d = ARGV[1] + 0
-  local fields = DEFINITION_FIELDS * d
+  -- (a D past the arguments: the definitions are all there are, and no request follows; never
+  -- a loop over 7 * D fields that are not there)
+  local fields = math.min(DEFINITION_FIELDS * d, #ARGV - 1)
   local same = #definitions == fields and parsed_count < PARSED_MAX
   if same then
     for i = 1, fields do

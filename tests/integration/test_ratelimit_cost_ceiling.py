@@ -263,3 +263,17 @@ def test_a_bucket_value_that_is_no_number_fails_every_request_on_it(valkey):
     assert r.results[2][0] == 1
     assert c.get("nan:earlier") == before, "a key the call does not name was written"
     assert c.get("nan:bad") == "not a number"
+
+
+@pytest.mark.parametrize("d", ["1000000000000000", "3"])
+def test_a_definition_count_past_the_arguments_decides_nothing_at_once(valkey, d):
+    """D (ARGV[1]) larger than the arguments hold: the reply is the call's time alone, at once
+    (before, the Lua library copied 7 * D fields, most of them nil: 10^15 of them would hold
+    Valkey for days; the gateway never writes it, a direct caller could)."""
+    import time
+    function = decide_library()[1]
+    started = time.monotonic()
+    reply = decide_call(valkey.client, ["FCALL", function, 1, "d:k", d, "1:1"])
+    assert time.monotonic() - started < 2
+    assert isinstance(reply, list) and len(reply) == 1, reply
+    assert valkey.client.exists("d:k") == 0
