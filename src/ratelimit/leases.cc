@@ -9,44 +9,6 @@
 
 namespace sluice::ratelimit {
 
-namespace {
-
-// One renewal call; it belongs to itself until its reply or failure. (Releases go through the
-// Resender.)
-class RenewalTarget final : public valkey::CallTarget {
- public:
-  static void send(valkey::Store& store, stats::WorkerStats& stats, std::string command,
-                   std::string_view first_key) {
-    auto* call = new RenewalTarget(stats);
-    if (!store.callDecide(std::move(command), first_key, call)) call->failed("not connected");
-  }
-
-  void onValkeyReply(valkey::Reply& reply) override {
-    if (reply.isError()) {
-      failed(reply.text);
-      return;
-    }
-    stats_.lease_calls[stats::LeaseCall::Renew][stats::CompensationResult::Done].inc();
-    delete this;
-  }
-  void onValkeyFailure(valkey::Failure failure) override { failed(valkey::toString(failure)); }
-
- private:
-  explicit RenewalTarget(stats::WorkerStats& stats) : stats_(stats) {}
-  void failed(std::string_view why) {
-    stats_.lease_calls[stats::LeaseCall::Renew][stats::CompensationResult::Failed].inc();
-    SLUICE_LOG_WARN(
-        "valkey: could not renew concurrency slots ({}); the next renewal does, or their "
-        "leases free them",
-        logging::sanitize(why));
-    delete this;
-  }
-
-  stats::WorkerStats& stats_;
-};
-
-}  // namespace
-
 LeaseKeeper::LeaseKeeper(uv_loop_t* loop, stats::WorkerStats& stats, Resender& resender)
     : loop_(loop), stats_(stats), resender_(resender) {
   std::random_device random;
@@ -115,13 +77,10 @@ void LeaseKeeper::send(LeaseOp op, const std::vector<const Slot*>& slots) {
     it->items.push_back({&s->key, &s->name, s->lease_ms});
   }
   for (const Group& g : groups) {
-    valkey::Store& store = **g.store;
-    std::string command = leaseCommand(store.decideFunction(), op, g.items);
-    if (op == LeaseOp::Release) {
-      resender_.send(*g.store, Resender::Kind::Release, std::move(command), *g.items.front().key);
-    } else {
-      RenewalTarget::send(store, stats_, std::move(command), *g.items.front().key);
-    }
+    std::string command = leaseCommand((*g.store)->decideFunction(), op, g.items);
+    resender_.send(*g.store,
+                   op == LeaseOp::Release ? Resender::Kind::Release : Resender::Kind::Renew,
+                   std::move(command), *g.items.front().key);
   }
 }
 

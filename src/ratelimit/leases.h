@@ -11,10 +11,11 @@
 // sent by flush(), which the worker's end-of-iteration hook calls after the decision
 // batcher's flush: a release follows the decision that took its slot on the same connection,
 // so a request that leaves while its decision is in flight frees what that decision takes.
-// Releases go through the worker's Resender: one that cannot be sent now (the connection is
-// suspect after a decision ran past its deadline, or is being replaced) is sent when Valkey
-// answers for its key again, behind the decision it frees (ratelimit/resender.h). A renewal
-// that fails is logged and counted; the next one renews the slot, or its lease frees it.
+// Releases and renewals go through the worker's Resender: one that cannot be sent now (the
+// connection is suspect after a decision ran past its deadline, or is being replaced) is sent
+// when Valkey answers for its key again, behind the decision it frees (ratelimit/resender.h);
+// a renewal that comes after its slot's release renews nothing (lua/concurrency.lua). A call
+// given up is logged and counted; the next renewal renews the slot, or its lease frees it.
 // Single-threaded, on one worker's loop; owned by its WorkerContext.
 
 #include <uv.h>

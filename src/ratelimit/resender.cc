@@ -30,8 +30,8 @@ class Resender::Sent final : public valkey::CallTarget {
     delete this;
   }
   void onValkeyFailure(valkey::Failure failure) override {
-    // A release may run twice; a take-back that may have run once must not run again.
-    const bool again = item_.kind == Kind::Release || failure == valkey::Failure::NotConnected;
+    // A release or renewal may run twice; a take-back that may have run once must not again.
+    const bool again = item_.kind != Kind::TakeBack || failure == valkey::Failure::NotConnected;
     if (!again || !owner_) ratelimit::DenyCache::forgetKeys(item_.keys);  // it may have run
     if (owner_) {
       if (again) {
@@ -77,9 +77,9 @@ bool Resender::trySend(Item& item) {
   const std::string first_key = item.first_key;
   const Kind kind = item.kind;
   auto* sent = new Sent(this, std::move(item));
-  valkey::PendingCall* call = kind == Kind::Release
-                                  ? store.callDecide(std::move(command), first_key, sent)
-                                  : store.callUndo(std::move(command), first_key, sent);
+  valkey::PendingCall* call = kind == Kind::TakeBack
+                                  ? store.callUndo(std::move(command), first_key, sent)
+                                  : store.callDecide(std::move(command), first_key, sent);
   if (call) return true;
   item = std::move(sent->item());
   delete sent;
@@ -105,24 +105,40 @@ void Resender::keep(Item item) {
 }
 
 void Resender::giveUp(const Item& item, std::string_view why) {
-  if (item.kind == Kind::Release) {
-    stats_.lease_calls[stats::LeaseCall::Release][stats::CompensationResult::Failed].inc();
-    SLUICE_LOG_WARN("valkey: could not free a concurrency slot ({}); its lease frees it",
-                    logging::sanitize(why));
-  } else {
-    stats_.valkey_compensations[stats::CompensationResult::Failed].inc();
-    SLUICE_LOG_WARN(
-        "valkey: could not take back the charges of a refused request ({}); they stay until "
-        "their keys expire",
-        logging::sanitize(why));
+  switch (item.kind) {
+    case Kind::Release:
+      stats_.lease_calls[stats::LeaseCall::Release][stats::CompensationResult::Failed].inc();
+      SLUICE_LOG_WARN("valkey: could not free a concurrency slot ({}); its lease frees it",
+                      logging::sanitize(why));
+      return;
+    case Kind::Renew:
+      stats_.lease_calls[stats::LeaseCall::Renew][stats::CompensationResult::Failed].inc();
+      SLUICE_LOG_WARN(
+          "valkey: could not renew concurrency slots ({}); the next renewal does, or their "
+          "leases free them",
+          logging::sanitize(why));
+      return;
+    case Kind::TakeBack:
+      stats_.valkey_compensations[stats::CompensationResult::Failed].inc();
+      SLUICE_LOG_WARN(
+          "valkey: could not take back the charges of a refused request ({}); they stay until "
+          "their keys expire",
+          logging::sanitize(why));
+      return;
   }
 }
 
 void Resender::done(Kind kind) {
-  if (kind == Kind::Release) {
-    stats_.lease_calls[stats::LeaseCall::Release][stats::CompensationResult::Done].inc();
-  } else {
-    stats_.valkey_compensations[stats::CompensationResult::Done].inc();
+  switch (kind) {
+    case Kind::Release:
+      stats_.lease_calls[stats::LeaseCall::Release][stats::CompensationResult::Done].inc();
+      return;
+    case Kind::Renew:
+      stats_.lease_calls[stats::LeaseCall::Renew][stats::CompensationResult::Done].inc();
+      return;
+    case Kind::TakeBack:
+      stats_.valkey_compensations[stats::CompensationResult::Done].inc();
+      return;
   }
 }
 

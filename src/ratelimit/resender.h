@@ -1,8 +1,9 @@
 #pragma once
 
-// The calls that give back what a request took: the release of a concurrency slot (a request
-// ended, or its decision's outcome is unknown: late, failed, or nobody waits for it) and the
-// take-back of charges that another cluster slot's refusal undid. A decision that ran past
+// The calls that no request waits for: the release of a concurrency slot (a request ended, or
+// its decision's outcome is unknown: late, failed, or nobody waits for it), the renewal of the
+// slots a worker holds, and the take-back of charges that another cluster slot's refusal
+// undid. A decision that ran past
 // its deadline may still run in Valkey later (a paused server runs what its socket holds when
 // it resumes), so these must not be lost while the connection is suspect, reconnecting, or
 // has no reachable owner for the key's slot: such a call is kept and sent within kTickMs of the
@@ -12,10 +13,11 @@
 //
 // A call kept longer than kMaxWaitMs, or beyond kMaxKept, is given up (counted as failed,
 // logged): the lease frees a slot, the key's expiry a charge. A call that went out and failed:
-// a release is kept again (freeing a slot twice changes nothing); a take-back only if it was
-// not sent (NotConnected), since one that may have run once must not run twice. An error reply
-// is final. Single-threaded, on one worker's loop; owned by its WorkerContext, which keeps it
-// longer than the batcher and the lease keeper that use it.
+// a release or a renewal is kept again (either twice changes nothing); a take-back only if it
+// was not sent (NotConnected), since one that may have run once must not run twice. An error
+// reply is final. Each kind has its counters (sluice_valkey_lease_calls_total{call},
+// sluice_valkey_compensations_total). Single-threaded, on one worker's loop; owned by its
+// WorkerContext, which keeps it longer than the batcher and the lease keeper that use it.
 
 #include <uv.h>
 
@@ -37,7 +39,7 @@ namespace sluice::ratelimit {
 
 class Resender {
  public:
-  enum class Kind { Release, TakeBack };
+  enum class Kind { Release, Renew, TakeBack };
   static constexpr uint64_t kTickMs = 50;
   static constexpr uint64_t kMaxWaitMs = 5 * 60 * 1000;
   static constexpr size_t kMaxKept = 10000;
@@ -47,8 +49,8 @@ class Resender {
   Resender(const Resender&) = delete;
   Resender& operator=(const Resender&) = delete;
 
-  // Sends `command` (an FCALL of the lease function's release or of the undo function), every
-  // key of which is in the slot of `first_key`, now if `store` answers for that key, else
+  // Sends `command` (an FCALL of the lease function's release or renew, or of the undo function),
+  // every key of which is in the slot of `first_key`, now if `store` answers for that key, else
   // keeps it. Never calls back inline. A take-back names the keys it lowers (`keys`): once it
   // has been sent and has ended, whatever its result (it may have run), the deny caches forget
   // their refusals (DenyCache::forgetKeys), which may have counted the charge.

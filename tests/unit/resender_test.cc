@@ -1,6 +1,6 @@
-// The Resender (src/ratelimit/resender.h) on a real uv loop with a fake store: releases and
-// take-backs sent at once when the store answers, kept while it does not and sent when it
-// does; after a failure a release is sent again, a take-back only if it was not sent; an error
+// The Resender (src/ratelimit/resender.h) on a real uv loop with a fake store: releases,
+// renewals and take-backs sent at once when the store answers, kept while it does not and sent when
+// it does; after a failure a release is sent again, a take-back only if it was not sent; an error
 // reply is final; stop() gives up what is kept.
 
 #include "ratelimit/resender.h"
@@ -108,6 +108,28 @@ TEST_SUITE("ratelimit: the resender") {
     CHECK(f.releases(Result::Done) == 1);
     CHECK(f.takeBacks(Result::Done) == 1);
     CHECK(f.releases(Result::Failed) == 0);
+  }
+
+  TEST_CASE("a renewal is kept and sent again as a release is, counted as a renewal") {
+    Fixture f;
+    const auto renewals = [&](Result::Value result) {
+      return f.stats.lease_calls[sluice::stats::LeaseCall::Renew][result].value();
+    };
+    f.store->accepts = false;
+    f.resender->send(f.store, Resender::Kind::Renew, "renew", "k");
+    sluice::testing::runFor(f.l.get(), 2 * Resender::kTickMs);
+    CHECK(f.store->calls.empty());
+    CHECK(f.resender->kept() == 1);
+    f.store->accepts = true;
+    REQUIRE(f.sentTimes(1));
+    f.store->calls[0]->target->onValkeyFailure(Failure::Timeout);  // renewing twice is harmless
+    REQUIRE(f.sentTimes(2));
+    CHECK(f.store->calls[1]->command == "renew");
+    Reply r = ok();
+    f.store->calls[1]->target->onValkeyReply(r);
+    CHECK(renewals(Result::Done) == 1);
+    CHECK(renewals(Result::Failed) == 0);
+    CHECK(f.releases(Result::Done) + f.takeBacks(Result::Done) == 0);
   }
 
   TEST_CASE("an error reply is final") {
