@@ -17,6 +17,9 @@ from decide_codec import (decide_call, decide_command, decide_keys, decide_libra
                           decided, engine_command, undo_call)
 from harness.valkey import ENGINE
 
+# (the work is inside Valkey: once, not again on the sanitizer build; pytest.ini)
+pytestmark = pytest.mark.once
+
 
 def run(client, algorithm, key, limit, window_ms, burst=None, cost=1, count_denied=False,
         keep=None):

@@ -4,9 +4,14 @@ not charged; "!": charged into debt). Calls are written and read by Sluice's own
 
 import time
 
+import pytest
+
 from conftest import avoid_window_boundary, server_time_us, stored
 from decide_codec import (decide_call, decide_command, decide_reply, engine_command, lease_call,
                           undo_call)
+
+# (the work is inside Valkey: once, not again on the sanitizer build; pytest.ini)
+pytestmark = pytest.mark.once
 
 
 def slots(limit, lease_ms=30000, name=None):

@@ -96,6 +96,7 @@ def fill(valkey, limit: dict, count: int, batch: int = 1000) -> None:
         pipe.execute()
 
 
+@pytest.mark.once  # (long: once, on the normal build; pytest.ini)
 def test_200000_keys_ending_together_fail_no_decision(sluice_factory, upstream, valkey):
     if is_asan_build():
         # Valkey's expiry against a 25 ms deadline, slow (200,000 keys): run once, on the

@@ -38,6 +38,9 @@ from decide_codec import decide_command, decide_library, decide_reply, lease_com
 from harness.gateway import REPO
 from harness.valkey import ValkeyServer
 
+# (the work is inside Valkey: once, not again on the sanitizer build; pytest.ini)
+pytestmark = pytest.mark.once
+
 SLUICE_BIN = Path(os.environ.get("SLUICE_BIN", REPO / "build" / "sluice"))
 MODULE = Path(os.environ.get("SLUICE_VALKEY_MODULE") or SLUICE_BIN.parent / "sluice-valkey.so")
 FAKETIME_LIB = Path(os.environ.get("SLUICE_FAKETIME_LIB")
