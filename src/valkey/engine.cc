@@ -4,6 +4,7 @@
 
 #include "core/logging.h"
 #include "protocol/decide_protocol.h"
+#include "valkey/resp.h"
 
 namespace sluice::valkey {
 
@@ -53,16 +54,10 @@ std::optional<std::string> moduleCommand(std::string_view fcall, std::string_vie
   const char* command = moduleName(name->substr(function.size()));
   if (!command) return std::nullopt;
   const std::string_view rest = fcall.substr(at);
-  const std::string_view cmd(command);
   std::string out;
   out.reserve(rest.size() + 32);
-  out += '*';
-  out += std::to_string(*parts - 1);
-  out += "\r\n$";
-  out += std::to_string(cmd.size());
-  out += "\r\n";
-  out += cmd;
-  out += "\r\n";
+  appendArrayHeader(out, *parts - 1);
+  appendBulk(out, command);
   out += rest;
   return out;
 }
