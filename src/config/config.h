@@ -53,6 +53,9 @@ struct ServerConfig {
   uint64_t max_connections_per_client = 0;          // per client address; 0: no count
   Duration sendTimeout() const { return send_timeout ? *send_timeout : idle_timeout; }
   RateLimitHeaders rate_limit_headers = RateLimitHeaders::Ietf;
+  // HTTP/2 downstream: ALPN h2 on TLS listeners, h2c with prior knowledge on plain ones.
+  bool http2 = true;
+  uint32_t max_concurrent_streams = 100;  // per HTTP/2 connection
   std::optional<ServerTlsConfig> tls;
 };
 

@@ -37,6 +37,10 @@ void Loader::loadServer(TableReader& r) {
                                                 {"none", RateLimitHeaders::None}})) {
     s.rate_limit_headers = *v;
   }
+  if (auto v = r.boolean("http2")) s.http2 = *v;
+  if (auto v = r.integer("max_concurrent_streams", 1, 10000)) {
+    s.max_concurrent_streams = static_cast<uint32_t>(*v);
+  }
   section(r, "tls", [&](TableReader& t) {
     ServerTlsConfig tls;
     readCertificate(t, &tls.default_certificate);

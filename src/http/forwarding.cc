@@ -351,6 +351,25 @@ std::string buildClientResponseHead(const MessageHead& response,
   return out;
 }
 
+std::vector<Header> clientResponseFields(const MessageHead& response,
+                                         std::string_view extra_headers) {
+  const std::vector<std::string> options = connectionOptions(response.headers);
+  std::vector<Header> out;
+  out.reserve(response.headers.size() + 4);
+  for (const auto& field : response.headers) {
+    const Field kind = classify(field.name);
+    if (hopByHop(kind) || kind == Field::Upgrade || kind == Field::Via) continue;
+    if (!options.empty() && listed(options, field.name)) continue;
+    if (kind == Field::ContentLength && response.chunked) continue;  // (RFC 9112 6.3)
+    out.push_back({toLower(field.name), field.value});
+  }
+  std::string via;
+  appendVia(via, response.headers, response.version_major, response.version_minor);
+  appendFieldLines(out, via);
+  appendFieldLines(out, extra_headers);
+  return out;
+}
+
 std::string_view continueResponse() { return "HTTP/1.1 100 Continue\r\n\r\n"; }
 
 std::string chunkHeader(size_t size) {

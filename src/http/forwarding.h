@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "http/message.h"
 
@@ -70,6 +71,14 @@ struct ClientResponseContext {
 // Serializes the response head sent to the client, ending with CRLF CRLF.
 std::string buildClientResponseHead(const MessageHead& response,
                                     const ClientResponseContext& context);
+
+// The same response head as fields of an HTTP/2 HEADERS frame (without :status): names in lower
+// case (RFC 9113 8.2.1), no connection-specific field (8.2.2: the hop-by-hop ones and those the
+// Connection field names), Via added as for HTTP/1.1, then `extra_headers` ("Name: value\r\n"
+// lines). The DATA frames carry the body as it comes, whatever its framing upstream; their
+// END_STREAM ends it.
+std::vector<Header> clientResponseFields(const MessageHead& response,
+                                         std::string_view extra_headers);
 
 // "HTTP/1.1 100 Continue\r\n\r\n"
 std::string_view continueResponse();

@@ -37,6 +37,10 @@ struct Header {
   std::string value;
 };
 
+// Serialized "Name: value\r\n" lines, appended as fields with lower-case names (what an HTTP/2
+// head carries).
+void appendFieldLines(std::vector<Header>& out, std::string_view lines);
+
 class HeaderMap {
  public:
   using const_iterator = std::vector<Header>::const_iterator;

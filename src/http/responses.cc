@@ -111,4 +111,16 @@ std::string renderLocalResponse(const LocalResponse& response, bool keep_alive, 
   return out;
 }
 
+std::vector<Header> localResponseFields(const LocalResponse& response) {
+  std::vector<Header> out;
+  out.push_back({"server", "sluice"});
+  if (!response.body.empty() || response.status != 204) {
+    out.push_back({"content-type", response.content_type});
+    out.push_back({"content-length", std::to_string(response.body.size())});
+  }
+  out.push_back({"cache-control", "no-store"});
+  appendFieldLines(out, response.extra_headers);
+  return out;
+}
+
 }  // namespace sluice::http

@@ -4,6 +4,9 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "http/headers.h"
 
 namespace sluice::http {
 
@@ -21,6 +24,9 @@ LocalResponse problemResponse(int status, std::string_view detail);
 // stays in Content-Length); `keep_alive` false adds Connection: close.
 std::string renderLocalResponse(const LocalResponse& response, bool keep_alive, bool head_request,
                                 bool client_http10);
+
+// The same response's head as HTTP/2 fields (without :status), lower case.
+std::vector<Header> localResponseFields(const LocalResponse& response);
 
 // A JSON string literal (with quotes) for any bytes: control bytes and invalid UTF-8 escaped.
 std::string jsonString(std::string_view value);

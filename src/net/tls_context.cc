@@ -18,6 +18,8 @@ constexpr const char* kTls12Ciphers =
     "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
     "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
 constexpr unsigned char kAlpnHttp11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+// What a listener with http2 offers, in its order of preference.
+constexpr unsigned char kAlpnH2Http11[] = {2, 'h', '2', 8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
 
 bool baseSetup(SSL_CTX* ctx, std::string* error) {
   if (!SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION) ||
@@ -49,10 +51,13 @@ bool loadCertificate(SSL_CTX* ctx, const std::string& cert, const std::string& k
   return true;
 }
 
+// `arg` non-null: h2 is offered (first), then http/1.1.
 int selectAlpn(SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in,
-               unsigned int inlen, void*) noexcept {
+               unsigned int inlen, void* arg) noexcept {
   unsigned char* selected = nullptr;
-  if (SSL_select_next_proto(&selected, outlen, kAlpnHttp11, sizeof kAlpnHttp11, in, inlen) ==
+  const unsigned char* offered = arg ? kAlpnH2Http11 : kAlpnHttp11;
+  const unsigned int offered_len = arg ? sizeof kAlpnH2Http11 : sizeof kAlpnHttp11;
+  if (SSL_select_next_proto(&selected, outlen, offered, offered_len, in, inlen) ==
       OPENSSL_NPN_NEGOTIATED) {
     *out = selected;
     return SSL_TLSEXT_ERR_OK;
@@ -107,6 +112,7 @@ std::string opensslErrors() {
 }
 
 std::shared_ptr<TlsServerContext> TlsServerContext::create(const config::ServerTlsConfig& config,
+                                                           bool http2,
                                                            std::string* error) {
   auto out = std::shared_ptr<TlsServerContext>(new TlsServerContext);
   out->handshake_timeout_ms_ = static_cast<uint64_t>(config.handshake_timeout.count());
@@ -119,7 +125,8 @@ std::shared_ptr<TlsServerContext> TlsServerContext::create(const config::ServerT
         !loadCertificate(ctx.get(), c.cert_path, c.key_path, error)) {
       return nullptr;
     }
-    SSL_CTX_set_alpn_select_cb(ctx.get(), selectAlpn, nullptr);
+    static char h2_offered;  // any non-null address: offer h2
+    SSL_CTX_set_alpn_select_cb(ctx.get(), selectAlpn, http2 ? &h2_offered : nullptr);
     SSL_CTX_set_session_id_context(ctx.get(), reinterpret_cast<const unsigned char*>("sluice"), 6);
     SSL_CTX_set_tlsext_servername_callback(ctx.get(), onServerName);
     SSL_CTX_set_tlsext_servername_arg(ctx.get(), out.get());
@@ -210,7 +217,7 @@ bool buildTlsContexts(const config::Config& config, TlsContexts* out, std::strin
   out->server.reset();
   out->upstreams.clear();
   if (config.server.tls) {
-    out->server = TlsServerContext::create(*config.server.tls, error);
+    out->server = TlsServerContext::create(*config.server.tls, config.server.http2, error);
     if (!out->server) return false;
   }
   for (const auto& upstream : config.upstreams) {

@@ -27,8 +27,9 @@ std::string opensslErrors();
 // more chosen by SNI (matched against each certificate's DNS names, wildcards included).
 class TlsServerContext {
  public:
+  // http2: ALPN offers h2 before http/1.1 (else http/1.1 only).
   static std::shared_ptr<TlsServerContext> create(const config::ServerTlsConfig& config,
-                                                  std::string* error);
+                                                  bool http2, std::string* error);
   SSL* newSession() const;  // accept state; the caller owns it
   uint64_t handshakeTimeoutMs() const { return handshake_timeout_ms_; }
 

@@ -54,6 +54,7 @@ std::string formatAccessRecord(const AccessRecord& r) {
   field(out, "peer", r.peer);
   if (!r.tenant.empty()) field(out, "tenant", r.tenant);
   if (!r.api_key_id.empty()) field(out, "api_key_id", r.api_key_id);
+  field(out, "protocol", r.protocol);
   field(out, "method", r.method);
   // The path only, whatever the caller had: a request refused before its target was parsed
   // has nothing better than the raw target, and a query can carry a secret (?token=...).

@@ -19,6 +19,7 @@ struct AccessRecord {
   std::string peer;    // the TCP peer
   std::string_view tenant;
   std::string api_key_id;  // a fingerprint, never the key itself
+  std::string_view protocol;  // "http/1.1", "h2"
   std::string_view method;
   std::string_view path;  // logged without a query, even if it has one (a raw target)
   std::string_view route;

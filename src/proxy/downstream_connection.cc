@@ -1,7 +1,10 @@
 #include "proxy/downstream_connection.h"
 
+#include <algorithm>
+
 #include "core/logging.h"
 #include "http/headers.h"
+#include "http2/session.h"
 #include "stats/stats.h"
 
 namespace sluice::proxy {
@@ -35,7 +38,8 @@ DownstreamConnection::DownstreamConnection(WorkerContext& worker,
       send_timer_(worker.loop(), onSendTimeout, this),
       body_timer_(worker.loop(), onBodyTimeout, this),
       parser_(http::Parser::Type::Request, this, requestLimits(worker.snapshot()->config->server)),
-      exchange_(*this) {
+      exchange_(*this),
+      sniffing_(worker.snapshot()->config->server.http2) {
   transport_->setCallbacks(this);
   if (const sockaddr* peer = transport_->peerAddress()) {
     peer_ip_ = IpAddress::fromSockaddr(peer);
@@ -69,7 +73,14 @@ void DownstreamConnection::armIdleTimer() {
 void DownstreamConnection::onRead(const char* data, size_t len) {
   switch (state_) {
     case State::Reading:
+      if (sniffing_) {
+        sniff(data, len);
+        return;
+      }
       break;
+    case State::Http2:
+      h2_->onRead(data, len);
+      return;
     case State::Tunnel:
       tunnelActivity();
       exchange_.onClientTunnelData(data, len);
@@ -92,6 +103,30 @@ void DownstreamConnection::onRead(const char* data, size_t len) {
     return;
   }
   process(data, len);
+}
+
+void DownstreamConnection::sniff(const char* data, size_t len) {
+  pending_.append(data, len);
+  const std::string_view preface = http2::kClientPreface;
+  const size_t n = std::min(pending_.size(), preface.size());
+  if (pending_.compare(0, n, preface.substr(0, n)) != 0) {
+    sniffing_ = false;  // HTTP/1.1
+    std::string received;
+    received.swap(pending_);
+    process(received.data(), received.size());
+    return;
+  }
+  if (pending_.size() < preface.size()) return;  // a part of the preface: wait for the rest
+  state_ = State::Http2;
+  timer_role_ = TimerRole::None;
+  timer_.stop();
+  send_timer_.stop();
+  body_timer_.stop();
+  deferred_.stop();
+  std::string received;
+  received.swap(pending_);
+  h2_ = std::make_unique<http2::Session>(worker_, *transport_, peer_ip_, peer_text_);
+  h2_->start(received);
 }
 
 void DownstreamConnection::process(const char* data, size_t len) {
@@ -199,6 +234,7 @@ void DownstreamConnection::onDeferred(void* self) {
     case State::Closing:
     case State::Tunnel:
     case State::Lingering:
+    case State::Http2:
     case State::Closed:
       return;
   }
@@ -303,12 +339,20 @@ void DownstreamConnection::tunnelEnded() {
 
 void DownstreamConnection::drain() {
   draining_ = true;
+  if (state_ == State::Http2) {
+    h2_->drain();
+    return;
+  }
   // A connection closing after its last response is closed at once too, as when it reads.
   if (state_ != State::Reading && state_ != State::Closing) return;
   if (request_ == Request::None && !parser_.inMessage()) closeNow();
 }
 
 void DownstreamConnection::forceClose() {
+  if (state_ == State::Http2) {
+    h2_->forceClose();
+    return;
+  }
   exchange_.abort(503, "cut at the end of drain_timeout");
   closeNow();
 }
@@ -359,6 +403,10 @@ void DownstreamConnection::onBodyTimeout(void* context) {
 }
 
 void DownstreamConnection::onReadEnd(int status) {
+  if (state_ == State::Http2) {
+    h2_->onReadEnd(status);
+    return;
+  }
   if (state_ == State::Tunnel || state_ == State::TunnelClosing) {
     exchange_.onClientTunnelEnd();
     return;
@@ -402,6 +450,9 @@ void DownstreamConnection::onWriteDrained() {
     case State::TunnelClosing:
       closeNow();
       return;
+    case State::Http2:
+      h2_->onWriteDrained();
+      return;
     case State::Lingering:
     case State::Aborting:
     case State::Closed:
@@ -409,7 +460,13 @@ void DownstreamConnection::onWriteDrained() {
   }
 }
 
-void DownstreamConnection::onWriteError(int) { closeNow(); }
+void DownstreamConnection::onWriteError(int status) {
+  if (state_ == State::Http2) {
+    h2_->onWriteError(status);
+    return;
+  }
+  closeNow();
+}
 
 void DownstreamConnection::onClosed() { delete this; }
 

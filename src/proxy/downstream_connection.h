@@ -25,6 +25,10 @@
 #include "proxy/exchange_owner.h"
 #include "proxy/worker_context.h"
 
+namespace sluice::http2 {
+class Session;
+}
+
 namespace sluice::proxy {
 
 class DownstreamConnection final : public ExchangeOwner,
@@ -53,6 +57,7 @@ class DownstreamConnection final : public ExchangeOwner,
     TunnelClosing,  // both sides of the tunnel ended: closed once the last bytes went out
     Lingering,      // FIN sent: reads are discarded until the client closes, or kLingerMs
     Aborting,       // the exchange cut its response: closed on the next loop iteration
+    Http2,          // the client sent the HTTP/2 preface: the session has the connection
     Closed,
   };
   // The request being answered, while State::Reading.
@@ -70,6 +75,8 @@ class DownstreamConnection final : public ExchangeOwner,
   const std::optional<IpAddress>& peerIp() const override { return peer_ip_; }
   const std::string& peerText() const override { return peer_text_; }
   std::string_view scheme() const override { return transport_->scheme(); }
+  std::string_view protocol() const override { return "http/1.1"; }
+  FramedResponses* framed() override { return nullptr; }
   void write(std::string_view data) override {
     transport_->write(data);
     armSendTimer();
@@ -124,6 +131,9 @@ class DownstreamConnection final : public ExchangeOwner,
   void closeAfterWrites();
   void closeNow();
   void armIdleTimer();
+  // The first bytes decide: the HTTP/2 client preface (or a part of it so far) goes to an
+  // http2::Session, anything else is HTTP/1.1.
+  void sniff(const char* data, size_t len);
 
   WorkerContext& worker_;
   net::ConnectionBudget::Ticket ticket_;
@@ -152,6 +162,9 @@ class DownstreamConnection final : public ExchangeOwner,
   bool resume_on_drain_ = false;
   bool client_eof_ = false;
   bool draining_ = false;
+  bool sniffing_;  // no byte decided the protocol yet (only when [server] http2 is on)
+  // Last: destroyed first, while the transport and peer it refers to still live.
+  std::unique_ptr<http2::Session> h2_;
 };
 
 }  // namespace sluice::proxy

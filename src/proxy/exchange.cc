@@ -76,7 +76,7 @@ bool Exchange::refuse(int status, const char* why) {
   }
   if (req_.state == State::Idle) resolveClient();  // the head never parsed: the peer is all we know
   req_.error = why;
-  send(http::renderLocalResponse(http::problemResponse(status, why), false, false, false));
+  sendLocal(http::problemResponse(status, why), false);
   req_.status = status;
   req_.state = State::Done;
   complete(status);
@@ -105,6 +105,7 @@ void Exchange::complete(int status) {
   const identity::RequestFacts& facts = admission_.facts();
   if (facts.tenant) r.tenant = *facts.tenant;
   if (facts.api_key) r.api_key_id = ratelimit::hashedPart(*facts.api_key).substr(0, 17);
+  r.protocol = owner_.protocol();
   r.method = req_.head.method;
   r.path = req_.target.path.empty() ? std::string_view(req_.head.target) : req_.target.path;
   if (req_.route) r.route = req_.route->name;
@@ -237,7 +238,11 @@ void Exchange::onBodyNeeded() { sendContinue(); }
 void Exchange::sendContinue() {
   if (req_.expect != Continue::Owed) return;
   req_.expect = Continue::Sent;
-  send(http::continueResponse());
+  if (FramedResponses* framed = owner_.framed()) {
+    framed->writeContinue();
+  } else {
+    send(http::continueResponse());
+  }
 }
 
 void Exchange::forward() {
@@ -378,6 +383,16 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
     if (!early.empty()) onClientTunnelData(early.data(), early.size());
     return 0;
   }
+  if (FramedResponses* framed = owner_.framed()) {
+    // HTTP/2: the body goes as it comes, in DATA frames (framing None: no chunk framing).
+    req_.response_framing = http::Framing::None;
+    req_.keep_alive = true;
+    std::vector<http::Header> fields =
+        http::clientResponseFields(head, admission_.rateLimitHeaders());
+    for (const http::Header& field : fields) req_.bytes_out += field.name.size() + field.value.size();
+    framed->writeHead(head.status, std::move(fields));
+    return 0;
+  }
   req_.response_framing = http::responseFraming(head, req_.head_method, context.client_http10);
   req_.keep_alive = clientKeepAlive() && !req_.wants_upgrade &&
                     req_.response_framing != http::Framing::CloseDelimited;
@@ -453,8 +468,18 @@ void Exchange::respondLocal(const http::LocalResponse& response) {
   }
   req_.status = response.status;
   const bool keep_alive = clientKeepAlive() && !req_.wants_upgrade;
-  send(http::renderLocalResponse(response, keep_alive, req_.head_method, req_.head.isHttp10()));
+  sendLocal(response, keep_alive);
   finish(keep_alive);
+}
+
+void Exchange::sendLocal(const http::LocalResponse& response, bool keep_alive) {
+  FramedResponses* framed = owner_.framed();
+  if (!framed) {
+    send(http::renderLocalResponse(response, keep_alive, req_.head_method, req_.head.isHttp10()));
+    return;
+  }
+  framed->writeHead(response.status, http::localResponseFields(response));
+  if (!req_.head_method && !response.body.empty()) send(response.body);
 }
 
 void Exchange::finish(bool keep_alive) {

@@ -16,6 +16,7 @@
 
 #include "http/forwarding.h"
 #include "http/message.h"
+#include "http/responses.h"
 #include "identity/client_address.h"
 #include "proxy/admission.h"
 #include "proxy/router.h"
@@ -150,6 +151,8 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void sendRequestHead();
   void sendContinue();
   void respondLocal(const http::LocalResponse& response);
+  // Writes a response of ours: HTTP/1.1 text, or a head and body through FramedResponses.
+  void sendLocal(const http::LocalResponse& response, bool keep_alive);
   void finish(bool keep_alive);
   bool clientKeepAlive() const;
   // The exchange ended with `status`: counted, and written to the access log.

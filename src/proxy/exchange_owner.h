@@ -14,12 +14,26 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/ip_address.h"
+#include "http/headers.h"
 
 namespace sluice::proxy {
 
 class WorkerContext;
+
+// What an owner that frames messages itself offers (an HTTP/2 stream): the exchange hands it
+// heads as fields and bodies as bytes, never HTTP/1.1 text. Through write()/writev() the bytes
+// are the body (DATA); responseFinished() ends the stream.
+class FramedResponses {
+ public:
+  virtual ~FramedResponses() = default;
+  // The response head (`fields` lower case, no connection-specific field).
+  virtual void writeHead(int status, std::vector<http::Header> fields) = 0;
+  // 100 Continue, an interim head.
+  virtual void writeContinue() = 0;
+};
 
 class ExchangeOwner {
  public:
@@ -33,6 +47,10 @@ class ExchangeOwner {
   virtual const std::optional<IpAddress>& peerIp() const = 0;
   virtual const std::string& peerText() const = 0;
   virtual std::string_view scheme() const = 0;
+  // "http/1.1" or "h2": what the access log says.
+  virtual std::string_view protocol() const = 0;
+  // Null for HTTP/1.1 (the exchange writes HTTP/1.1 text); an HTTP/2 stream returns itself.
+  virtual FramedResponses* framed() = 0;
 
   // Response bytes, in order; copied when they cannot go out at once.
   virtual void write(std::string_view data) = 0;

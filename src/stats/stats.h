@@ -306,6 +306,20 @@ struct ConnectionRefusal : Listed<ConnectionRefusal> {
       "max_connections", "max_connections_per_client", "descriptors"};
 };
 
+struct Http2ResetBy : Listed<Http2ResetBy> {
+  static constexpr const char* kName = "by";
+  enum Value : size_t { Client, Gateway, kSize };
+  static constexpr std::array<const char*, kSize> kValues = {"client", "gateway"};
+};
+
+struct Http2Goaway : Listed<Http2Goaway> {
+  static constexpr const char* kName = "reason";
+  enum Value : size_t { Idle, Drain, Calm, ProtocolError, kSize };
+  static constexpr std::array<const char*, kSize> kValues = {"idle", "drain", "enhance_your_calm",
+                                                             "protocol_error"};
+};
+
+static_assert(everyValueNamed(Http2ResetBy::kValues) && everyValueNamed(Http2Goaway::kValues));
 static_assert(everyValueNamed(ClientTimeout::kValues) &&
               everyValueNamed(ConnectionRefusal::kValues) &&
               everyValueNamed(ValkeyError::kValues) && everyValueNamed(NodeError::kValues) &&
@@ -336,6 +350,18 @@ enum class Show { Always, Counted };
   M(client_timeouts, Counter, "sluice_client_timeouts_total", Show::Always,                      \
     "Client connections closed for a stalled read of a response (send) or a request body past "   \
     "request_body_timeout.", ClientTimeout)                                                        \
+  M(http2_connections_open, Gauge, "sluice_http2_connections_open", Show::Always,                \
+    "Client connections open now that speak HTTP/2 (also in sluice_connections_open).")            \
+  M(http2_streams, Counter, "sluice_http2_streams_total", Show::Always,                          \
+    "HTTP/2 streams (requests) clients opened.")                                                   \
+  M(http2_streams_refused, Counter, "sluice_http2_streams_refused_total", Show::Always,          \
+    "HTTP/2 streams refused with REFUSED_STREAM (past max_concurrent_streams).")                   \
+  M(http2_streams_reset, Counter, "sluice_http2_streams_reset_total", Show::Always,              \
+    "HTTP/2 streams reset before their response ended, by who reset them (client: RST_STREAM; "    \
+    "gateway: a stream error the client caused, or a response the upstream cut).", Http2ResetBy)  \
+  M(http2_goaways, Counter, "sluice_http2_goaways_total", Show::Always,                          \
+    "GOAWAY frames sent, by reason (idle: no stream for idle_timeout; drain; enhance_your_calm: "   \
+    "a flood of resets, stream errors or control frames; protocol_error).", Http2Goaway)          \
   M(requests, Counter, "sluice_requests_total", Show::Counted,                                   \
     "Requests answered, by route and status.", Route, Status)                                      \
   M(decisions, Counter, "sluice_ratelimit_decisions_total", Show::Counted,                       \

@@ -138,9 +138,12 @@ def test_https_request_forwarded_with_x_forwarded_proto_https(sluice_factory, up
     assert metric_sum(gw, "sluice_connections_total") == 1
 
 
-def test_curl_https(sluice_factory, upstream, tls_pki):
-    """curl (which offers h2 and http/1.1 by ALPN) verifies the chain and gets HTTP/1.1."""
-    gw = tls_gateway(sluice_factory, upstream, tls_pki)
+@pytest.mark.parametrize("http2", [True, False], ids=["http2", "http1-only"])
+def test_curl_https(sluice_factory, upstream, tls_pki, http2):
+    """curl (which offers h2 and http/1.1 by ALPN) verifies the chain and gets h2, or HTTP/1.1
+    where [server] http2 = false."""
+    gw = sluice_factory(upstream, server={"http2": http2}, extra_toml=tls_server_toml(
+        tls_pki.certs["default"], [tls_pki.certs["api"]]))
     p = subprocess.run(["curl", "-sS", "-v", "--cacert", str(tls_pki.certs["root"].cert),
                         "--resolve", f"default.test:{gw.port}:127.0.0.1",
                         "-w", "\n%{http_code} %{http_version}",
@@ -148,8 +151,8 @@ def test_curl_https(sluice_factory, upstream, tls_pki):
                        capture_output=True, timeout=20)
     out, err = p.stdout.decode(), p.stderr.decode(errors="replace")
     assert p.returncode == 0, err
-    assert out.rsplit("\n", 1)[1] == "200 1.1", out
-    assert "ALPN: server accepted http/1.1" in err, err
+    assert out.rsplit("\n", 1)[1] == ("200 2" if http2 else "200 1.1"), out
+    assert ("ALPN: server accepted h2" if http2 else "ALPN: server accepted http/1.1") in err, err
     assert "SSL certificate verify ok" in err, err
     assert '"x-forwarded-proto", "https"' in out.lower().replace("'", '"'), out
 
@@ -218,7 +221,9 @@ def test_weak_tls12_ciphers_refused(sluice_factory, upstream, tls_pki, cipher):
 
 
 def test_alpn_http11(sluice_factory, upstream, tls_pki):
-    gw = tls_gateway(sluice_factory, upstream, tls_pki)
+    """With http2 = false, ALPN offers http/1.1 alone."""
+    gw = sluice_factory(upstream, server={"http2": False}, extra_toml=tls_server_toml(
+        tls_pki.certs["default"], [tls_pki.certs["api"]]))
     root = tls_pki.certs["root"]
     cases = [(["h2", "http/1.1"], "http/1.1"), (["http/1.1"], "http/1.1"), (["h2"], None),
              (None, None)]
@@ -229,6 +234,21 @@ def test_alpn_http11(sluice_factory, upstream, tls_pki):
         assert r.status == 200, (offered, r)
     rc, out = s_client(gw.port, "-alpn", "h2,http/1.1", "-servername", "default.test")
     assert "ALPN protocol: http/1.1" in out, out
+
+
+def test_alpn_h2_first(sluice_factory, upstream, tls_pki):
+    """By default ALPN offers h2, then http/1.1; a client offering neither gets HTTP/1.1."""
+    gw = tls_gateway(sluice_factory, upstream, tls_pki)
+    root = tls_pki.certs["root"]
+    for offered, expected in [(["h2", "http/1.1"], "h2"), (["http/1.1", "h2"], "h2"),
+                              (["http/1.1"], "http/1.1"), (["h2"], "h2")]:
+        ctx = tls_client_context(root, alpn=offered)
+        with socket.create_connection(("127.0.0.1", gw.port), timeout=5) as raw:
+            with ctx.wrap_socket(raw, server_hostname="default.test") as tls:
+                assert tls.selected_alpn_protocol() == expected, (offered, expected)
+    r = https_request(gw.port, "GET", "/echo", context=tls_client_context(root, alpn=None),
+                      server_hostname="default.test")
+    assert r.alpn is None and r.status == 200, r
 
 
 # ------------------------------------------------------------------------ SNI

@@ -35,14 +35,21 @@ match = { path_prefix = "/api/" }
 upstream = "app"
 )";
 
-// Records what the exchange asks of it.
-struct FakeOwner final : sluice::proxy::ExchangeOwner {
+// Records what the exchange asks of it. framing: as an HTTP/2 stream, heads come as fields.
+struct FakeOwner final : sluice::proxy::ExchangeOwner, sluice::proxy::FramedResponses {
   explicit FakeOwner(sluice::proxy::WorkerContext& worker) : worker_(worker) {}
 
   sluice::proxy::WorkerContext& worker() const override { return worker_; }
   const std::optional<sluice::IpAddress>& peerIp() const override { return ip; }
   const std::string& peerText() const override { return text; }
   std::string_view scheme() const override { return "http"; }
+  std::string_view protocol() const override { return framing ? "h2" : "http/1.1"; }
+  sluice::proxy::FramedResponses* framed() override { return framing ? this : nullptr; }
+  void writeHead(int status, std::vector<sluice::http::Header> fields) override {
+    head_status = status;
+    head_fields = std::move(fields);
+  }
+  void writeContinue() override { ++continues; }
   void write(std::string_view data) override { written += data; }
   void writev(const std::string_view* parts, size_t count) override {
     for (size_t i = 0; i < count; ++i) written += parts[i];
@@ -62,6 +69,10 @@ struct FakeOwner final : sluice::proxy::ExchangeOwner {
   std::optional<sluice::IpAddress> ip = sluice::IpAddress::parse("192.0.2.7");
   std::string text = "192.0.2.7";
   bool accepts_next = true;
+  bool framing = false;
+  int head_status = 0;
+  std::vector<sluice::http::Header> head_fields;
+  int continues = 0;
   std::string written;
   std::vector<bool> finished;
   int pauses = 0;
@@ -116,6 +127,23 @@ TEST_SUITE("proxy: exchange against a fake owner") {
     CHECK(f.exchange->responseStarted());
     CHECK(f.requests(404) == 1);
     CHECK(f.owner.aborts == 0);
+  }
+
+  TEST_CASE("an owner that frames messages (HTTP/2) gets the local answer as a head and a body") {
+    Fixture f;
+    f.owner.framing = true;
+    f.exchange->begin(get("/nowhere"));
+    CHECK(f.owner.head_status == 404);
+    std::string content_type;
+    for (const auto& field : f.owner.head_fields) {
+      CHECK(field.name == sluice::http::toLower(field.name));
+      CHECK(field.name != "connection");
+      if (field.name == "content-type") content_type = field.value;
+    }
+    CHECK(content_type == "application/problem+json");
+    CHECK(f.owner.written.rfind("{", 0) == 0);  // the body alone, no HTTP/1.1 text
+    CHECK(f.owner.written.find("HTTP/1.1") == std::string::npos);
+    CHECK(f.owner.finished.size() == 1);
   }
 
   TEST_CASE("an owner that takes no further request: the answer is finished without keep-alive") {

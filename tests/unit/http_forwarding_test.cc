@@ -682,6 +682,30 @@ TEST_SUITE("http forwarding: responses") {
     CHECK(kLastChunk == "0\r\n\r\n");
     CHECK(continueResponse() == "HTTP/1.1 100 Continue\r\n\r\n");
   }
+
+  TEST_CASE("clientResponseFields: HTTP/2 fields, lower case, no connection-specific one") {
+    MessageHead h;
+    h.status = 200;
+    h.headers.add("Content-Type", "text/plain");
+    h.headers.add("Connection", "keep-alive, X-Hop");
+    h.headers.add("X-Hop", "1");
+    h.headers.add("Keep-Alive", "timeout=5");
+    h.headers.add("Transfer-Encoding", "chunked");
+    h.headers.add("Upgrade", "h2c");
+    h.headers.add("Content-Length", "12");
+    h.chunked = true;
+    const auto fields = clientResponseFields(h, "RateLimit: \"a\";r=1;t=2\r\nRetry-After: 3\r\n");
+    std::vector<std::string> names;
+    for (const auto& f : fields) names.push_back(f.name);
+    CHECK(names == std::vector<std::string>{"content-type", "via", "ratelimit", "retry-after"});
+    CHECK(fields[1].value == "1.1 sluice");
+    CHECK(fields[2].value == "\"a\";r=1;t=2");
+    MessageHead sized;
+    sized.status = 200;
+    sized.headers.add("Content-Length", "12");
+    sized.content_length = 12;
+    CHECK(clientResponseFields(sized, "")[0].name == "content-length");
+  }
 }
 
 TEST_SUITE("http responses") {
@@ -762,5 +786,19 @@ TEST_SUITE("http responses") {
     CHECK(s.start_line == "HTTP/1.1 200 OK");
     CHECK(values(s, "Content-Length") == one("0"));
     CHECK(s.body.empty());
+  }
+}
+
+TEST_SUITE("http responses: HTTP/2") {
+  TEST_CASE("localResponseFields: the same head as renderLocalResponse, as fields") {
+    LocalResponse r = problemResponse(429, "slow down");
+    r.extra_headers = "Retry-After: 7\r\n";
+    const auto fields = localResponseFields(r);
+    std::vector<std::string> names;
+    for (const auto& f : fields) names.push_back(f.name);
+    CHECK(names == std::vector<std::string>{"server", "content-type", "content-length",
+                                            "cache-control", "retry-after"});
+    CHECK(fields[2].value == std::to_string(r.body.size()));
+    CHECK(fields[4].value == "7");
   }
 }

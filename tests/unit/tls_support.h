@@ -133,7 +133,7 @@ inline std::shared_ptr<TlsServerContext> serverContext(uint64_t handshake_ms) {
   config.default_certificate.key_path = kDataDir + "server.key";
   config.handshake_timeout = std::chrono::milliseconds(handshake_ms);
   std::string error;
-  auto context = TlsServerContext::create(config, &error);
+  auto context = TlsServerContext::create(config, false, &error);
   INFO(error);
   REQUIRE(context);
   return context;

@@ -1,0 +1,446 @@
+#include "http2/session.h"
+
+#include <uv.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "core/logging.h"
+#include "http2/stream.h"
+#include "proxy/worker_context.h"
+#include "stats/stats.h"
+
+namespace sluice::http2 {
+
+namespace {
+
+// Windows as Envoy's edge guidance says: 64 KiB per stream (what a client may send ahead of
+// the upstream taking it), 1 MiB per connection.
+constexpr int32_t kStreamWindow = 64 * 1024;
+constexpr int32_t kConnectionWindow = 1024 * 1024;
+// Frames are produced only while fewer bytes than this wait for the client; the rest stay in
+// nghttp2 (whose queue of control frames unread is bounded: a client that does not read its
+// PING and SETTINGS acknowledgements is cut).
+constexpr size_t kSendHighWater = 64 * 1024;
+// Rapid Reset (CVE-2023-44487) and MadeYouReset (CVE-2025-8671): once a connection has opened
+// kResetMinStreams streams, more than half of them reset within kEarlyResetMs of opening
+// (by the client, or by a stream error the client provoked) ends it. The counts halve every
+// kResetDecayStreams streams, so that a long-lived connection is judged on its recent streams.
+constexpr uint32_t kResetMinStreams = 200;
+constexpr uint32_t kResetDecayStreams = 2000;
+constexpr uint64_t kEarlyResetMs = 1000;
+// Control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, RST_STREAM, empty DATA): a budget
+// of kControlBurst, refilled by kControlPerSecond, by each stream opened and by each DATA
+// frame sent (a client acknowledges those with WINDOW_UPDATEs).
+constexpr double kControlBurst = 2000;
+constexpr double kControlPerSecond = 100;
+constexpr double kControlPerStream = 4;
+constexpr double kControlPerData = 2;
+// After the last GOAWAY went out: how long reads are discarded before the socket closes (so
+// that unread client bytes do not turn our FIN into a RST that destroys the GOAWAY).
+constexpr uint64_t kLingerMs = 2000;
+
+uint64_t nowMs(proxy::WorkerContext& worker) { return uv_now(worker.loop()); }
+
+}  // namespace
+
+Session::Session(proxy::WorkerContext& worker, net::Transport& transport,
+                 const std::optional<IpAddress>& peer_ip, const std::string& peer_text)
+    : worker_(worker),
+      transport_(transport),
+      peer_ip_(peer_ip),
+      peer_text_(peer_text),
+      timer_(worker.loop(), onTimer, this),
+      send_later_(worker.loop(), onSendTimer, this),
+      send_timeout_(worker.loop(), onSendTimeout, this),
+      control_credit_(kControlBurst) {
+  nghttp2_session_callbacks* callbacks = nullptr;
+  nghttp2_session_callbacks_new(&callbacks);
+  nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, onBeginHeaders);
+  nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader);
+  nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, onFrameRecv);
+  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk);
+  nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose);
+  nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, onFrameSend);
+  nghttp2_option* option = nullptr;
+  nghttp2_option_new(&option);
+  // Windows open as the exchanges take the bytes (Stream::onData, resumeReading).
+  nghttp2_option_set_no_auto_window_update(option, 1);
+  // nghttp2 1.57's default (Debian's 1.52 carries it, CVE-2023-44487): RST_STREAM from the
+  // client at most 1000 at once, then 33 per second.
+  nghttp2_option_set_stream_reset_rate_limit(option, 1000, 33);
+  nghttp2_session_server_new2(&session_, callbacks, this, option);
+  nghttp2_option_del(option);
+  nghttp2_session_callbacks_del(callbacks);
+
+  const config::ServerConfig& server = worker_.snapshot()->config->server;
+  const nghttp2_settings_entry settings[] = {
+      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, server.max_concurrent_streams},
+      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(kStreamWindow)},
+      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
+       static_cast<uint32_t>(server.max_request_header_bytes)},
+      {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
+  };
+  nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings,
+                          sizeof settings / sizeof settings[0]);
+  nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, kConnectionWindow);
+  worker_.stats().http2_connections_open.add(1);
+}
+
+Session::~Session() {
+  worker_.stats().http2_connections_open.add(-1);
+  // No nghttp2 callback runs from here on; the exchanges still in flight are logged as cut.
+  nghttp2_session_del(session_);
+  session_ = nullptr;
+  streams_.clear();
+}
+
+Stream* Session::stream(int32_t id) const {
+  auto it = streams_.find(id);
+  return it == streams_.end() ? nullptr : it->second.get();
+}
+
+void Session::start(std::string_view received) {
+  control_credit_ms_ = nowMs(worker_);
+  armTimer(TimerRole::Header, static_cast<uint64_t>(
+                                  worker_.snapshot()->config->server.request_header_timeout.count()));
+  onRead(received.data(), received.size());
+}
+
+void Session::armTimer(TimerRole role, uint64_t ms) {
+  timer_role_ = role;
+  timer_.start(ms);
+}
+
+void Session::onRead(const char* data, size_t len) {
+  if (state_ != State::Open && state_ != State::Draining) return;  // closing: discarded
+  in_recv_ = true;
+  const ssize_t rv =
+      nghttp2_session_mem_recv(session_, reinterpret_cast<const uint8_t*>(data), len);
+  in_recv_ = false;
+  if (rv < 0) {
+    // Fatal for the session (a bad preface, frames it refused to queue more answers to).
+    SLUICE_LOG_DEBUG("HTTP/2 client {}: {}", peer_text_, nghttp2_strerror(static_cast<int>(rv)));
+    terminate(499, "the HTTP/2 connection failed");
+    closeNow();
+    return;
+  }
+  send();
+}
+
+void Session::scheduleSend() {
+  if (in_recv_ || state_ == State::Closed || state_ == State::Lingering) return;  // onRead sends
+  send_later_.start(0);
+}
+
+void Session::onSendTimer(void* self) { static_cast<Session*>(self)->send(); }
+
+void Session::send() {
+  if (in_send_ || !session_ || state_ == State::Lingering || state_ == State::Closed) return;
+  in_send_ = true;
+  while (transport_.pendingBytes() < kSendHighWater) {
+    const uint8_t* data = nullptr;
+    const ssize_t n = nghttp2_session_mem_send(session_, &data);
+    if (n < 0) {
+      in_send_ = false;
+      terminate(499, "the HTTP/2 connection failed");
+      closeNow();
+      return;
+    }
+    if (n == 0) break;
+    transport_.write({reinterpret_cast<const char*>(data), static_cast<size_t>(n)});
+  }
+  in_send_ = false;
+  if (state_ == State::Closed) return;
+  if (transport_.pendingBytes() > 0 && !send_timeout_.active()) {
+    send_timeout_.start(
+        static_cast<uint64_t>(worker_.snapshot()->config->server.sendTimeout().count()));
+  }
+  if (!nghttp2_session_want_read(session_) && !nghttp2_session_want_write(session_)) {
+    closeAfterWrites();
+  }
+}
+
+void Session::onWriteDrained() {
+  send_timeout_.stop();
+  if (state_ == State::Closing) {
+    closeAfterWrites();
+    return;
+  }
+  send();
+}
+
+void Session::closeAfterWrites() {
+  if (state_ == State::Lingering || state_ == State::Closed) return;
+  state_ = State::Closing;
+  terminate(499, "the HTTP/2 connection closed");
+  if (transport_.pendingBytes() > 0) return;  // onWriteDrained() comes back here
+  state_ = State::Lingering;
+  send_later_.stop();
+  transport_.shutdownWrite();
+  armTimer(TimerRole::Linger, kLingerMs);
+}
+
+void Session::closeNow() {
+  if (state_ == State::Closed) return;
+  state_ = State::Closed;
+  timer_.stop();
+  send_later_.stop();
+  send_timeout_.stop();
+  transport_.close();  // the connection's onClosed() destroys this session
+}
+
+void Session::terminate(int status, const char* why) {
+  for (auto& [id, stream] : streams_) stream->cancel(status, why);
+}
+
+void Session::onReadEnd(int) {
+  if (state_ == State::Lingering) {
+    closeNow();
+    return;
+  }
+  terminate(499, "client closed the connection");
+  closeNow();
+}
+
+void Session::onWriteError(int) {
+  terminate(499, "client closed the connection");
+  closeNow();
+}
+
+void Session::goaway(uint32_t error_code, size_t reason) {
+  if (state_ != State::Open) return;
+  state_ = State::Draining;
+  worker_.stats().http2_goaways[reason].inc();
+  nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE,
+                        nghttp2_session_get_last_proc_stream_id(session_), error_code, nullptr, 0);
+  scheduleSend();
+}
+
+void Session::drain() {
+  goaway(NGHTTP2_NO_ERROR, stats::Http2Goaway::Drain);
+  send();
+}
+
+void Session::forceClose() {
+  terminate(503, "cut at the end of drain_timeout");
+  closeNow();
+}
+
+void Session::calm(const char* why) {
+  if (state_ == State::Closing || state_ == State::Lingering || state_ == State::Closed ||
+      calm_) {
+    return;
+  }
+  calm_ = true;
+  SLUICE_LOG_WARN("HTTP/2 client {}: {}: GOAWAY ENHANCE_YOUR_CALM", peer_text_, why);
+  worker_.stats().http2_goaways[stats::Http2Goaway::Calm].inc();
+  state_ = State::Draining;
+  // GOAWAY, and the session ends once it went out; every stream's work is cut now.
+  nghttp2_session_terminate_session(session_, NGHTTP2_ENHANCE_YOUR_CALM);
+  terminate(499, why);
+  scheduleSend();
+}
+
+void Session::countReset(const Stream& stream) {
+  if (nowMs(worker_) - stream.openedMs() > kEarlyResetMs) return;
+  ++early_resets_;
+  if (opened_ >= kResetMinStreams && early_resets_ * 2 > opened_) {
+    calm("most of its streams were reset early (by it, or by stream errors it caused)");
+  }
+}
+
+void Session::countControlFrame() {
+  const uint64_t now = nowMs(worker_);
+  control_credit_ = std::min(
+      kControlBurst,
+      control_credit_ + static_cast<double>(now - control_credit_ms_) * kControlPerSecond / 1000);
+  control_credit_ms_ = now;
+  control_credit_ -= 1;
+  if (control_credit_ < 0) calm("a flood of control frames");
+}
+
+void Session::resetStream(Stream& stream, uint32_t error_code) {
+  nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, stream.id(), error_code);
+  scheduleSend();
+}
+
+void Session::afterStreamClosed() {
+  if (!streams_.empty() || state_ != State::Open) return;
+  armTimer(TimerRole::Idle,
+           static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
+}
+
+void Session::onTimer(void* self) {
+  auto* s = static_cast<Session*>(self);
+  const TimerRole role = s->timer_role_;
+  s->timer_role_ = TimerRole::None;
+  switch (role) {
+    case TimerRole::Header:
+      // No request head in time (or a header block that stalled): the connection goes.
+      s->terminate(408, "the request head did not arrive in time");
+      [[fallthrough]];
+    case TimerRole::Idle:
+      s->goaway(NGHTTP2_NO_ERROR, stats::Http2Goaway::Idle);
+      s->send();
+      return;
+    case TimerRole::Linger:
+      s->closeNow();
+      return;
+    case TimerRole::None:
+      return;
+  }
+}
+
+void Session::onSendTimeout(void* self) {
+  auto* s = static_cast<Session*>(self);
+  SLUICE_LOG_DEBUG("HTTP/2 client {} took no byte for send_timeout: closed", s->peer_text_);
+  s->worker_.stats().client_timeouts[stats::ClientTimeout::Send].inc();
+  s->terminate(499, "the client stopped reading (send_timeout)");
+  s->closeNow();
+}
+
+// ---- nghttp2 callbacks -------------------------------------------------------------------
+
+int Session::onBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept {
+  auto* s = static_cast<Session*>(user);
+  if (frame->hd.type != NGHTTP2_HEADERS) return 0;
+  // Every header block has request_header_timeout to end (CONTINUATION frames that stall
+  // would hold the connection: nothing else may come before the block ends).
+  s->armTimer(TimerRole::Header, static_cast<uint64_t>(
+                                     s->worker_.snapshot()->config->server.request_header_timeout.count()));
+  if (frame->headers.cat != NGHTTP2_HCAT_REQUEST || s->calm_) return 0;
+  const int32_t id = frame->hd.stream_id;
+  auto stream = std::make_unique<Stream>(*s, id, nowMs(s->worker_));
+  nghttp2_session_set_stream_user_data(s->session_, id, stream.get());
+  s->streams_.emplace(id, std::move(stream));
+  ++s->opened_;
+  if (s->opened_ >= kResetDecayStreams) {
+    s->opened_ /= 2;
+    s->early_resets_ /= 2;
+  }
+  s->control_credit_ = std::min(kControlBurst, s->control_credit_ + kControlPerStream);
+  s->worker_.stats().http2_streams.inc();
+  return 0;
+}
+
+int Session::onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
+                      size_t namelen, const uint8_t* value, size_t valuelen, uint8_t,
+                      void* user) noexcept {
+  auto* s = static_cast<Session*>(user);
+  if (frame->hd.type != NGHTTP2_HEADERS) return 0;
+  Stream* stream = s->stream(frame->hd.stream_id);
+  if (!stream) return 0;
+  const std::string_view n(reinterpret_cast<const char*>(name), namelen);
+  const std::string_view v(reinterpret_cast<const char*>(value), valuelen);
+  if (frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+    stream->addField(n, v);
+  } else {
+    stream->addTrailer(n, v);
+  }
+  return 0;
+}
+
+int Session::onFrameRecv(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept {
+  auto* s = static_cast<Session*>(user);
+  Stream* stream = s->stream(frame->hd.stream_id);
+  const bool end_stream = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
+  switch (frame->hd.type) {
+    case NGHTTP2_HEADERS:
+      if (s->timer_role_ == TimerRole::Header) {
+        s->timer_role_ = TimerRole::None;
+        s->timer_.stop();
+      }
+      if (!stream || s->calm_) return 0;
+      if (frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
+        stream->headersDone(end_stream);
+      } else if (end_stream) {
+        stream->onEndStream();  // trailers
+      }
+      return 0;
+    case NGHTTP2_DATA:
+      if (frame->hd.length == 0 && !end_stream) {
+        s->countControlFrame();
+        return 0;
+      }
+      if (stream && end_stream && !s->calm_) stream->onEndStream();
+      return 0;
+    case NGHTTP2_RST_STREAM:
+      s->countControlFrame();
+      if (stream && !stream->responseDone()) {
+        s->worker_.stats().http2_streams_reset[stats::Http2ResetBy::Client].inc();
+        s->countReset(*stream);
+      }
+      return 0;
+    case NGHTTP2_PING:
+    case NGHTTP2_SETTINGS:
+    case NGHTTP2_PRIORITY:
+    case NGHTTP2_WINDOW_UPDATE:
+      s->countControlFrame();
+      return 0;
+    default:
+      return 0;
+  }
+}
+
+int Session::onDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id,
+                         const uint8_t* data, size_t len, void* user) noexcept {
+  auto* s = static_cast<Session*>(user);
+  Stream* stream = s->stream(stream_id);
+  if (!stream || s->calm_) {
+    nghttp2_session_consume(session, stream_id, len);
+    return 0;
+  }
+  stream->onData(reinterpret_cast<const char*>(data), len);
+  return 0;
+}
+
+int Session::onStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t error_code,
+                           void* user) noexcept {
+  auto* s = static_cast<Session*>(user);
+  auto it = s->streams_.find(stream_id);
+  if (it == s->streams_.end()) return 0;
+  std::unique_ptr<Stream> stream = std::move(it->second);
+  s->streams_.erase(it);
+  // Bytes the exchange never took still count in the connection's window.
+  if (stream->unconsumed() > 0) nghttp2_session_consume_connection(session, stream->unconsumed());
+  stream->onClosed(error_code);
+  stream.reset();
+  s->afterStreamClosed();
+  return 0;
+}
+
+int Session::onFrameSend(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept {
+  auto* s = static_cast<Session*>(user);
+  switch (frame->hd.type) {
+    case NGHTTP2_DATA:
+      s->control_credit_ = std::min(kControlBurst, s->control_credit_ + kControlPerData);
+      return 0;
+    case NGHTTP2_RST_STREAM: {
+      if (frame->rst_stream.error_code == NGHTTP2_REFUSED_STREAM) {
+        s->worker_.stats().http2_streams_refused.inc();
+        s->countControlFrame();
+        return 0;
+      }
+      if (frame->rst_stream.error_code == NGHTTP2_NO_ERROR) return 0;  // answered early
+      Stream* stream = s->stream(frame->hd.stream_id);
+      s->worker_.stats().http2_streams_reset[stats::Http2ResetBy::Gateway].inc();
+      // A reset nghttp2 sent for a stream error (a bad field, a window overrun, a frame on a
+      // half-closed stream): the client provoked it.
+      if (stream && !stream->resetByGateway()) s->countReset(*stream);
+      return 0;
+    }
+    case NGHTTP2_GOAWAY:
+      // GOAWAYs of ours are counted where they are submitted; this one is nghttp2's, for a
+      // connection error of the client's.
+      if (frame->goaway.error_code != NGHTTP2_NO_ERROR &&
+          frame->goaway.error_code != NGHTTP2_ENHANCE_YOUR_CALM) {
+        s->worker_.stats().http2_goaways[stats::Http2Goaway::ProtocolError].inc();
+      }
+      return 0;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace sluice::http2

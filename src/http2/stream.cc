@@ -1,0 +1,244 @@
+#include "http2/stream.h"
+
+#include <nghttp2/nghttp2.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "http/headers.h"
+#include "http2/session.h"
+#include "proxy/worker_context.h"
+
+namespace sluice::http2 {
+
+namespace {
+
+// Response bytes nghttp2 has read are dropped from the front of the buffer once this many
+// have gathered (and always when it empties).
+constexpr size_t kCompactBytes = 64 * 1024;
+
+ssize_t readCallback(nghttp2_session*, int32_t, uint8_t* buf, size_t length, uint32_t* flags,
+                     nghttp2_data_source* source, void*) noexcept {
+  auto* stream = static_cast<Stream*>(source->ptr);
+  bool eof = false;
+  const long n = stream->readBody(buf, length, &eof);
+  if (n < 0) return NGHTTP2_ERR_DEFERRED;
+  if (eof) *flags |= NGHTTP2_DATA_FLAG_EOF;
+  return n;
+}
+
+nghttp2_nv field(std::string_view name, std::string_view value) {
+  return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(name.data())),
+                    reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(),
+                    value.size(), NGHTTP2_NV_FLAG_NONE};
+}
+
+}  // namespace
+
+Stream::Stream(Session& session, int32_t id, uint64_t opened_ms)
+    : session_(session), id_(id), opened_ms_(opened_ms), exchange_(*this) {
+  head_.version_major = 2;
+  head_.version_minor = 0;
+}
+
+Stream::~Stream() = default;
+
+proxy::WorkerContext& Stream::worker() const { return session_.worker(); }
+const std::optional<IpAddress>& Stream::peerIp() const { return session_.peerIp(); }
+const std::string& Stream::peerText() const { return session_.peerText(); }
+std::string_view Stream::scheme() const { return session_.scheme(); }
+
+void Stream::accountField(std::string_view name, std::string_view value) {
+  header_bytes_ += name.size() + value.size() + 32;
+  if (header_bytes_ > worker().snapshot()->config->server.max_request_header_bytes) {
+    header_too_large_ = true;
+  }
+}
+
+void Stream::addField(std::string_view name, std::string_view value) {
+  accountField(name, value);
+  if (header_too_large_) return;  // nothing more is kept: the stream gets 431
+  if (!name.empty() && name[0] == ':') {
+    // nghttp2 has checked the pseudo-fields: known, once each, before the others.
+    if (name == ":method") {
+      head_.method = value;
+    } else if (name == ":path") {
+      path_ = value;
+    } else if (name == ":authority") {
+      authority_ = value;
+    }
+    return;  // :scheme is the connection's (X-Forwarded-Proto says what it was)
+  }
+  if (name == "cookie") {
+    if (!cookie_.empty()) cookie_ += "; ";
+    cookie_.append(value);
+    return;
+  }
+  if (name == "content-length") {
+    // nghttp2 has checked it is a number and will check the DATA against it.
+    uint64_t length = 0;
+    for (char c : value) length = length * 10 + static_cast<uint64_t>(c - '0');
+    head_.content_length = length;
+  }
+  head_.headers.add(std::string(name), std::string(value));
+}
+
+void Stream::headersDone(bool end_stream) {
+  if (header_too_large_) {
+    refuse(431, "the request's header list is larger than max_request_header_bytes");
+    return;
+  }
+  if (head_.method == "CONNECT") {
+    refuse(405, "CONNECT is not supported");
+    return;
+  }
+  // :authority is the Host of an HTTP/2 request (RFC 9113 8.3.1). A Host field beside it
+  // that names another authority is refused: routing on one and limiting on the other would
+  // let a client pick its route.
+  if (authority_.empty()) {
+    if (head_.headers.count("host") != 1) {
+      refuse(400, "a request needs :authority (or one Host field)");
+      return;
+    }
+  } else {
+    const size_t hosts = head_.headers.count("host");
+    if (hosts > 1 || (hosts == 1 && !http::iequals(*head_.headers.get("host"), authority_))) {
+      refuse(400, "the Host field and :authority differ");
+      return;
+    }
+    if (hosts == 0) head_.headers.add("host", authority_);
+  }
+  if (!http::validAuthority(*head_.headers.get("host"))) {
+    refuse(400, "bad :authority");
+    return;
+  }
+  if (!cookie_.empty()) head_.headers.add("cookie", std::move(cookie_));
+  head_.target = std::move(path_);
+  head_.keep_alive = true;
+  // A body of unknown length goes upstream chunked.
+  head_.chunked = !end_stream && !head_.content_length;
+  begun_ = true;
+  exchange_.begin(std::move(head_));
+  if (end_stream) onEndStream();
+}
+
+void Stream::refuse(int status, const char* why) {
+  exchange_.refuse(status, why);
+  responseFinished(false);
+}
+
+void Stream::onData(const char* data, size_t len) {
+  if (begun_) exchange_.onRequestBody(data, len);
+  if (paused_ && begun_) {
+    unconsumed_ += len;
+    return;
+  }
+  nghttp2_session_consume(session_.nghttp2(), id_, len);
+}
+
+void Stream::onEndStream() {
+  request_ended_ = true;
+  if (begun_) exchange_.onRequestComplete();
+}
+
+void Stream::resumeReading() {
+  paused_ = false;
+  if (unconsumed_ == 0) return;
+  nghttp2_session_consume(session_.nghttp2(), id_, unconsumed_);
+  unconsumed_ = 0;
+  session_.scheduleSend();
+}
+
+void Stream::onClosed(uint32_t error_code) {
+  if (!begun_) return;
+  exchange_.abort(499, error_code == NGHTTP2_NO_ERROR ? "the stream closed"
+                                                      : "the client reset the stream");
+}
+
+void Stream::cancel(int status, const char* why) {
+  response_ = Response::Finished;
+  if (begun_) exchange_.abort(status, why);
+}
+
+void Stream::write(std::string_view data) {
+  if (response_ == Response::Finished || data.empty()) return;
+  if (out_offset_ >= kCompactBytes && out_offset_ * 2 >= out_.size()) {
+    out_.erase(0, out_offset_);
+    out_offset_ = 0;
+  }
+  out_.append(data);
+  nghttp2_session_resume_data(session_.nghttp2(), id_);
+  session_.scheduleSend();
+}
+
+void Stream::writev(const std::string_view* parts, size_t count) {
+  for (size_t i = 0; i < count; ++i) write(parts[i]);
+}
+
+long Stream::readBody(uint8_t* buf, size_t length, bool* eof) {
+  const size_t available = out_.size() - out_offset_;
+  const size_t n = std::min(available, length);
+  if (n > 0) {
+    std::memcpy(buf, out_.data() + out_offset_, n);
+    out_offset_ += n;
+  }
+  if (out_offset_ == out_.size()) {
+    out_.clear();
+    out_offset_ = 0;
+    if (response_ == Response::Finished) {
+      *eof = true;
+      // The answer is complete while the client still sends: the rest is not wanted (RFC
+      // 9113 8.1), and the stream closes once the END_STREAM went.
+      if (!request_ended_) nghttp2_submit_rst_stream(session_.nghttp2(), NGHTTP2_FLAG_NONE, id_,
+                                                     NGHTTP2_NO_ERROR);
+    } else if (n > 0) {
+      exchange_.onClientDrained();  // the upstream may go on (it only resumes reading)
+    }
+  }
+  if (n == 0 && !*eof) return -1;
+  return static_cast<long>(n);
+}
+
+void Stream::writeHead(int status, std::vector<http::Header> fields) {
+  if (response_ != Response::None) return;
+  response_ = Response::Head;
+  const std::string code = std::to_string(status);
+  std::vector<nghttp2_nv> nva;
+  nva.reserve(fields.size() + 1);
+  nva.push_back(field(":status", code));
+  for (const http::Header& f : fields) nva.push_back(field(f.name, f.value));
+  nghttp2_data_provider provider;
+  provider.source.ptr = this;
+  provider.read_callback = readCallback;
+  // nghttp2 copies the fields; the body is read through the provider as it comes.
+  nghttp2_submit_response(session_.nghttp2(), id_, nva.data(), nva.size(), &provider);
+  session_.scheduleSend();
+}
+
+void Stream::writeContinue() {
+  const nghttp2_nv status = field(":status", "100");
+  nghttp2_submit_headers(session_.nghttp2(), NGHTTP2_FLAG_NONE, id_, nullptr, &status, 1, nullptr);
+  session_.scheduleSend();
+}
+
+void Stream::responseFinished(bool) {
+  if (response_ == Response::Finished) return;
+  response_ = Response::Finished;
+  nghttp2_session_resume_data(session_.nghttp2(), id_);
+  session_.scheduleSend();
+}
+
+void Stream::abortResponse() { reset(NGHTTP2_INTERNAL_ERROR); }
+
+std::string Stream::startTunnel() {
+  reset(NGHTTP2_INTERNAL_ERROR);
+  return {};
+}
+
+void Stream::reset(uint32_t error_code) {
+  response_ = Response::Finished;
+  reset_by_gateway_ = true;
+  session_.resetStream(*this, error_code);
+}
+
+}  // namespace sluice::http2

@@ -1,0 +1,122 @@
+#pragma once
+
+// One HTTP/2 stream (RFC 9113): one request and its response, carried by an Exchange like an
+// HTTP/1.1 request. The stream is the exchange's owner: it turns the request's fields into a
+// MessageHead, hands the DATA it receives to the exchange (its window opens as the exchange
+// takes the bytes: not while the exchange paused it), and keeps the response body until
+// nghttp2 reads it into DATA frames (Session::readBody).
+//
+// Lifetime: made by the Session when a client's HEADERS opens the stream, destroyed by the
+// Session when nghttp2 closes the stream, or with the Session. What the exchange asks from
+// inside one of its calls only records it and asks the Session to send from the loop: no call
+// here sends or receives frames, so nghttp2 never closes (destroys) this stream while its
+// exchange is running.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "http/message.h"
+#include "proxy/exchange.h"
+#include "proxy/exchange_owner.h"
+
+namespace sluice::http2 {
+
+class Session;
+
+class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses {
+ public:
+  Stream(Session& session, int32_t id, uint64_t opened_ms);
+  ~Stream() override;
+
+  int32_t id() const { return id_; }
+  uint64_t openedMs() const { return opened_ms_; }
+
+  // The request, as nghttp2 hands it over (fields already checked as RFC 9113 8.2 says).
+  void addField(std::string_view name, std::string_view value);
+  // The request's head is complete; end_stream: it has no body.
+  void headersDone(bool end_stream);
+  void onData(const char* data, size_t len);
+  void onEndStream();
+  // Trailers of the request: not forwarded (HTTP/1.1 upstreams get the body chunked, without
+  // trailer fields); their size still counts.
+  void addTrailer(std::string_view name, std::string_view value) { accountField(name, value); }
+
+  // nghttp2 closed the stream (`error_code` 0: both sides ended). The exchange lets go of
+  // everything (its decision's slots, its upstream connection) now.
+  void onClosed(uint32_t error_code);
+  // The connection ends (closed, or cut for a flood): the exchange lets go of everything now
+  // and logs `status`, `why` if it was in flight; nothing more is sent on this stream.
+  void cancel(int status, const char* why);
+  // Reads response body into a DATA frame: bytes copied, or 0 with *eof, or -1 when none is
+  // there yet (the stream waits for write() or responseFinished()).
+  long readBody(uint8_t* buf, size_t length, bool* eof);
+  // The response ended (its last byte is queued) or was cut: a reset from the client after
+  // this is not an early one.
+  bool responseDone() const { return response_ == Response::Finished; }
+  // Body bytes received that the exchange did not take yet (their window stays shut).
+  size_t unconsumed() const { return unconsumed_; }
+  bool resetByGateway() const { return reset_by_gateway_; }
+
+ private:
+  enum class Response {
+    None,      // no head yet
+    Head,      // the head is submitted; the body flows through out_
+    Finished,  // the last byte is in out_ (END_STREAM once it is read)
+  };
+
+  // proxy::ExchangeOwner
+  proxy::WorkerContext& worker() const override;
+  const std::optional<IpAddress>& peerIp() const override;
+  const std::string& peerText() const override;
+  std::string_view scheme() const override;
+  std::string_view protocol() const override { return "h2"; }
+  proxy::FramedResponses* framed() override { return this; }
+  void write(std::string_view data) override;
+  void writev(const std::string_view* parts, size_t count) override;
+  size_t pendingBytes() const override { return out_.size() - out_offset_; }
+  void pauseReading() override { paused_ = true; }
+  void resumeReading() override;
+  bool acceptsNextRequest() const override { return false; }  // one request per stream
+  void responseFinished(bool keep_alive) override;
+  void abortResponse() override;
+  // HTTP/2 has no Upgrade (RFC 9113 8.6): a request never asks for a tunnel, so the exchange
+  // never starts one; were it asked, the stream is reset.
+  std::string startTunnel() override;
+  void tunnelActivity() override {}
+  void shutdownWrite() override {}
+  void tunnelEnded() override {}
+  // proxy::FramedResponses
+  void writeHead(int status, std::vector<http::Header> fields) override;
+  void writeContinue() override;
+
+  // The field's size in the header list (RFC 9113 6.5.2: name + value + 32) against
+  // max_request_header_bytes.
+  void accountField(std::string_view name, std::string_view value);
+  void refuse(int status, const char* why);
+  void reset(uint32_t error_code);
+
+  Session& session_;
+  const int32_t id_;
+  const uint64_t opened_ms_;
+  proxy::Exchange exchange_;
+  http::MessageHead head_;
+  std::string authority_;
+  std::string path_;
+  std::string cookie_;  // every cookie field, joined with "; " (RFC 9113 8.2.3)
+  size_t header_bytes_ = 0;
+  bool header_too_large_ = false;
+  bool bad_request_ = false;  // a field HTTP/1.1 would refuse (a second :authority, say)
+  bool begun_ = false;        // the exchange has the request
+  bool paused_ = false;       // the exchange stopped taking body: its window stays shut
+  bool reset_by_gateway_ = false;
+  bool request_ended_ = false;  // END_STREAM came from the client
+  size_t unconsumed_ = 0;
+  std::string out_;  // response body not read into DATA frames yet, from out_offset_
+  size_t out_offset_ = 0;
+  Response response_ = Response::None;
+};
+
+}  // namespace sluice::http2
