@@ -29,8 +29,8 @@ from conftest import (EXIT_SLACK_S, TIMER_SLACK_S, RawClient, https_request, lim
                       tls_client_context, tls_server_toml)
 from harness.h2client import (CANCEL, ENHANCE_YOUR_CALM, INITIAL_WINDOW_SIZE,
                               MAX_CONCURRENT_STREAMS, MAX_WINDOW, NO_ERROR, PREFACE,
-                              PROTOCOL_ERROR, REFUSED_STREAM, STREAM_CLOSED, H2Client, H2Stream, check_h2_response_fields,
-                              error_name)
+                              PROTOCOL_ERROR, REFUSED_STREAM, STREAM_CLOSED, H2Client, H2Stream,
+                              check_h2_response_fields)
 from hyperframe.frame import DataFrame, RstStreamFrame, SettingsFrame, WindowUpdateFrame
 from upstream import pattern_bytes
 
@@ -128,6 +128,10 @@ def test_h2c_prior_knowledge_methods_bodies_and_http11_on_the_same_port(sluice, 
             info = s.json()
             assert info["method"] == "POST" and info["body_len"] == len(body), (name, info)
             assert info["body_sha256"] == hashlib.sha256(body).hexdigest(), name
+        sid = c.request("POST", "/echo?body=empty_data", end_stream=False)
+        c.end_stream(sid)  # an empty DATA frame ends the request
+        s = c.response(sid)
+        assert s.status == 200 and s.json()["body_len"] == 0, s
 
         s = c.response(c.request("GET", f"/bytes/{MIB}"), timeout=15)
         assert s.status == 200 and len(s.body) == MIB and s.body == pattern_bytes(MIB), \
@@ -141,6 +145,17 @@ def test_h2c_prior_knowledge_methods_bodies_and_http11_on_the_same_port(sluice, 
             assert s.header("x-upstream") == "up1", s
         s = c.response(c.request("GET", "/status/418"))
         assert s.status == 418 and s.body == b"status 418\n", s
+        # upstream framing (chunked, delimited by the close) and hop-by-hop fields do not
+        # leak into HTTP/2 (check_h2_response_fields)
+        for path in ("/chunked/100000", "/close-delimited/5000"):
+            s = c.response(c.request("GET", path), timeout=10)
+            n = int(path.rsplit("/", 1)[1])
+            assert s.status == 200 and s.body == pattern_bytes(n), (path, s)
+            check_h2_response_fields(s)
+        s = c.response(c.request("GET", "/response-headers?Keep-Alive=timeout%3D5&Upgrade=foo"
+                                 "&Proxy-Connection=keep-alive&X-Kept=Yes"))
+        assert s.status == 200 and s.header("x-kept") == "Yes" and s.body == b"ok\n", s
+        check_h2_response_fields(s)
         assert not c.goaways and not c.protocol_errors, c.describe()
 
     r = sluice.get("/echo?h1=after")
@@ -209,6 +224,8 @@ def test_tls_alpn_h2_and_http11_on_the_same_port(sluice_factory, upstream, tls_p
         assert hv(info["headers"], "host") == ["default.test"], info
         s = c.response(c.request("POST", "/echo", body=b"over tls" * 10000), timeout=10)
         assert s.status == 200 and s.json()["body_len"] == 80000, s
+        s = c.response(c.request("GET", f"/bytes/{MIB}"), timeout=10)
+        assert s.status == 200 and s.body == pattern_bytes(MIB), (s.status, len(s.body))
     # http/1.1 again after an h2 connection
     r = https_request(gw.port, "GET", "/echo", context=tls_client_context(root, alpn=["http/1.1"]),
                       server_hostname="default.test")
@@ -325,6 +342,29 @@ def test_max_concurrent_streams_advertised_and_enforced(sluice_factory, upstream
     assert not [r for r in upstream.requests if "extra" in r["target"]], upstream.requests
 
 
+def test_streams_past_the_limit_before_the_settings_ack_are_refused(sluice_factory, upstream):
+    """A client that opens 8 streams with its preface, before it has seen the gateway's
+    SETTINGS (it may assume no limit until then): 5 are served, 3 are refused with
+    RST_STREAM (REFUSED_STREAM, safe to retry), never forwarded, and the connection goes on."""
+    gw = sluice_factory(upstream, server={"max_concurrent_streams": 5})
+    with H2Client(gw.port, preface=False) as c:
+        f = SettingsFrame(0)
+        f.settings[2] = 0  # ENABLE_PUSH
+        sids = [c.new_stream_id() for _ in range(8)]
+        c.send_raw(PREFACE + f.serialize() + b"".join(
+            c.header_frames(sid, c.request_headers("GET", f"/slow/500?i={sid}"), True)
+            for sid in sids))
+        got = c.responses(sids, timeout=5)
+        assert not c.goaways, c.describe()
+        served = [s for s in got if s.status == 200]
+        refused = [s for s in got if s.reset is not None]
+        assert len(served) == 5 and len(refused) == 3, got
+        assert all(s.reset == REFUSED_STREAM for s in refused), refused
+        h2_ok(c, "/echo?after=1")
+    targets = {r["target"] for r in upstream.requests}
+    assert not [s for s in refused if f"/slow/500?i={s.id}" in targets], targets
+
+
 # ------------------------------------------------------------------------ 4. rate limits
 
 def _check_429(s, limit):
@@ -393,13 +433,24 @@ def test_rate_limit_per_stream_one_connection_and_four(sluice_factory, upstream,
 
 # ------------------------------------------------------------------------ 5. header list bound
 
-@pytest.mark.parametrize("size", [6000, 40000], ids=["one_frame", "continuation"])
-def test_header_list_too_large_431_and_the_connection_goes_on(sluice_factory, upstream, size):
+BIG_HEADERS = {
+    "one_frame": [("x-big", "a" * 6000)],
+    "continuation": [("x-big", "a" * 40000)],  # HEADERS + CONTINUATION
+    # 9 KB decoded from a block of some 2.3 KB: HPACK refers to the dynamic table entry twice
+    "hpack_indexed": [("x-rep", "r" * 3000)] * 3,
+    "many_fields": [(f"x-h{i}", "v" * 40) for i in range(120)],
+}
+
+
+@pytest.mark.parametrize("kind", list(BIG_HEADERS))
+def test_header_list_too_large_431_and_the_connection_goes_on(sluice_factory, upstream, kind):
+    """max_request_header_bytes = 4096 bounds the decoded header list, whatever the size of
+    the HPACK block that carries it."""
     gw = sluice_factory(upstream, server={"max_request_header_bytes": 4096})
     with open_h2(gw.port) as c:
         s = h2_ok(c, "/echo?small=1", headers=[("x-fits", "b" * 2000)])
         assert hv(s.json()["headers"], "x-fits") == ["b" * 2000]
-        s = c.response(c.request("GET", "/echo?big=1", [("x-big", "a" * size)]))
+        s = c.response(c.request("GET", "/echo?big=1", BIG_HEADERS[kind]))
         assert s.status == 431, f"{s!r} ({c.describe()})"
         h2_ok(c, "/echo?next=1")
         assert not c.goaways, c.describe()
@@ -500,22 +551,45 @@ def flood(c, frames_for, limit=2000, batch=20, paced=False):
     return sent
 
 
-def assert_calmed_and_gateway_fine(gw, c, sent, probe, first_is_fatal=()):
+def assert_upstream_spared(upstream, conns_before, sent):
+    """Streams that ended at once (reset by the client, or by the gateway for what their own
+    frames said) cost the upstream little: few requests, and few connections (a connect
+    started for each stream and then dropped is a connection flood of its own, and other
+    clients get 502 from an upstream whose accept queue it fills)."""
+    time.sleep(0.3)  # connects still in flight arrive
+    forwarded = sum(1 for r in upstream.requests if r["target"].startswith("/status/"))
+    opened = upstream.connection_count - conns_before
+    assert forwarded < max(2, sent // 20), f"{forwarded} of {sent} such streams reached the upstream"
+    assert opened < max(5, sent // 20), \
+        f"{opened} upstream connections opened for {sent} streams that ended at once " \
+        f"({forwarded} of them forwarded)"
+
+
+def assert_calmed(c, sent, first_is_fatal=()):
     """GOAWAY ENHANCE_YOUR_CALM and the connection closed; or, for `first_is_fatal` codes,
     a connection error at the first provocation, before the gateway reset any stream (what
-    libnghttp2 does for WINDOW_UPDATE 0 and DATA after END_STREAM: nothing left to flood).
-    The gateway then serves other clients."""
+    libnghttp2 does for WINDOW_UPDATE 0 and DATA after END_STREAM: nothing left to flood)."""
     resets = sum(1 for s in c.streams.values() if s.reset is not None)
     codes = [code for code, _, _ in c.goaways]
     at_once = bool(codes) and codes[0] in first_is_fatal and resets == 0
     assert ENHANCE_YOUR_CALM in codes or at_once, \
         f"after {sent} streams ({resets} reset by the gateway): {c.describe()}"
     assert c.closed, f"connection still open after GOAWAY: {c.describe()}"
+
+
+def assert_gateway_fine(gw, c, probe):
+    """The other clients: served during the flood (the probe) and after it; no connection left
+    counted open."""
     assert gw.alive()
     with open_h2(gw.port) as other:
         h2_ok(other, "/echo?after_flood=1")
     assert gw.get("/echo").status == 200
-    assert probe.results and all(r == 200 for r in probe.results), probe.results[:10]
+    assert probe.results and all(r == 200 for r in probe.results), \
+        f"a client served during the flood: {probe.results[:20]}"
+    assert wait_metric(gw, "sluice_http2_connections_open", lambda v: v == 0) == 0, \
+        "HTTP/2 connections still counted open after their clients left"
+    if ENHANCE_YOUR_CALM in [code for code, _, _ in c.goaways]:
+        assert metric_sum(gw, "sluice_http2_goaways_total", reason="enhance_your_calm") >= 1
 
 
 @pytest.mark.slow
@@ -528,12 +602,10 @@ def test_rapid_reset_gets_goaway_enhance_your_calm(sluice, upstream):
         assert not polite.goaways, polite.describe()
 
     with Http11Probe(sluice.port) as probe, open_h2(sluice.port) as c:
-        def frames(sid):
-            return (c.header_frames(sid, c.request_headers("GET", "/status/200"), True)
-                    + RstStreamFrame(sid, error_code=CANCEL).serialize())
-        sent = flood(c, frames)
+        sent = flood(c, lambda sid: provoking_frames(c, "rapid_reset", sid))
         time.sleep(0.2)
-    assert_calmed_and_gateway_fine(sluice, c, sent, probe)
+    assert_calmed(c, sent)
+    assert_gateway_fine(sluice, c, probe)
 
 
 # How each kind provokes a stream error (RFC 9113), and the connection error that libnghttp2
@@ -554,6 +626,29 @@ PROVOCATIONS = {
 }
 
 
+def provoking_frames(c, kind, sid):
+    """The frames of one stream of a flood: "rapid_reset" (HEADERS, then RST_STREAM CANCEL) or
+    one of PROVOCATIONS."""
+    get = c.request_headers("GET", "/status/200")
+    if kind == "rapid_reset":
+        return c.header_frames(sid, get, True) + RstStreamFrame(sid, error_code=CANCEL).serialize()
+    if kind == "window_update_0":
+        return c.header_frames(sid, get, False) + WindowUpdateFrame(sid, window_increment=0).serialize()
+    if kind == "window_overflow":
+        return (c.header_frames(sid, get, False)
+                + WindowUpdateFrame(sid, window_increment=MAX_WINDOW).serialize())
+    if kind == "connection_field":
+        return c.header_frames(sid, get + [("connection", "keep-alive")], True)
+    data = DataFrame(sid)
+    data.data = b"xx"
+    data.flags.add("END_STREAM")
+    if kind == "content_length_exceeded":
+        post = c.request_headers("POST", "/status/200", [("content-length", "1")])
+        return c.header_frames(sid, post, False) + data.serialize()
+    assert kind == "data_after_end_stream", kind
+    return c.header_frames(sid, get, True) + data.serialize()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(PROVOCATIONS))
 def test_made_you_reset_gets_goaway_enhance_your_calm(sluice, upstream, kind):
@@ -561,30 +656,26 @@ def test_made_you_reset_gets_goaway_enhance_your_calm(sluice, upstream, kind):
     GOAWAY ENHANCE_YOUR_CALM and is closed; where the first such frame is already a
     connection error, that GOAWAY will do. Another client is served meanwhile and after."""
     with Http11Probe(sluice.port) as probe, open_h2(sluice.port) as c:
-        def frames(sid):
-            get = c.request_headers("GET", "/status/200")
-            if kind == "window_update_0":
-                return (c.header_frames(sid, get, False)
-                        + WindowUpdateFrame(sid, window_increment=0).serialize())
-            if kind == "window_overflow":
-                return (c.header_frames(sid, get, False)
-                        + WindowUpdateFrame(sid, window_increment=MAX_WINDOW).serialize())
-            if kind == "connection_field":
-                return c.header_frames(sid, get + [("connection", "keep-alive")], True)
-            data = DataFrame(sid)
-            data.data = b"xx"
-            data.flags.add("END_STREAM")
-            if kind == "content_length_exceeded":
-                post = c.request_headers("POST", "/status/200", [("content-length", "1")])
-                return c.header_frames(sid, post, False) + data.serialize()
-            return c.header_frames(sid, get, True) + data.serialize()
-        sent = flood(c, frames, paced=True)
+        sent = flood(c, lambda sid: provoking_frames(c, kind, sid), paced=True)
         time.sleep(0.2)
     fatal = PROVOCATIONS[kind]
-    assert_calmed_and_gateway_fine(sluice, c, sent, probe,
-                                   first_is_fatal=(fatal,) if fatal is not None else ())
-    forwarded = sum(1 for r in upstream.requests if r["target"].startswith("/status/"))
-    assert forwarded < max(2, sent // 2), f"{forwarded} of {sent} provoking streams reached the upstream"
+    assert_calmed(c, sent, first_is_fatal=(fatal,) if fatal is not None else ())
+    assert_gateway_fine(sluice, c, probe)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["rapid_reset", "window_overflow", "content_length_exceeded"])
+def test_streams_that_end_at_once_cost_the_upstream_little(sluice, upstream, kind):
+    """Streams reset in the same read that opened them (by the client, or by the gateway for
+    what their own frames said) are not worth an upstream connection each: a connect started
+    per stream and then dropped is a connection flood of its own (one client's 400 streams,
+    some 130 connects here), and other clients get 502 (connect_timeout) from an upstream
+    whose accept queue it fills. At most one in 20 may open one; few are forwarded."""
+    conns = upstream.connection_count
+    with open_h2(sluice.port) as c:
+        sent = flood(c, lambda sid: provoking_frames(c, kind, sid), limit=400,
+                     paced=kind != "rapid_reset")
+    assert_upstream_spared(upstream, conns, sent)
 
 
 # ------------------------------------------------------------------------ 9. idle
@@ -593,7 +684,8 @@ def test_idle_h2_connection_gets_goaway_no_error(sluice_factory, upstream):
     """idle_timeout 1s: a connection whose last stream has ended gets GOAWAY NO_ERROR after
     1 s and is closed. One that never opened a stream is closed the same way after
     idle_timeout or request_header_timeout (2 s here: an HTTP/1.1 connection that never sent
-    a request waits that long), not later."""
+    a request waits that long), not later. One whose stream waits 1.6 s for the upstream is
+    not idle."""
     gw = sluice_factory(upstream, server={"idle_timeout": "1s", "request_header_timeout": "2s"})
     results = {}
 
@@ -610,13 +702,23 @@ def test_idle_h2_connection_gets_goaway_no_error(sluice_factory, upstream):
         except BaseException as e:  # noqa: BLE001 - reported below
             results[name] = ([], None, None, f"{type(e).__name__}: {e}")
 
+    def busy():
+        try:
+            with open_h2(gw.port) as c:
+                s = c.response(c.request("GET", "/slow/1600"), timeout=4)
+                results["busy"] = (s.status, c.goaways_text())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            results["busy"] = (None, f"{type(e).__name__}: {e}")
+
     threads = [threading.Thread(target=watch, args=("fresh", False)),
-               threading.Thread(target=watch, args=("after_request", True))]
+               threading.Thread(target=watch, args=("after_request", True)),
+               threading.Thread(target=busy)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(10)
-    assert len(results) == 2, results
+    assert len(results) == 3, results
+    assert results.pop("busy") == (200, "none"), "a stream in flight for 1.6 s is not idle"
     for name, (goaways, at, closed_at, text) in results.items():
         assert goaways and goaways[0][0] == NO_ERROR, (name, text)
         assert closed_at is not None and closed_at - at < 1.0, (name, closed_at, text)
@@ -624,6 +726,7 @@ def test_idle_h2_connection_gets_goaway_no_error(sluice_factory, upstream):
     assert 0.9 <= at < 1.0 + TIMER_SLACK_S, f"GOAWAY {at:.2f}s after the last stream (idle_timeout 1s)"
     at = results["fresh"][1]
     assert 0.9 <= at < 2.0 + TIMER_SLACK_S, f"GOAWAY {at:.2f}s after the preface (idle_timeout 1s)"
+    assert metric_sum(gw, "sluice_http2_goaways_total", reason="idle") == 2
 
 
 # ------------------------------------------------------------------------ 10. drain
@@ -739,4 +842,8 @@ def test_reader_that_never_opens_its_window(sluice_factory, upstream, asan_small
         assert len(s1.data) == 65535 and not s1.done, f"stream window overrun: {len(s1.data)}"
         grown = settled_rss_kb(gw) - baseline
         assert grown < 64 * 1024, f"RSS grew {grown // 1024} MiB behind a shut stream window"
+        cid = int(s1.header("x-upstream-conn"))
     assert gw.alive()
+    # the client left: the upstream connection that was sending the 100 MiB is closed
+    assert upstream.wait_for(lambda u: not [k for k in u.connections if k.id == cid and k.open], 3)
+    assert wait_metric(gw, "sluice_http2_connections_open", lambda v: v == 0) == 0
