@@ -167,6 +167,21 @@ def test_h2c_prior_knowledge_methods_bodies_and_http11_on_the_same_port(sluice, 
     assert r.status == 200 and r.json()["target"] == "/echo?h1=after", r
 
 
+def test_upstream_failures_end_only_their_stream(sluice, upstream):
+    """An upstream that closes without answering: 502 on that stream. One that cuts its
+    response after the head: the stream is reset, never ended as if complete (a client would
+    take the truncated body for the whole). The connection serves the next stream."""
+    with open_h2(sluice.port) as c:
+        s = c.response(c.request("GET", "/close-now"))
+        assert s.status == 502, s
+        for path in ("/close-mid", "/close-mid?chunked=1"):
+            s = c.response(c.request("GET", path), timeout=5)
+            assert s.reset is not None and not s.ended, f"{path}: {s!r}"
+            assert s.status in (None, 200) and len(s.body) <= 1000, s
+            h2_ok(c, f"/echo?after={path}")
+        assert not c.goaways, c.describe()
+
+
 def test_curl_http2_prior_knowledge(sluice, upstream, tmp_path):
     body = pattern_bytes(300_000)
     (tmp_path / "body.bin").write_bytes(body)
@@ -900,3 +915,23 @@ def test_reader_that_never_opens_its_window(sluice_factory, upstream, asan_small
     # the client left: the upstream connection that was sending the 100 MiB is closed
     assert upstream.wait_for(lambda u: not [k for k in u.connections if k.id == cid and k.open], 3)
     assert wait_metric(gw, "sluice_http2_connections_open", lambda v: v == 0) == 0
+
+
+def test_send_timeout_ends_a_stream_whose_window_stays_shut(sluice_factory, upstream):
+    """send_timeout (README: a response the client takes no byte of for this long is ended,
+    with the upstream connection feeding it): on HTTP/2, a stream whose window stays shut gets
+    RST_STREAM (or its connection GOAWAY) within send_timeout, instead of holding its upstream
+    connection as long as the client likes."""
+    gw = sluice_factory(upstream, server={"send_timeout": "1s"})
+    with open_h2(gw.port, auto_window=False, timeout=10) as c:
+        sid = c.request("GET", f"/bytes/{10 * MIB}")
+        s = c.streams[sid]
+        assert c.wait(lambda: len(s.data) >= 65535, 3), c.describe()
+        t0 = time.monotonic()
+        c.wait(lambda: s.reset is not None or bool(c.goaways), 1.0 + TIMER_SLACK_S + 1.0)
+        waited = time.monotonic() - t0
+        assert s.reset is not None or c.goaways, \
+            f"stream {sid} still open {waited:.1f}s after its window shut (send_timeout 1s): {c.describe()}"
+        cid = int(s.header("x-upstream-conn"))
+    assert upstream.wait_for(lambda u: not [k for k in u.connections if k.id == cid and k.open], 3)
+
