@@ -221,6 +221,80 @@ def test_http2_false_preface_not_served_as_http2(sluice_factory, upstream):
     assert upstream.request_count == 1
 
 
+class H2cUpgradeUpstream:
+    """An upstream that takes `Upgrade: h2c` (as h2c-capable servers do): 101, then whatever
+    it sends is the other protocol. It records each request head it gets."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.heads = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(5)
+        self.sock.close()
+
+    def _run(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        conn.settimeout(5)
+        with conn:
+            head = b""
+            try:
+                while b"\r\n\r\n" not in head:
+                    data = conn.recv(65536)
+                    if not data:
+                        return
+                    head += data
+                self.heads.append(head)
+                if b"\r\nupgrade: h2c" in head.lower():
+                    conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\n"
+                                 b"Upgrade: h2c\r\n\r\nSMUGGLED: the upstream speaks to the client")
+                    time.sleep(0.5)
+                else:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            except OSError:
+                pass
+
+
+def test_http11_upgrade_h2c_is_not_tunnelled_to_the_upstream(sluice_factory):
+    """h2c is spoken by prior knowledge only (RFC 9113 dropped the Upgrade: h2c dance): the
+    gateway neither forwards `Upgrade: h2c` nor tunnels an upstream's 101 for it, else a client
+    gets a raw HTTP/2 connection to the upstream past routing and rate limits (h2c
+    smuggling). The request is answered as plain HTTP/1.1 (or upgraded by the gateway
+    itself)."""
+    with H2cUpgradeUpstream() as up:
+        gw = sluice_factory(upstreams=[{"name": "app", "endpoints": [up.port]}])
+        with RawClient(gw.port, timeout=5) as c:
+            c.request("GET", "/", [("Connection", "Upgrade, HTTP2-Settings"), ("Upgrade", "h2c"),
+                                   ("HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA")])
+            r = c.read_final_response()
+            rest = c.recv_some() if c.data_pending(0.3) else b""
+        assert b"SMUGGLED" not in rest + r.body, f"the upstream's h2c tunnelled to the client: {r!r}"
+        assert not [h for h in up.heads if b"\r\nupgrade: h2c" in h.lower()], up.heads
+        # plain HTTP/1.1, or an upgrade the gateway makes itself (RFC 7540 3.2; HTTP/2 follows)
+        assert (r.status == 200 and r.body == b"ok") or (r.status == 101 and rest[3:4] == b"\x04"), \
+            (r, rest[:40])
+
+
 # ------------------------------------------------------------------------ 2. TLS and ALPN
 
 def test_tls_alpn_h2_and_http11_on_the_same_port(sluice_factory, upstream, tls_pki):
