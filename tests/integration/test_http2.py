@@ -607,6 +607,41 @@ def test_connection_specific_field_refused_never_forwarded(sluice, upstream, nam
     assert not [r for r in upstream.requests if "bad=1" in r["target"]], upstream.requests
 
 
+# Requests whose fields would change meaning once written as HTTP/1.1 upstream (request line
+# or header injection, H2-to-HTTP/1.1 smuggling), or that RFC 9113 8.2/8.3 calls malformed.
+MALFORMED = {
+    "path_space": dict(path="/echo?a b"),
+    "path_crlf": dict(path="/echo?a\r\nX-Injected: 1"),
+    "path_request_line": dict(path="/echo HTTP/1.1\r\nX-Injected: 1\r\n\r\nGET /echo"),
+    "path_not_origin_form": dict(path="echo"),
+    "value_crlf": dict(headers=[("x-a", "1\r\nX-Injected: yes")]),
+    "value_lf": dict(headers=[("x-a", "1\nX-Injected: yes")]),
+    "value_nul": dict(headers=[("x-a", "1\x00b")]),
+    "value_padded": dict(headers=[("x-a", " padded ")]),
+    "name_upper_case": dict(headers=[("X-Upper", "1")]),
+    "name_space": dict(headers=[("x a", "1")]),
+    "name_colon": dict(headers=[("x:a", "1")]),
+    "method_space": dict(method="GET /x"),
+    "authority_crlf": dict(authority="a.test\r\nX-Injected: 1"),
+    "authority_userinfo": dict(authority="user@a.test"),
+    "two_content_lengths": dict(method="POST", headers=[("content-length", "5"),
+                                                        ("content-length", "6")], body=b"hello"),
+}
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED))
+def test_malformed_request_refused_never_forwarded(sluice, upstream, kind):
+    case = MALFORMED[kind]
+    with open_h2(sluice.port) as c:
+        s = c.response(c.request(case.get("method", "GET"), case.get("path", "/echo?bad=1"),
+                                 case.get("headers", []), case.get("body"),
+                                 authority=case.get("authority")), timeout=3)
+        assert s.reset == PROTOCOL_ERROR or s.status == 400, s
+        if not c.goaways:
+            h2_ok(c, "/echo?good=1")
+    assert [r["target"] for r in upstream.requests] in ([], ["/echo?good=1"]), upstream.requests
+
+
 # ------------------------------------------------------------------------ 7. :authority
 
 def test_authority_is_the_host_upstream_and_routes(sluice_factory, upstream_factory):
