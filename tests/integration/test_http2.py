@@ -564,6 +564,33 @@ def test_rate_limit_per_stream_one_connection_and_four(sluice_factory, upstream,
             assert s.body == pattern_bytes(10), s
 
 
+def test_concurrency_slots_freed_by_rst_stream_and_by_the_close(sluice_factory, upstream, valkey):
+    """algorithm = "concurrency", 2 slots: two hanging streams hold both (a third stream gets
+    429); RST_STREAM on them frees both at once, on the same connection; closing the
+    connection frees the slot of the stream left open."""
+    cfg = {"name": "in_flight", "algorithm": "concurrency", "by": ["ip"], "limit": 2}
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, [cfg])
+
+    def held():
+        return metric_sum(gw, "sluice_concurrency_slots_held")
+
+    with open_h2(gw.port) as c:
+        hanging = [c.request("GET", "/hang"), c.request("GET", "/hang")]
+        assert wait_metric(gw, "sluice_concurrency_slots_held", lambda v: v == 2) == 2
+        s = c.response(c.request("GET", "/status/200"))
+        assert s.status == 429, s
+        for sid in hanging:
+            c.reset_stream(sid, CANCEL)
+        assert wait_metric(gw, "sluice_concurrency_slots_held", lambda v: v == 0) == 0, \
+            "slots still held after RST_STREAM of their streams"
+        h2_ok(c, "/status/200")
+        c.request("GET", "/hang")
+        assert wait_metric(gw, "sluice_concurrency_slots_held", lambda v: v == 1) == 1
+    assert wait_metric(gw, "sluice_concurrency_slots_held", lambda v: v == 0) == 0, \
+        "a slot still held after its connection closed"
+    assert held() == 0
+
+
 # ------------------------------------------------------------------------ 5. header list bound
 
 BIG_HEADERS = {
