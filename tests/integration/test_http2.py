@@ -955,6 +955,26 @@ def test_sigterm_goaway_then_the_stream_in_flight_completes_and_exit_0(sluice_fa
     assert elapsed < 1.5 + EXIT_SLACK_S + 0.5, f"exit {elapsed:.2f}s after SIGTERM"
 
 
+def test_reload_applies_to_new_streams_of_an_open_connection(sluice_factory, upstream_factory):
+    """SIGHUP: new requests take the new configuration; on HTTP/2 the next stream of a
+    connection opened before the reload is a new request (one kept for hours must not keep
+    old routes), while a stream in flight finishes on the old one."""
+    from test_operations_reload import edit, reload
+    a, b = upstream_factory("A"), upstream_factory("B")
+    gw = sluice_factory(upstreams=[{"name": "a", "endpoints": [a]}, {"name": "b", "endpoints": [b]}],
+                        routes=[{"name": "all", "match": {"path_prefix": "/"}, "upstream": "a"}])
+    with open_h2(gw.port, timeout=10) as c:
+        assert h2_ok(c, "/echo?before=1").header("x-upstream") == "A"
+        in_flight = c.request("GET", "/slow/1000")
+        assert a.wait_for(lambda u: any("/slow/" in r["target"] for r in u.requests), 3)
+        reload(gw, edit(gw, 'upstream = "a"', 'upstream = "b"'))
+        s = h2_ok(c, "/echo?after=1")
+        assert s.header("x-upstream") == "B", "a stream opened after the reload took the old route"
+        s = c.response(in_flight, timeout=5)
+        assert s.status == 200 and s.header("x-upstream") == "A", s
+        assert not c.goaways, c.describe()
+
+
 # ------------------------------------------------------------------------ 11. access log
 
 def test_access_log_protocol_field(sluice_factory, upstream, tmp_path):
