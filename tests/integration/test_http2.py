@@ -570,10 +570,6 @@ def test_concurrency_slots_freed_by_rst_stream_and_by_the_close(sluice_factory, 
     connection frees the slot of the stream left open."""
     cfg = {"name": "in_flight", "algorithm": "concurrency", "by": ["ip"], "limit": 2}
     gw = sluice_with_limits(sluice_factory, upstream, valkey, [cfg])
-
-    def held():
-        return metric_sum(gw, "sluice_concurrency_slots_held")
-
     with open_h2(gw.port) as c:
         hanging = [c.request("GET", "/hang"), c.request("GET", "/hang")]
         assert wait_metric(gw, "sluice_concurrency_slots_held", lambda v: v == 2) == 2
@@ -588,7 +584,6 @@ def test_concurrency_slots_freed_by_rst_stream_and_by_the_close(sluice_factory, 
         assert wait_metric(gw, "sluice_concurrency_slots_held", lambda v: v == 1) == 1
     assert wait_metric(gw, "sluice_concurrency_slots_held", lambda v: v == 0) == 0, \
         "a slot still held after its connection closed"
-    assert held() == 0
 
 
 # ------------------------------------------------------------------------ 5. header list bound
