@@ -119,6 +119,22 @@ int Parser::onHeaderValue(llhttp_t* p, const char* at, size_t len) noexcept {
   return 0;
 }
 
+namespace {
+
+// The request's Upgrade names h2c (any of its protocols).
+bool upgradesToH2c(const HeaderMap& headers) {
+  bool h2c = false;
+  for (const auto& field : headers) {
+    if (!iequals(field.name, "upgrade")) continue;
+    forEachListElement(field.value, [&](std::string_view protocol) {
+      if (iequals(protocol, "h2c")) h2c = true;
+    });
+  }
+  return h2c;
+}
+
+}  // namespace
+
 int Parser::onHeadersComplete(llhttp_t* p) noexcept {
   Parser* s = self(p);
   MessageHead& head = s->head_;
@@ -149,6 +165,16 @@ int Parser::onHeadersComplete(llhttp_t* p) noexcept {
   // after it, whatever Connection says, so that nothing read after it is trusted.
   if (head.isHttp10() && (p->flags & F_TRANSFER_ENCODING)) head.keep_alive = false;
   head.upgrade = p->upgrade != 0;
+  if (s->type_ == Type::Request && head.upgrade && upgradesToH2c(head.headers)) {
+    // RFC 9113 3.1 deprecates the h2c Upgrade; a server may ignore an Upgrade (RFC 9110 7.8),
+    // and Sluice does: the request is answered as HTTP/1.1 and the fields go nowhere.
+    // Forwarding them would let the upstream switch the connection to HTTP/2 inside a tunnel
+    // that every later request crosses unrouted and unlimited (h2c smuggling).
+    p->upgrade = 0;  // llhttp reads it after this callback: the body and what follows are HTTP/1.1
+    head.upgrade = false;
+    head.headers.remove("upgrade");
+    head.headers.remove("http2-settings");
+  }
   s->head_complete_ = true;
   if (s->type_ == Type::Request && s->limits_.max_body_bytes > 0 && head.content_length &&
       *head.content_length > s->limits_.max_body_bytes) {

@@ -125,6 +125,16 @@ void Session::onRead(const char* data, size_t len) {
     closeNow();
     return;
   }
+  // What this read asked for goes out first: the resets nghttp2 queued for stream errors
+  // close their streams as they are sent. Then the streams whose heads came in this read
+  // begin, unless the client reset them, or made them be reset, meanwhile.
+  send();
+  std::vector<int32_t> ready;
+  ready.swap(to_begin_);
+  if (ready.empty() || calm_ || state_ == State::Closed || state_ == State::Lingering) return;
+  for (int32_t id : ready) {
+    if (Stream* s = stream(id)) s->begin();
+  }
   send();
 }
 

@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <vector>
 
 #include "core/ip_address.h"
 #include "core/timer.h"
@@ -73,6 +74,8 @@ class Session {
   // A stream's reset, sent by the gateway itself (the response was cut, or refused): not one the
   // client provoked.
   void resetStream(Stream& stream, uint32_t error_code);
+  // The stream's head is accepted: it begins once the read in progress is through.
+  void beginLater(int32_t id) { to_begin_.push_back(id); }
 
  private:
   enum class State {
@@ -122,6 +125,7 @@ class Session {
   const std::string& peer_text_;
   nghttp2_session* session_ = nullptr;
   std::unordered_map<int32_t, std::unique_ptr<Stream>> streams_;
+  std::vector<int32_t> to_begin_;  // streams whose head came in the read in progress
   Timer timer_;
   Timer send_later_;    // runs send() on the next loop iteration
   Timer send_timeout_;  // send_timeout: bytes the client has not taken

@@ -8,6 +8,7 @@
 #include "http/headers.h"
 #include "http2/session.h"
 #include "proxy/worker_context.h"
+#include "stats/stats.h"
 
 namespace sluice::http2 {
 
@@ -36,7 +37,12 @@ nghttp2_nv field(std::string_view name, std::string_view value) {
 }  // namespace
 
 Stream::Stream(Session& session, int32_t id, uint64_t opened_ms)
-    : session_(session), id_(id), opened_ms_(opened_ms), exchange_(*this) {
+    : session_(session),
+      id_(id),
+      opened_ms_(opened_ms),
+      exchange_(*this),
+      send_timer_(session.worker().loop(), onSendTimeout, this),
+      body_timer_(session.worker().loop(), onBodyTimeout, this) {
   head_.version_major = 2;
   head_.version_minor = 0;
 }
@@ -88,6 +94,11 @@ void Stream::headersDone(bool end_stream) {
     refuse(431, "the request's header list is larger than max_request_header_bytes");
     return;
   }
+  if (head_.content_length &&
+      *head_.content_length > worker().snapshot()->config->server.max_request_body_bytes) {
+    refuse(413, "the request body is larger than max_request_body_bytes");
+    return;
+  }
   if (head_.method == "CONNECT") {
     refuse(405, "CONNECT is not supported");
     return;
@@ -117,9 +128,30 @@ void Stream::headersDone(bool end_stream) {
   head_.keep_alive = true;
   // A body of unknown length goes upstream chunked.
   head_.chunked = !end_stream && !head_.content_length;
+  if (end_stream) request_ended_ = true;
+  session_.beginLater(id_);
+}
+
+void Stream::begin() {
+  if (begun_ || response_ == Response::Finished) return;
   begun_ = true;
+  if (!request_ended_) {
+    body_timer_.start(static_cast<uint64_t>(
+        worker().snapshot()->config->server.request_body_timeout.count()));
+  }
   exchange_.begin(std::move(head_));
-  if (end_stream) onEndStream();
+  if (!early_body_.empty()) {
+    std::string early;
+    early.swap(early_body_);
+    exchange_.onRequestBody(early.data(), early.size());
+    if (paused_) {
+      unconsumed_ += early.size();
+    } else {
+      nghttp2_session_consume(session_.nghttp2(), id_, early.size());
+      session_.scheduleSend();
+    }
+  }
+  if (request_ended_) exchange_.onRequestComplete();
 }
 
 void Stream::refuse(int status, const char* why) {
@@ -128,8 +160,29 @@ void Stream::refuse(int status, const char* why) {
 }
 
 void Stream::onData(const char* data, size_t len) {
-  if (begun_) exchange_.onRequestBody(data, len);
-  if (paused_ && begun_) {
+  body_bytes_ += len;
+  const size_t max = worker().snapshot()->config->server.max_request_body_bytes;
+  if (response_ == Response::Finished) {
+    // Answered (or refused) already: what is on its way is dropped (readBody() resets the
+    // stream once the answer ended).
+    nghttp2_session_consume(session_.nghttp2(), id_, len);
+    return;
+  }
+  if (body_bytes_ > max) {
+    nghttp2_session_consume(session_.nghttp2(), id_, len);
+    if (!exchange_.refuse(413, "the request body is larger than max_request_body_bytes")) {
+      reset(NGHTTP2_CANCEL);  // the response had started: only the stream can go
+      return;
+    }
+    responseFinished(false);
+    return;
+  }
+  if (!begun_) {
+    early_body_.append(data, len);  // consumed once the exchange has it
+    return;
+  }
+  exchange_.onRequestBody(data, len);
+  if (paused_) {
     unconsumed_ += len;
     return;
   }
@@ -138,7 +191,33 @@ void Stream::onData(const char* data, size_t len) {
 
 void Stream::onEndStream() {
   request_ended_ = true;
+  body_timer_.stop();
   if (begun_) exchange_.onRequestComplete();
+}
+
+void Stream::armSendTimer() {
+  if (pendingBytes() > 0 && !send_timer_.active()) {
+    send_timer_.start(
+        static_cast<uint64_t>(worker().snapshot()->config->server.sendTimeout().count()));
+  }
+}
+
+void Stream::onSendTimeout(void* self) {
+  auto* stream = static_cast<Stream*>(self);
+  stream->worker().stats().client_timeouts[stats::ClientTimeout::Send].inc();
+  stream->exchange_.abort(499, "the client stopped reading (send_timeout)");
+  stream->reset(NGHTTP2_CANCEL);
+}
+
+void Stream::onBodyTimeout(void* self) {
+  auto* stream = static_cast<Stream*>(self);
+  stream->worker().stats().client_timeouts[stats::ClientTimeout::Body].inc();
+  if (stream->exchange_.refuse(408,
+                               "the request body did not arrive within request_body_timeout")) {
+    stream->responseFinished(false);
+  } else {
+    stream->reset(NGHTTP2_CANCEL);
+  }
 }
 
 void Stream::resumeReading() {
@@ -157,6 +236,9 @@ void Stream::onClosed(uint32_t error_code) {
 
 void Stream::cancel(int status, const char* why) {
   response_ = Response::Finished;
+  paused_ = false;
+  send_timer_.stop();
+  body_timer_.stop();
   if (begun_) exchange_.abort(status, why);
 }
 
@@ -167,6 +249,7 @@ void Stream::write(std::string_view data) {
     out_offset_ = 0;
   }
   out_.append(data);
+  armSendTimer();
   nghttp2_session_resume_data(session_.nghttp2(), id_);
   session_.scheduleSend();
 }
@@ -185,12 +268,16 @@ long Stream::readBody(uint8_t* buf, size_t length, bool* eof) {
   if (out_offset_ == out_.size()) {
     out_.clear();
     out_offset_ = 0;
+    send_timer_.stop();
     if (response_ == Response::Finished) {
       *eof = true;
-      // The answer is complete while the client still sends: the rest is not wanted (RFC
-      // 9113 8.1), and the stream closes once the END_STREAM went.
-      if (!request_ended_) nghttp2_submit_rst_stream(session_.nghttp2(), NGHTTP2_FLAG_NONE, id_,
-                                                     NGHTTP2_NO_ERROR);
+      // The answer is complete while the client still sends: the rest of its body is not
+      // wanted (RFC 9113 8.1; nginx does the same). The RST_STREAM (NO_ERROR) follows the
+      // END_STREAM; DATA already on its way is read and dropped.
+      if (!request_ended_ && !discard_reset_) {
+        discard_reset_ = true;
+        nghttp2_submit_rst_stream(session_.nghttp2(), NGHTTP2_FLAG_NONE, id_, NGHTTP2_NO_ERROR);
+      }
     } else if (n > 0) {
       exchange_.onClientDrained();  // the upstream may go on (it only resumes reading)
     }
@@ -224,6 +311,7 @@ void Stream::writeContinue() {
 void Stream::responseFinished(bool) {
   if (response_ == Response::Finished) return;
   response_ = Response::Finished;
+  resumeReading();  // what the exchange held back is dropped now: its window opens again
   nghttp2_session_resume_data(session_.nghttp2(), id_);
   session_.scheduleSend();
 }
@@ -236,6 +324,8 @@ std::string Stream::startTunnel() {
 }
 
 void Stream::reset(uint32_t error_code) {
+  send_timer_.stop();
+  body_timer_.stop();
   response_ = Response::Finished;
   reset_by_gateway_ = true;
   session_.resetStream(*this, error_code);

@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/timer.h"
 #include "http/message.h"
 #include "proxy/exchange.h"
 #include "proxy/exchange_owner.h"
@@ -36,8 +37,11 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
 
   // The request, as nghttp2 hands it over (fields already checked as RFC 9113 8.2 says).
   void addField(std::string_view name, std::string_view value);
-  // The request's head is complete; end_stream: it has no body.
+  // The request's head is complete; end_stream: it has no body. A head that Sluice accepts
+  // waits for begin(): the Session begins its streams once the read that brought them is
+  // through, so that a stream the client reset in the same read costs no upstream work.
   void headersDone(bool end_stream);
+  void begin();
   void onData(const char* data, size_t len);
   void onEndStream();
   // Trailers of the request: not forwarded (HTTP/1.1 upstreams get the body chunked, without
@@ -97,11 +101,18 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   void accountField(std::string_view name, std::string_view value);
   void refuse(int status, const char* why);
   void reset(uint32_t error_code);
+  // send_timeout: response bytes the client's window keeps here (restarted when they empty).
+  void armSendTimer();
+  static void onSendTimeout(void* self);
+  // request_body_timeout: from the head to the body's last byte.
+  static void onBodyTimeout(void* self);
 
   Session& session_;
   const int32_t id_;
   const uint64_t opened_ms_;
   proxy::Exchange exchange_;
+  Timer send_timer_;
+  Timer body_timer_;
   http::MessageHead head_;
   std::string authority_;
   std::string path_;
@@ -114,6 +125,9 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   bool reset_by_gateway_ = false;
   bool request_ended_ = false;  // END_STREAM came from the client
   size_t unconsumed_ = 0;
+  std::string early_body_;  // body that came before begin() (within the stream's window)
+  uint64_t body_bytes_ = 0;      // request body received
+  bool discard_reset_ = false;   // answered before the body ended: RST_STREAM NO_ERROR sent
   std::string out_;  // response body not read into DATA frames yet, from out_offset_
   size_t out_offset_ = 0;
   Response response_ = Response::None;
