@@ -35,6 +35,8 @@ constexpr int kReplyNull = 4;
 constexpr mstime_t kNoExpire = -1;
 constexpr int kNotifyGeneric = 1 << 2;
 constexpr int kNotifyString = 1 << 3;
+// SetModuleOptions: closing a key opened for writing signals nothing (the module signals).
+constexpr int kOptionNoImplicitSignalModified = 1 << 1;
 
 // RedisModuleCommandInfo and its key specs (version 1 of the layout, as in Redis 7.0).
 constexpr uint64_t kKeyRO = 1ULL << 0;
@@ -134,7 +136,9 @@ using CmdFunc = int (*)(Ctx* ctx, String** argv, int argc);
   X(FreeCallReply, void, (CallReply*))                                            \
   X(IsKeysPositionRequest, int, (Ctx*))                                           \
   X(KeyAtPos, void, (Ctx*, int))                                                  \
-  X(NotifyKeyspaceEvent, int, (Ctx*, int, const char*, String*))
+  X(NotifyKeyspaceEvent, int, (Ctx*, int, const char*, String*))                 \
+  X(SetModuleOptions, void, (Ctx*, int))                                          \
+  X(SignalModifiedKey, int, (Ctx*, String*))
 
 #define SLUICE_VM_DECLARE(name, ret, args) extern ret(*name) args;
 SLUICE_VM_API(SLUICE_VM_DECLARE)
