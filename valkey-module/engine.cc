@@ -1017,9 +1017,23 @@ struct TokenBucket {
 };
 
 // concurrency.lua: the sorted set through the server's own commands (as the Lua does).
+// PTTL key, read through the key API as PTTL reads it (a read that does not touch the key):
+// -2 when it does not exist, -1 when it has no expiry, else the ms left (at least 0).
+long long pttl(Ctx* ctx, String* key) {
+  OpenedKey opened(ctx, key, vm::kRead | vm::kOpenKeyNoTouch);
+  if (opened.key == nullptr || vm::KeyType(opened.key) == vm::kKeyTypeEmpty) return -2;
+  return vm::GetExpire(opened.key);
+}
+
+// ZCARD key (after a ZREMRANGEBYSCORE that succeeded: a sorted set, or nothing).
+long long zcard(Ctx* ctx, String* key) {
+  OpenedKey opened(ctx, key, vm::kRead);
+  if (opened.key == nullptr || vm::KeyType(opened.key) != vm::kKeyTypeZset) return 0;
+  return static_cast<long long>(vm::ValueLength(opened.key));
+}
+
 void extendLease(Ctx* ctx, String* key, double lease_ms) {
-  Reply pttl(vm::Call(ctx, "PTTL", "s", key));
-  if (static_cast<double>(pttl.integer()) < lease_ms) {
+  if (static_cast<double>(pttl(ctx, key)) < lease_ms) {
     std::string ms = lua::formatD(lease_ms + spread(lease_ms));
     Reply(vm::Call(ctx, "PEXPIRE", "!sc", key, ms.c_str()));
   }
@@ -1076,8 +1090,7 @@ struct Concurrency {
         if (removed.failed()) {
           wrong = true;
         } else {
-          Reply card(vm::Call(c->ctx, "ZCARD", "s", key));
-          count = static_cast<double>(card.integer());
+          count = static_cast<double>(zcard(c->ctx, key));
         }
       }
       st.count = count;

@@ -25,6 +25,7 @@ constexpr int kErr = 1;
 constexpr int kApiVersion1 = 1;
 constexpr int kRead = 1 << 0;
 constexpr int kWrite = 1 << 1;
+constexpr int kOpenKeyNoTouch = 1 << 16;  // OpenKey: do not touch the key's LRU / LFU
 constexpr int kKeyTypeEmpty = 0;
 constexpr int kKeyTypeString = 1;
 constexpr int kKeyTypeZset = 5;
@@ -127,6 +128,8 @@ using CmdFunc = int (*)(Ctx* ctx, String** argv, int argc);
   X(DeleteKey, int, (Key*))                                                       \
   X(SetExpire, int, (Key*, mstime_t))                                             \
   X(GetAbsExpire, mstime_t, (Key*))                                               \
+  X(GetExpire, mstime_t, (Key*))                                                  \
+  X(ValueLength, size_t, (Key*))                                                  \
   X(SetAbsExpire, int, (Key*, mstime_t))                                          \
   X(Replicate, int, (Ctx*, const char*, const char*, ...))                        \
   X(Call, CallReply*, (Ctx*, const char*, const char*, ...))                      \
