@@ -19,6 +19,7 @@ is in git).
     SCRIPT_COST_BATCH=13,1 SCRIPT_COST_DECISIONS=200000 ...  # requests per call (one or
                                   # more, comma-separated; default 13,1), decisions per case
     SCRIPT_COST_ENGINE=lua|module|both ...  # which engines (default both)
+    SCRIPT_COST_CASE=token ...    # only the cases whose name holds this text
     SCRIPT_COST_CALLGRIND=1 ...   # the server under callgrind: instructions per decision
                                   # (repeatable whatever else the machine does; slow: use
                                   # SCRIPT_COST_DECISIONS=5000)
@@ -41,6 +42,7 @@ from sizing import ROOT, private_server, use_codec  # noqa: E402
 BATCHES = [int(b) for b in os.environ.get("SCRIPT_COST_BATCH", "13,1").split(",") if b.strip()]
 ENGINES = {"lua": ["lua"], "module": ["module"], "both": ["lua", "module"]}.get(
     os.environ.get("SCRIPT_COST_ENGINE", "both"))
+ONLY = os.environ.get("SCRIPT_COST_CASE", "")  # the cases whose name holds this
 if ENGINES is None or not BATCHES or min(BATCHES) < 1:
     sys.exit("SCRIPT_COST_ENGINE is lua, module or both; SCRIPT_COST_BATCH whole numbers >= 1")
 DECISIONS = int(os.environ.get("SCRIPT_COST_DECISIONS", "100000"))
@@ -56,6 +58,7 @@ CASES = {
     "sliding_window alone": [("sliding_window", 1_000_000, 60_000, "ip")],
     "token_bucket alone": [("token_bucket", 1_000_000, 60_000, "ip")],
     "sliding_log alone (small log)": [("sliding_log", 20, 1_000, "ip")],
+    "concurrency alone (a slot per request)": [("concurrency", 1_000_000, 60_000, "ip")],
 }
 
 
@@ -111,9 +114,14 @@ def batch(limits, rng, size):
     requests = []
     for _ in range(size):
         ip, key = rng.choice(ADDRESSES), rng.choice(API_KEYS)
+        # (a concurrency limit takes a slot of its own name: the request's lease; drawn only
+        # then, so that the other cases draw the same keys as before)
+        lease = (f"lease-{rng.getrandbits(64):016x}"
+                 if any(limit[0] == "concurrency" for limit in limits) else None)
         requests.append([(f"rl:v1:{'per_ip' if by == 'ip' else 'per_key'}:"
                           f"{{{ip if by == 'ip' else key}}}",
-                          {"algorithm": algorithm, "limit": limit, "window_ms": window_ms})
+                          {"algorithm": algorithm, "limit": limit, "window_ms": window_ms,
+                           **({"lease": lease} if algorithm == "concurrency" else {})})
                          for algorithm, limit, window_ms, by in limits])
     return requests
 
@@ -203,6 +211,7 @@ def main():
         print(header, flush=True)
         cases = [(name, function, limits) for name, limits in CASES.items()]
         cases.append((FLOOR_CASE, "sluice_floor", CASES[next(iter(CASES))]))
+        cases = [c for c in cases if ONLY in c[0]]
         figures = []
         for name, called, limits in cases:
             for size in BATCHES:
