@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
 #include <optional>
 #include <string>
@@ -108,65 +109,94 @@ double readDouble(const char* p) {
   return d;
 }
 
-void putU32(std::string& out, double n) {  // struct.pack('<I', n)
+char* putU32(char* out, double n) {  // struct.pack('<I', n); after what it wrote
   auto v = static_cast<uint64_t>(lua::toInteger(n));
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  for (int i = 0; i < 4; ++i) *out++ = static_cast<char>((v >> (8 * i)) & 0xff);
+  return out;
+}
+
+char* putDouble(char* out, double d) {
+  uint64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  for (int i = 0; i < 8; ++i) *out++ = static_cast<char>((bits >> (8 * i)) & 0xff);
+  return out;
 }
 
 void putDouble(std::string& out, double d) {
-  uint64_t bits;
-  std::memcpy(&bits, &d, sizeof bits);
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+  char bytes[8];
+  putDouble(bytes, d);
+  out.append(bytes, sizeof bytes);
 }
 
 // ---------------------------------------------------------------- key access
 
-// GET as MGET reads it: a string's bytes, or nothing (absent, or another type).
-std::optional<std::string> readString(Ctx* ctx, String* name) {
-  Key* key = vm::OpenKey(ctx, name, vm::kRead);
-  std::optional<std::string> out;
-  if (key != nullptr) {
-    if (vm::KeyType(key) == vm::kKeyTypeString) {
-      size_t len = 0;
-      const char* p = vm::StringDMA(key, &len, vm::kRead);
-      if (p != nullptr) out.emplace(p, len);
-    }
-    vm::CloseKey(key);
-  }
-  return out;
+// Keys are opened for writing (kReadWrite) once per call and key, read and written through
+// that handle, and closed when the call ends. The module loads with
+// NO_IMPLICIT_SIGNAL_MODIFIED (module.cc): closing a handle signals nothing, and every write
+// here signals its key itself (WATCH, client tracking), as closing a key opened to write it
+// did; a key only read is not signalled, as a read never was.
+constexpr int kReadWrite = vm::kRead | vm::kWrite;
+
+// A key handle closed when it goes.
+struct OpenedKey {
+  Key* key;
+  OpenedKey(Ctx* ctx, String* name, int mode) : key(vm::OpenKey(ctx, name, mode)) {}
+  OpenedKey(const OpenedKey&) = delete;
+  OpenedKey& operator=(const OpenedKey&) = delete;
+  ~OpenedKey() { vm::CloseKey(key); }
+};
+
+// GET as MGET reads it: a string's bytes, or nothing (absent, or another type). The bytes are
+// the stored value's: valid until the key is written or deleted.
+std::optional<std::string_view> readString(Key* key) {
+  if (key == nullptr || vm::KeyType(key) != vm::kKeyTypeString) return std::nullopt;
+  size_t len = 0;
+  const char* p = vm::StringDMA(key, &len, vm::kRead);
+  if (p == nullptr) return std::nullopt;
+  return std::string_view(p, len);
 }
 
 // redis.call('GET', key) of an undo: a key of another type is the call's error.
-std::optional<std::string> getString(Ctx* ctx, String* name) {
-  Key* key = vm::OpenKey(ctx, name, vm::kRead);
-  if (key == nullptr) return std::nullopt;
+std::optional<std::string_view> getString(Key* key) {
   int type = vm::KeyType(key);
-  vm::CloseKey(key);
   if (type != vm::kKeyTypeEmpty && type != vm::kKeyTypeString)
     fail("WRONGTYPE Operation against a key holding the wrong kind of value");
-  return readString(ctx, name);
+  return readString(key);
+}
+
+// The names of SET's options, made once (a module string that lives as long as the module)
+// and handed to every SET replicated.
+String* keepTtlWord(Ctx* ctx) {
+  static String* word = vm::CreateString(ctx, "KEEPTTL", 7);
+  return word;
+}
+
+String* pxatWord(Ctx* ctx) {
+  static String* word = vm::CreateString(ctx, "PXAT", 4);
+  return word;
 }
 
 enum class Expiry { kKeepTtl, kAt, kIn };
 
-// SET key value KEEPTTL | PXAT at | PX in, replicated as the server propagates that SET
-// (PX as PXAT).
-void setString(Ctx* ctx, String* name, const std::string& value, Expiry how, long long ms) {
+// SET key value KEEPTTL | PXAT at | PX in through the key's open handle (key, of `name`),
+// replicated as the server propagates that SET (PX as PXAT).
+void setString(Ctx* ctx, Key* key, String* name, const char* value, size_t len, Expiry how,
+               long long ms) {
   // As SET refuses it, the whole call failing (after the writes before it): no caller writes
   // one (a token bucket's TAT is at least now + 1 us, as in the Lua).
   if (how != Expiry::kKeepTtl && ms <= 0) fail("ERR invalid expire time in 'set' command");
-  Key* key = vm::OpenKey(ctx, name, vm::kRead | vm::kWrite);
   if (key == nullptr) fail("ERR cannot open the key for writing");
   vm::mstime_t kept = how == Expiry::kKeepTtl ? vm::GetAbsExpire(key) : vm::kNoExpire;
-  String* str = vm::CreateString(ctx, value.data(), value.size());
+  // (the stored string is the one replicated: the SET's value, without another copy)
+  String* str = vm::CreateString(ctx, value, len);
   vm::StringSet(key, str);
-  vm::FreeString(ctx, str);
   // (the keyspace events SET raises: "set", and "expire" when it sets one)
   vm::NotifyKeyspaceEvent(ctx, vm::kNotifyString, "set", name);
   if (how == Expiry::kKeepTtl) {
     if (kept != vm::kNoExpire) vm::SetAbsExpire(key, kept);
-    vm::CloseKey(key);
-    vm::Replicate(ctx, "SET", "sbc", name, value.data(), value.size(), "KEEPTTL");
+    vm::SignalModifiedKey(ctx, name);
+    vm::Replicate(ctx, "SET", "sss", name, str, keepTtlWord(ctx));
+    vm::FreeString(ctx, str);
     return;
   }
   vm::NotifyKeyspaceEvent(ctx, vm::kNotifyGeneric, "expire", name);
@@ -175,16 +205,17 @@ void setString(Ctx* ctx, String* name, const std::string& value, Expiry how, lon
   else
     vm::SetExpire(key, ms);
   long long at = vm::GetAbsExpire(key);
-  vm::CloseKey(key);
-  vm::Replicate(ctx, "SET", "sbcl", name, value.data(), value.size(), "PXAT", at);
+  vm::SignalModifiedKey(ctx, name);
+  vm::Replicate(ctx, "SET", "sssl", name, str, pxatWord(ctx), at);
+  vm::FreeString(ctx, str);
 }
 
-void deleteKey(Ctx* ctx, String* name) {
-  Key* key = vm::OpenKey(ctx, name, vm::kRead | vm::kWrite);
+// DEL through the key's open handle.
+void deleteKey(Ctx* ctx, Key* key, String* name) {
   if (key == nullptr) return;
   bool existed = vm::KeyType(key) != vm::kKeyTypeEmpty;
   vm::DeleteKey(key);
-  vm::CloseKey(key);
+  vm::SignalModifiedKey(ctx, name);
   if (!existed) return;
   vm::NotifyKeyspaceEvent(ctx, vm::kNotifyGeneric, "del", name);
   vm::Replicate(ctx, "DEL", "s", name);
@@ -255,28 +286,94 @@ struct Args {
   }
 };
 
-// params_from(fields, a, cost, mode, ref): fields[a + 1 .. a + 7].
-Params paramsFrom(const Args& fields, double a, std::string_view cost, char mode,
-                  std::string_view ref) {
-  Params p;
+// A definition's fields (fields[a + 1 .. a + 7]) read once: the numbers with whether each is
+// in range (bounded()), so that each request that names it fails as params_from would.
+struct Definition {
+  std::string_view algorithm;  // (into the call's arguments)
+  bool has_algorithm = false;
+  Algorithm module = kUnknown;
+  double limit = 0, window = 0, burst = 0, keep = 0;
+  bool limit_ok = false, window_ok = false, burst_ok = false, keep_ok = false;
+  bool count_denied = false, shadow = false;
+};
+
+bool inBounds(const std::optional<std::string_view>& text, double low, double* v) {
+  *v = 0;
+  return text && lua::toNumber(*text, v) && *v >= low && *v <= kMaxCount && lua::mod(*v, 1) == 0;
+}
+
+Definition readDefinition(const Args& fields, double a) {
+  Definition d;
   auto algorithm = fields[a + 1];
   if (algorithm) {
-    p.algorithm = *algorithm;
-    p.has_algorithm = true;
+    d.algorithm = *algorithm;
+    d.has_algorithm = true;
+    d.module = algorithmOf(d.algorithm);
   }
-  p.limit = bounded(fields[a + 2], 1, "limit", ref);
-  p.window = bounded(fields[a + 3], 1, "window", ref);
-  p.burst = bounded(fields[a + 4], 1, "burst", ref);
+  d.limit_ok = inBounds(fields[a + 2], 1, &d.limit);
+  d.window_ok = inBounds(fields[a + 3], 1, &d.window);
+  d.burst_ok = inBounds(fields[a + 4], 1, &d.burst);
+  d.count_denied = fields[a + 5] == std::optional<std::string_view>("1");
+  d.shadow = fields[a + 6] == std::optional<std::string_view>("1");
+  d.keep_ok = inBounds(fields[a + 7], 1, &d.keep);
+  return d;
+}
+
+[[noreturn]] void outOfRange(const char* what, std::string_view ref) {
+  fail(std::string(what) + " out of range in " + std::string(ref));
+}
+
+// params_from(fields, a, cost, mode, ref) of the definition read from fields[a + 1 ..].
+Params paramsFrom(const Definition& d, std::string_view cost, char mode, std::string_view ref) {
+  Params p;
+  p.algorithm = d.algorithm;
+  p.has_algorithm = d.has_algorithm;
+  if (!d.limit_ok) outOfRange("limit", ref);
+  p.limit = d.limit;
+  if (!d.window_ok) outOfRange("window", ref);
+  p.window = d.window;
+  if (!d.burst_ok) outOfRange("burst", ref);
+  p.burst = d.burst;
   p.cost = bounded(cost, 0, "cost", ref);
-  p.count_denied = fields[a + 5] == std::optional<std::string_view>("1");
-  p.shadow = fields[a + 6] == std::optional<std::string_view>("1");
-  p.keep = bounded(fields[a + 7], 1, "keep", ref);
+  p.count_denied = d.count_denied;
+  p.shadow = d.shadow;
+  if (!d.keep_ok) outOfRange("keep", ref);
+  p.keep = d.keep;
   p.later = mode == '~';
   p.forced = mode == '!';
-  p.slots = p.has_algorithm && p.algorithm == "concurrency";
-  p.module = p.has_algorithm ? algorithmOf(p.algorithm) : kUnknown;
+  p.slots = d.module == kConcurrency;
+  p.module = d.module;
   return p;
 }
+
+// The call's definitions, each read when a request first names it.
+class Definitions {
+ public:
+  // (the vectors are the workspace's, reused from call to call)
+  void start(const Args& fields, double definition_fields) {
+    fields_ = fields;
+    count_ = definition_fields >= 7 ? static_cast<size_t>(definition_fields / 7) : 0;
+    read_.clear();
+    read_.resize(count_ + 1);
+    if (defs_.size() < count_ + 1) defs_.resize(count_ + 1);
+  }
+  // Definition j (1 .. the definitions there are).
+  const Definition& at(double j) {
+    auto i = static_cast<size_t>(j);
+    if (!read_[i]) {
+      defs_[i] = readDefinition(fields_, 7 * (j - 1));
+      read_[i] = 1;
+    }
+    return defs_[i];
+  }
+  const Args& fields() const { return fields_; }
+
+ private:
+  Args fields_{nullptr, 0};
+  size_t count_ = 0;
+  std::vector<Definition> defs_;
+  std::vector<char> read_;
+};
 
 bool allDigits(std::string_view s) {
   if (s.empty()) return false;
@@ -315,29 +412,91 @@ DefinitionRef definitionOf(std::string_view ref, double definition_fields) {
 
 // ---------------------------------------------------------------- the modules
 
+// A key of a call: its handle, open from its first use to the call's end, and its value.
+struct KeySlot {
+  Key* handle = nullptr;
+  bool open = false, loaded = false, has_value = false;
+  const char* value = nullptr;
+  size_t len = 0;
+};
+
 // A call's keys and time. A key's value is read when a limit first checks it (the Lua reads
 // every key with one MGET first: the same values, since nothing is written before finish but
-// a concurrency key's ended slots, a sorted set that MGET reads as absent either way; a key no
-// limit checks is never copied).
-struct CallState {
+// a concurrency key's ended slots, a sorted set that MGET reads as absent either way). It is
+// read in place (the stored bytes, not a copy: nothing writes a string key before finish), and
+// the key is written through the same handle. The handles close when the call ends, also when
+// it fails. A concurrency key goes through the server's commands (RM_Call), which may delete
+// it: its handle is closed first (release), and opened again by whatever uses it next.
+class CallState {
+ public:
   Ctx* ctx;
   String** keys;
   int nkeys;
   double now;
-  std::vector<std::optional<std::string>> read;  // by key index (from 1)
-  std::vector<char> loaded;
 
-  const std::optional<std::string>& value(int k) {
-    if (loaded.empty()) {
-      read.resize(static_cast<size_t>(nkeys) + 1);
-      loaded.resize(static_cast<size_t>(nkeys) + 1);
-    }
-    if (!loaded[k]) {
-      loaded[k] = 1;
-      read[k] = readString(ctx, keys[k - 1]);
-    }
-    return read[k];
+  // slots: the workspace's, reused from call to call (one call at a time: Valkey's main
+  // thread, and nothing here calls back into the module).
+  CallState(Ctx* context, String** names, int count, double now_us, int mode,
+            std::vector<KeySlot>* slots)
+      : ctx(context), keys(names), nkeys(count), now(now_us), mode_(mode), slots_(slots) {
+    slots_->clear();
   }
+  CallState(const CallState&) = delete;
+  CallState& operator=(const CallState&) = delete;
+  ~CallState() {
+    for (KeySlot& s : *slots_)
+      if (s.handle != nullptr) vm::CloseKey(s.handle);
+    slots_->clear();
+  }
+
+  // KEYS[k]'s handle (null: a key opened only to read that does not exist).
+  Key* handle(int k) {
+    KeySlot& s = slot(k);
+    if (!s.open) {
+      s.handle = vm::OpenKey(ctx, keys[k - 1], mode_);
+      s.open = true;
+    }
+    return s.handle;
+  }
+
+  // KEYS[k]'s string (GET as MGET reads it), read once.
+  std::optional<std::string_view> value(int k) {
+    KeySlot& s = slot(k);
+    if (!s.loaded) {
+      auto read = readString(handle(k));
+      s.loaded = true;
+      if (read) {
+        s.has_value = true;
+        s.value = read->data();
+        s.len = read->size();
+      }
+    }
+    if (!s.has_value) return std::nullopt;
+    return std::string_view(s.value, s.len);
+  }
+
+  // Before the server's own commands touch KEYS[k]: its handle is closed (the value read stays
+  // as read: such a command changes only a sorted set, which reads as absent).
+  void release(int k) {
+    KeySlot& s = slot(k);
+    if (s.handle != nullptr) vm::CloseKey(s.handle);
+    s.handle = nullptr;
+    s.open = false;
+  }
+
+  // SET KEYS[k] (see setString).
+  void set(int k, const char* value, size_t len, Expiry how, long long ms) {
+    setString(ctx, handle(k), keys[k - 1], value, len, how, ms);
+  }
+
+ private:
+  KeySlot& slot(int k) {
+    if (slots_->empty()) slots_->resize(static_cast<size_t>(nkeys) + 1);
+    return (*slots_)[k];
+  }
+
+  int mode_;
+  std::vector<KeySlot>* slots_;
 };
 
 using Out = std::vector<double>;
@@ -350,11 +509,22 @@ struct FixedWindow {
   };
   std::vector<S> s;
   std::vector<int> changed;
-  CallState* c;
+  CallState* c = nullptr;
 
-  explicit FixedWindow(CallState* call) : c(call) {}
+  bool sized = false;
+
+  // A new call: every key's state is stale (the vectors keep their room).
+  void start(CallState* call) {
+    c = call;
+    sized = false;
+    changed.clear();
+  }
   S& at(int k) {
-    if (s.empty()) s.resize(static_cast<size_t>(c->nkeys) + 1);
+    if (!sized) {
+      s.clear();
+      s.resize(static_cast<size_t>(c->nkeys) + 1);
+      sized = true;
+    }
     return s[k];
   }
 
@@ -408,26 +578,25 @@ struct FixedWindow {
   void finish() {
     for (int k : changed) {
       const S& st = s[k];
-      std::string value;
-      putU32(value, lua::mod(st.window, kWindows));
-      putDouble(value, st.used);
+      char value[12];
+      putDouble(putU32(value, lua::mod(st.window, kWindows)), st.used);
       if (st.current)
-        setString(c->ctx, c->keys[k - 1], value, Expiry::kKeepTtl, 0);
+        c->set(k, value, sizeof value, Expiry::kKeepTtl, 0);
       else
-        setString(c->ctx, c->keys[k - 1], value, Expiry::kAt, lua::toInteger(st.end));
+        c->set(k, value, sizeof value, Expiry::kAt, lua::toInteger(st.end));
     }
   }
 
   static double undo(Ctx* ctx, String* key, double, double window_ms, double cost, double at_us) {
-    auto value = getString(ctx, key);
+    OpenedKey opened(ctx, key, kReadWrite);
+    auto value = getString(opened.key);
     if (!value || value->size() != 12) return 0;
     double stored_n = readU32(value->data());
     double count = readDouble(value->data() + 4);
     if (stored_n != lua::mod(std::floor(at_us / (window_ms * 1000)), kWindows)) return 0;
-    std::string out;
-    putU32(out, stored_n);
-    putDouble(out, lua::max(0, count - cost));
-    setString(ctx, key, out, Expiry::kKeepTtl, 0);
+    char out[12];
+    putDouble(putU32(out, stored_n), lua::max(0, count - cost));
+    setString(ctx, opened.key, key, out, sizeof out, Expiry::kKeepTtl, 0);
     return 1;
   }
 };
@@ -445,11 +614,22 @@ struct SlidingWindow {
   };
   std::vector<S> s;
   std::vector<int> changed;
-  CallState* c;
+  CallState* c = nullptr;
 
-  explicit SlidingWindow(CallState* call) : c(call) {}
+  bool sized = false;
+
+  // A new call: every key's state is stale (the vectors keep their room).
+  void start(CallState* call) {
+    c = call;
+    sized = false;
+    changed.clear();
+  }
   S& at(int k) {
-    if (s.empty()) s.resize(static_cast<size_t>(c->nkeys) + 1);
+    if (!sized) {
+      s.clear();
+      s.resize(static_cast<size_t>(c->nkeys) + 1);
+      sized = true;
+    }
     return s[k];
   }
 
@@ -524,19 +704,18 @@ struct SlidingWindow {
   void finish() {
     for (int k : changed) {
       const S& st = s[k];
-      std::string value;
-      putU32(value, lua::mod(st.window, kWindows));
-      putDouble(value, st.current);
-      putDouble(value, st.previous);
+      char value[20];
+      putDouble(putDouble(putU32(value, lua::mod(st.window, kWindows)), st.current), st.previous);
       if (st.same)
-        setString(c->ctx, c->keys[k - 1], value, Expiry::kKeepTtl, 0);
+        c->set(k, value, sizeof value, Expiry::kKeepTtl, 0);
       else
-        setString(c->ctx, c->keys[k - 1], value, Expiry::kAt, lua::toInteger(st.expiry));
+        c->set(k, value, sizeof value, Expiry::kAt, lua::toInteger(st.expiry));
     }
   }
 
   static double undo(Ctx* ctx, String* key, double, double window_ms, double cost, double at_us) {
-    auto value = getString(ctx, key);
+    OpenedKey opened(ctx, key, kReadWrite);
+    auto value = getString(opened.key);
     if (!value || value->size() != 20) return 0;
     double stored_n = readU32(value->data());
     double current = readDouble(value->data() + 4);
@@ -548,11 +727,9 @@ struct SlidingWindow {
       previous = lua::max(0, previous - cost);
     else
       return 0;
-    std::string out;
-    putU32(out, stored_n);
-    putDouble(out, current);
-    putDouble(out, previous);
-    setString(ctx, key, out, Expiry::kKeepTtl, 0);
+    char out[20];
+    putDouble(putDouble(putU32(out, stored_n), current), previous);
+    setString(ctx, opened.key, key, out, sizeof out, Expiry::kKeepTtl, 0);
     return 1;
   }
 };
@@ -580,12 +757,23 @@ struct SlidingLog {
   };
   std::vector<S> s;
   std::vector<int> changed;
-  CallState* c;
+  CallState* c = nullptr;
   double now = 0;
 
-  explicit SlidingLog(CallState* call) : c(call) {}
+  bool sized = false;
+
+  // A new call: every key's state is stale (the vectors keep their room).
+  void start(CallState* call) {
+    c = call;
+    sized = false;
+    changed.clear();
+  }
   S& at(int k) {
-    if (s.empty()) s.resize(static_cast<size_t>(c->nkeys) + 1);
+    if (!sized) {
+      s.clear();
+      s.resize(static_cast<size_t>(c->nkeys) + 1);
+      sized = true;
+    }
     return s[k];
   }
 
@@ -616,7 +804,7 @@ struct SlidingLog {
       now = c->now;
       double window = p.window * 1000;
       const auto& value = c->value(k);
-      std::string log = value ? *value : std::string();
+      std::string log = value ? std::string(*value) : std::string();
       double n = std::floor(static_cast<double>(log.size()) / kEntry);
       double first = 1, cutoff = c->now - window;
       while (first <= n && entry(log, first) <= cutoff) first = first + 1;
@@ -678,13 +866,14 @@ struct SlidingLog {
     for (int k : changed) {
       const S& st = s[k];
       double window_ms = std::ceil(st.window / 1000);
-      setString(c->ctx, c->keys[k - 1], st.log, Expiry::kIn,
-                lua::toInteger(window_ms + spread(window_ms)));
+      c->set(k, st.log.data(), st.log.size(), Expiry::kIn,
+             lua::toInteger(window_ms + spread(window_ms)));
     }
   }
 
   static double undo(Ctx* ctx, String* key, double, double, double cost, double at_us) {
-    auto log = getString(ctx, key);
+    OpenedKey opened(ctx, key, kReadWrite);
+    auto log = getString(opened.key);
     if (!log) return 0;
     size_t n = log->size() / kEntry;
     std::string kept;
@@ -698,9 +887,9 @@ struct SlidingLog {
     }
     if (removed == 0) return 0;
     if (kept.empty())
-      deleteKey(ctx, key);
+      deleteKey(ctx, opened.key, key);
     else
-      setString(ctx, key, kept, Expiry::kKeepTtl, 0);
+      setString(ctx, opened.key, key, kept.data(), kept.size(), Expiry::kKeepTtl, 0);
     return 1;
   }
 };
@@ -713,13 +902,24 @@ struct TokenBucket {
   };
   std::vector<S> s;
   std::vector<int> changed;
-  CallState* c;
+  CallState* c = nullptr;
   double now = 0;
   double added = 0;
 
-  explicit TokenBucket(CallState* call) : c(call) {}
+  bool sized = false;
+
+  // A new call: every key's state is stale (the vectors keep their room).
+  void start(CallState* call) {
+    c = call;
+    sized = false;
+    changed.clear();
+  }
   S& at(int k) {
-    if (s.empty()) s.resize(static_cast<size_t>(c->nkeys) + 1);
+    if (!sized) {
+      s.clear();
+      s.resize(static_cast<size_t>(c->nkeys) + 1);
+      sized = true;
+    }
     return s[k];
   }
 
@@ -786,15 +986,17 @@ struct TokenBucket {
         double tat = std::ceil(now + debt - kSlackUs);
         // (a debt below what a double resolves at now: a microsecond, as in the Lua)
         if (tat <= now) tat = now + 1;
-        setString(c->ctx, c->keys[k - 1], lua::formatD(tat), Expiry::kIn,
-                  lua::toInteger(std::ceil((tat - now) / 1000) + spread(st.window)));
+        char text[lua::kFormatDBytes];
+        c->set(k, text, lua::formatD(text, tat), Expiry::kIn,
+               lua::toInteger(std::ceil((tat - now) / 1000) + spread(st.window)));
       }
     }
   }
 
   static double undo(Ctx* ctx, String* key, double limit, double window_ms, double cost,
                      double at_us, double now_us, std::optional<double> debt_us) {
-    auto value = getString(ctx, key);
+    OpenedKey opened(ctx, key, kReadWrite);
+    auto value = getString(opened.key);
     if (!value) return 0;
     double tat = 0;
     if (!lua::toNumber(*value, &tat))
@@ -804,9 +1006,10 @@ struct TokenBucket {
     if (!(back > 0)) return 0;
     tat = std::ceil(lua::min(tat, now_us + kMaxDebtUs) - back);
     if (!(tat > now_us)) {
-      deleteKey(ctx, key);
+      deleteKey(ctx, opened.key, key);
     } else {
-      setString(ctx, key, lua::formatD(tat), Expiry::kIn,
+      char text[lua::kFormatDBytes];
+      setString(ctx, opened.key, key, text, lua::formatD(text, tat), Expiry::kIn,
                 lua::toInteger(std::ceil((tat - now_us) / 1000) + spread(window_ms)));
     }
     return 1;
@@ -814,9 +1017,23 @@ struct TokenBucket {
 };
 
 // concurrency.lua: the sorted set through the server's own commands (as the Lua does).
+// PTTL key, read through the key API as PTTL reads it (a read that does not touch the key):
+// -2 when it does not exist, -1 when it has no expiry, else the ms left (at least 0).
+long long pttl(Ctx* ctx, String* key) {
+  OpenedKey opened(ctx, key, vm::kRead | vm::kOpenKeyNoTouch);
+  if (opened.key == nullptr || vm::KeyType(opened.key) == vm::kKeyTypeEmpty) return -2;
+  return vm::GetExpire(opened.key);
+}
+
+// ZCARD key (after a ZREMRANGEBYSCORE that succeeded: a sorted set, or nothing).
+long long zcard(Ctx* ctx, String* key) {
+  OpenedKey opened(ctx, key, vm::kRead);
+  if (opened.key == nullptr || vm::KeyType(opened.key) != vm::kKeyTypeZset) return 0;
+  return static_cast<long long>(vm::ValueLength(opened.key));
+}
+
 void extendLease(Ctx* ctx, String* key, double lease_ms) {
-  Reply pttl(vm::Call(ctx, "PTTL", "s", key));
-  if (static_cast<double>(pttl.integer()) < lease_ms) {
+  if (static_cast<double>(pttl(ctx, key)) < lease_ms) {
     std::string ms = lua::formatD(lease_ms + spread(lease_ms));
     Reply(vm::Call(ctx, "PEXPIRE", "!sc", key, ms.c_str()));
   }
@@ -830,13 +1047,24 @@ struct Concurrency {
   };
   std::vector<S> s;
   std::vector<int> changed;
-  CallState* c;
+  CallState* c = nullptr;
   double now = 0;
   bool peek = false;  // a peek counts the live slots and removes nothing (readonly)
 
-  explicit Concurrency(CallState* call) : c(call) {}
+  bool sized = false;
+
+  // A new call: every key's state is stale (the vectors keep their room).
+  void start(CallState* call) {
+    c = call;
+    sized = false;
+    changed.clear();
+  }
   S& at(int k) {
-    if (s.empty()) s.resize(static_cast<size_t>(c->nkeys) + 1);
+    if (!sized) {
+      s.clear();
+      s.resize(static_cast<size_t>(c->nkeys) + 1);
+      sized = true;
+    }
     return s[k];
   }
 
@@ -848,6 +1076,7 @@ struct Concurrency {
       double count = 0;
       bool wrong = false;
       String* key = c->keys[k - 1];
+      c->release(k);
       std::string now_text = lua::formatD(c->now);
       if (peek) {
         std::string above = "(" + now_text;
@@ -861,8 +1090,7 @@ struct Concurrency {
         if (removed.failed()) {
           wrong = true;
         } else {
-          Reply card(vm::Call(c->ctx, "ZCARD", "s", key));
-          count = static_cast<double>(card.integer());
+          count = static_cast<double>(zcard(c->ctx, key));
         }
       }
       st.count = count;
@@ -896,6 +1124,7 @@ struct Concurrency {
     for (int k : changed) {
       S& st = s[k];
       String* key = c->keys[k - 1];
+      c->release(k);
       if (st.wrong) Reply(vm::Call(c->ctx, "DEL", "!s", key));
       String* ends = nullptr;
       {
@@ -954,8 +1183,15 @@ struct Modules {
   SlidingLog sliding_log;
   TokenBucket token_bucket;
   Concurrency concurrency;
-  explicit Modules(CallState* c)
-      : fixed_window(c), sliding_window(c), sliding_log(c), token_bucket(c), concurrency(c) {}
+  // A new call (the modules are the workspace's, reused from call to call).
+  void start(CallState* c) {
+    fixed_window.start(c);
+    sliding_window.start(c);
+    sliding_log.start(c);
+    token_bucket.start(c);
+    concurrency.start(c);
+    concurrency.peek = false;
+  }
 
   bool check(int k, const Params& p) {
     switch (p.module) {
@@ -1032,8 +1268,14 @@ struct List {
   std::optional<std::string> error;
 };
 
-List limitsOf(std::string_view text, const Args& definitions, double definition_fields) {
-  List list;
+// limits_of(text) into list (the workspace's, reused from request to request).
+void limitsOf(std::string_view text, Definitions& definitions, double definition_fields,
+              List& list) {
+  list.limits.clear();
+  list.fresh = 0;
+  list.slots = 0;
+  list.special = false;
+  list.error.reset();
   size_t from = 0;
   while (true) {
     size_t comma = text.find(',', from);
@@ -1057,7 +1299,7 @@ List limitsOf(std::string_view text, const Args& definitions, double definition_
     }
     try {
       DefinitionRef d = definitionOf(ref, definition_fields);
-      limit.p = paramsFrom(definitions, 7 * (d.j - 1), d.cost, d.mode, ref);
+      limit.p = paramsFrom(definitions.at(d.j), d.cost, d.mode, ref);
       limit.ok = true;
       if (limit.p.slots) list.slots = list.slots + 1;
       if (limit.p.slots || limit.p.later || limit.p.forced) list.special = true;
@@ -1065,7 +1307,8 @@ List limitsOf(std::string_view text, const Args& definitions, double definition_
       if (!list.error) list.error = f.message;
       try {
         DefinitionRef d = definitionOf(ref, definition_fields);
-        if (definitions[7 * (d.j - 1) + 1] == std::optional<std::string_view>("concurrency"))
+        if (definitions.fields()[7 * (d.j - 1) + 1] ==
+            std::optional<std::string_view>("concurrency"))
           list.slots = list.slots + 1;
       } catch (const Failure&) {
       }
@@ -1078,14 +1321,20 @@ List limitsOf(std::string_view text, const Args& definitions, double definition_
     if (comma == std::string_view::npos) break;
     from = comma + 1;
   }
-  return list;
 }
 
 [[noreturn]] void noKey(double i) { fail("no key " + lua::format14g(i)); }
 
+// decideOne's room per limit of a request (the workspace's, reused from request to request).
+struct Scratch {
+  std::vector<int> indices;
+  std::vector<char> fits;
+  std::vector<String*> names;
+};
+
 // decide / decide_special: one request whose new keys follow KEYS[k]; its values after out.
 void decideOne(Modules& m, CallState& c, const List& list, double k, Out& out, const Args& argv,
-               double s) {
+               double s, Scratch& scratch) {
   const size_t n = list.limits.size();
   if (!list.special && n == 1) {
     const Params& p = list.limits[0].p;
@@ -1098,9 +1347,12 @@ void decideOne(Modules& m, CallState& c, const List& list, double k, Out& out, c
     m.report(ki, p, allowed, out);
     return;
   }
-  std::vector<int> indices(n);
-  std::vector<char> fits(n);
-  std::vector<String*> names(n, nullptr);
+  std::vector<int>& indices = scratch.indices;
+  std::vector<char>& fits = scratch.fits;
+  std::vector<String*>& names = scratch.names;
+  indices.assign(n, 0);
+  fits.assign(n, 0);
+  names.assign(n, nullptr);
   bool refused = false;
   double fresh = k;
   for (size_t j = 0; j < n; ++j) {
@@ -1225,6 +1477,46 @@ struct Element {
   std::string text;
 };
 
+// What a call fills and the next one reuses: the vectors keep their room, so that a call
+// allocates nothing per request or per key once they have grown. The commands run one at a
+// time on Valkey's main thread and nothing in them calls back into the module; should one
+// ever find the workspace taken, it uses one of its own (Lease).
+struct Workspace {
+  std::vector<KeySlot> slots;
+  Modules modules;
+  Definitions definitions;
+  List list;
+  Scratch scratch;
+  Out out;
+  std::vector<Element> reply;
+  bool taken = false;
+};
+
+class Lease {
+ public:
+  Lease() {
+    static Workspace shared;
+    if (!shared.taken) {
+      w_ = &shared;
+    } else {
+      own_ = std::make_unique<Workspace>();
+      w_ = own_.get();
+    }
+    w_->taken = true;
+  }
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease() {
+    w_->reply.clear();
+    w_->taken = false;
+  }
+  Workspace& operator*() const { return *w_; }
+
+ private:
+  Workspace* w_ = nullptr;
+  std::unique_ptr<Workspace> own_;
+};
+
 }  // namespace
 
 void seed(unsigned long long value) { rng_state = value ? value : 0x9e3779b97f4a7c15ULL; }
@@ -1233,7 +1525,9 @@ int decideCommand(Ctx* ctx, String** argv, int argc) {
   Parsed call;
   if (!parseCall(ctx, argv, argc, &call)) return vm::kOk;
   return guarded(ctx, [&]() -> int {
-    CallState c{ctx, call.keys, call.nkeys, serverTime(), {}, {}};
+    Lease lease;
+    Workspace& w = *lease;
+    CallState c(ctx, call.keys, call.nkeys, serverTime(), kReadWrite, &w.slots);
     if (c.nkeys == 0) fail("wrong number of arguments for 'mget' command (the call names no key)");
     const Args& argv2 = call.args;
     double d = arith(argv2[1], "field '?'");
@@ -1242,23 +1536,27 @@ int decideCommand(Ctx* ctx, String** argv, int argc) {
     double last = argv2.count;
     // definitions: ARGV[2 .. 1 + 7D], as many as there are
     double definition_fields = lua::min(7 * d, last - 1);
-    Args definitions{argv2.argv + 1, static_cast<int>(lua::max(0, definition_fields))};
-    Modules m(&c);
-    std::vector<Element> reply;
+    w.definitions.start(Args{argv2.argv + 1, static_cast<int>(lua::max(0, definition_fields))},
+                        definition_fields);
+    Modules& m = w.modules;
+    m.start(&c);
+    std::vector<Element>& reply = w.reply;
+    reply.clear();
     reply.push_back({false, lua::toInteger(c.now), {}});
     double cursor = 2 + 7 * d;
     double k = 0;
-    Out out;
+    Out& out = w.out;
+    List& list = w.list;
     while (cursor <= last) {
       std::string_view text = *argv2[cursor];
-      List list = limitsOf(text, definitions, definition_fields);
+      limitsOf(text, w.definitions, definition_fields, list);
       cursor = cursor + 1;
       if (list.error) {
         reply.push_back({true, 0, *list.error});
       } else {
         out.clear();
         try {
-          decideOne(m, c, list, k, out, argv2, cursor);
+          decideOne(m, c, list, k, out, argv2, cursor, w.scratch);
           for (double v : out) reply.push_back({false, lua::toInteger(v), {}});
         } catch (const Failure& f) {
           reply.push_back({true, 0, f.message});
@@ -1365,13 +1663,17 @@ int peekCommand(Ctx* ctx, String** argv, int argc) {
   Parsed call;
   if (!parseCall(ctx, argv, argc, &call)) return vm::kOk;
   return guarded(ctx, [&]() -> int {
-    CallState c{ctx, call.keys, call.nkeys, serverTime(), {}, {}};
-    Params p = paramsFrom(call.args, 0, "1", '\0', "the peek");
+    Lease lease;
+    Workspace& w = *lease;
+    CallState c(ctx, call.keys, call.nkeys, serverTime(), vm::kRead, &w.slots);
+    Params p = paramsFrom(readDefinition(call.args, 0), "1", '\0', "the peek");
     if (p.module == kUnknown) fail("unknown algorithm " + algorithmText(p));
     if (c.nkeys == 0) fail("wrong number of arguments for 'type' command (the peek names no key)");
-    Modules m(&c);
+    Modules& m = w.modules;
+    m.start(&c);
     m.concurrency.peek = true;
-    Out out;
+    Out& out = w.out;
+    out.clear();
     bool allowed = m.check(1, p);
     m.report(1, p, allowed, out);
     vm::ReplyWithArray(ctx, 3);

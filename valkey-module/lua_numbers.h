@@ -10,6 +10,7 @@
 // smaller (greater), so NaN behaves as in Lua; `a % b` is a - floor(a / b) * b.
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -23,8 +24,30 @@ namespace sluice::lua {
 // luaO_str2d of the C string that `text` starts with (up to its first NUL); false when Lua
 // reads no number.
 inline bool toNumber(std::string_view text, double* out) {
-  std::string copy(text.substr(0, std::min(text.size(), text.find('\0'))));
-  const char* s = copy.c_str();
+  // What a call mostly holds, a decimal whole number of at most 18 digits: exact in 64 bits,
+  // and its conversion rounds to the nearest double as strtod's does (the same value).
+  if (!text.empty() && text.size() <= 18) {
+    uint64_t v = 0;
+    size_t i = 0;
+    for (; i < text.size() && text[i] >= '0' && text[i] <= '9'; ++i)
+      v = v * 10 + static_cast<uint64_t>(text[i] - '0');
+    if (i == text.size()) {
+      *out = static_cast<double>(v);
+      return true;
+    }
+  }
+  text = text.substr(0, std::min(text.size(), text.find('\0')));
+  // (a short text is copied to the stack, a longer one to the heap, to end it with a NUL)
+  char small[64];
+  std::string copy;
+  const char* s = small;
+  if (text.size() < sizeof small) {
+    std::memcpy(small, text.data(), text.size());
+    small[text.size()] = '\0';
+  } else {
+    copy.assign(text);
+    s = copy.c_str();
+  }
   char* end = nullptr;
   double r = std::strtod(s, &end);
   if (end == s) return false;
@@ -47,6 +70,12 @@ inline int toInt(double d) {
 }
 
 inline std::string formatD(double d) { return std::to_string(toInteger(d)); }
+
+// formatD into buf (at least kFormatDBytes): its length.
+constexpr size_t kFormatDBytes = 24;
+inline size_t formatD(char* buf, double d) {
+  return static_cast<size_t>(std::to_chars(buf, buf + kFormatDBytes, toInteger(d)).ptr - buf);
+}
 
 inline std::string format14g(double d) {
   char buf[64];

@@ -80,6 +80,9 @@ extern "C" __attribute__((visibility("default"))) int RedisModule_OnLoad(vm::Ctx
   if (vm::IsModuleNameBusy("sluice")) return vm::kErr;
   vm::SetModuleAttribs(ctx, "sluice", static_cast<int>(protocol::kProtocolVersion),
                        vm::kApiVersion1);
+  // The engine signals each key it writes (WATCH, client tracking) and only those: it opens a
+  // call's keys for writing once, also those it only reads (engine.cc).
+  vm::SetModuleOptions(ctx, vm::kOptionNoImplicitSignalModified);
   struct timeval tv;
   gettimeofday(&tv, nullptr);
   engine::seed((static_cast<unsigned long long>(tv.tv_sec) * 1000003ULL) ^

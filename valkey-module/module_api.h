@@ -25,6 +25,7 @@ constexpr int kErr = 1;
 constexpr int kApiVersion1 = 1;
 constexpr int kRead = 1 << 0;
 constexpr int kWrite = 1 << 1;
+constexpr int kOpenKeyNoTouch = 1 << 16;  // OpenKey: do not touch the key's LRU / LFU
 constexpr int kKeyTypeEmpty = 0;
 constexpr int kKeyTypeString = 1;
 constexpr int kKeyTypeZset = 5;
@@ -35,6 +36,8 @@ constexpr int kReplyNull = 4;
 constexpr mstime_t kNoExpire = -1;
 constexpr int kNotifyGeneric = 1 << 2;
 constexpr int kNotifyString = 1 << 3;
+// SetModuleOptions: closing a key opened for writing signals nothing (the module signals).
+constexpr int kOptionNoImplicitSignalModified = 1 << 1;
 
 // RedisModuleCommandInfo and its key specs (version 1 of the layout, as in Redis 7.0).
 constexpr uint64_t kKeyRO = 1ULL << 0;
@@ -125,6 +128,8 @@ using CmdFunc = int (*)(Ctx* ctx, String** argv, int argc);
   X(DeleteKey, int, (Key*))                                                       \
   X(SetExpire, int, (Key*, mstime_t))                                             \
   X(GetAbsExpire, mstime_t, (Key*))                                               \
+  X(GetExpire, mstime_t, (Key*))                                                  \
+  X(ValueLength, size_t, (Key*))                                                  \
   X(SetAbsExpire, int, (Key*, mstime_t))                                          \
   X(Replicate, int, (Ctx*, const char*, const char*, ...))                        \
   X(Call, CallReply*, (Ctx*, const char*, const char*, ...))                      \
@@ -134,7 +139,9 @@ using CmdFunc = int (*)(Ctx* ctx, String** argv, int argc);
   X(FreeCallReply, void, (CallReply*))                                            \
   X(IsKeysPositionRequest, int, (Ctx*))                                           \
   X(KeyAtPos, void, (Ctx*, int))                                                  \
-  X(NotifyKeyspaceEvent, int, (Ctx*, int, const char*, String*))
+  X(NotifyKeyspaceEvent, int, (Ctx*, int, const char*, String*))                 \
+  X(SetModuleOptions, void, (Ctx*, int))                                          \
+  X(SignalModifiedKey, int, (Ctx*, String*))
 
 #define SLUICE_VM_DECLARE(name, ret, args) extern ret(*name) args;
 SLUICE_VM_API(SLUICE_VM_DECLARE)
