@@ -10,17 +10,17 @@ seconds=${SLUICE_FUZZ_SECONDS:-60}
 
 CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_request fuzz_config fuzz_response fuzz_chunked fuzz_admin
+cmake --build build-fuzz -j"$(nproc)" --target fuzz_request fuzz_config fuzz_response fuzz_chunked fuzz_admin fuzz_http2
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-targets=(request config response chunked admin)
+targets=(request config response chunked admin http2)
 pids=()
 for target in "${targets[@]}"; do
   mkdir -p "$work/$target" "$work/artifacts-$target"
   cp tests/fuzz/corpus/"$target"/* "$work/$target"/
   echo "== fuzz_$target for ${seconds}s"
-  # The five run side by side: CI time stays about one fuzzing period.
+  # The six run side by side: CI time stays about one fuzzing period.
   ASAN_OPTIONS=detect_leaks=1 build-fuzz/fuzz_"$target" -max_total_time="$seconds" \
     -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$work/artifacts-$target/" "$work/$target" >"$work/$target.log" 2>&1 &

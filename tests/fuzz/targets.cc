@@ -1,5 +1,8 @@
 #include "targets.h"
 
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -9,6 +12,10 @@
 #include "config/loader.h"
 #include "http/forwarding.h"
 #include "http/parser.h"
+#include "http2/session.h"
+#include "net/transport.h"
+#include "proxy/worker_context.h"
+#include "stats/stats.h"
 #include "identity/client_address.h"
 #include "identity/request_facts.h"
 #include "proxy/router.h"
@@ -279,6 +286,86 @@ void responsePath(const uint8_t* data, size_t size) {
     context.framing = http::responseFraming(head, data[0] & 0x80, context.client_http10);
     (void)http::buildClientResponseHead(head, context);
   }
+}
+
+namespace {
+
+// The connection's side of an HTTP/2 session without a socket: what is written is dropped
+// (counted), nothing is pending, a close is only recorded.
+class FuzzTransport final : public net::Transport {
+ public:
+  void write(std::string_view data) override { written += data.size(); }
+  void writev(const std::string_view* parts, size_t count) override {
+    for (size_t i = 0; i < count; ++i) written += parts[i].size();
+  }
+  size_t pendingBytes() const override { return 0; }
+  void readStart() override {}
+  void readStop() override {}
+  void shutdownWrite() override { shut = true; }
+  void close() override { closed = true; }
+  bool isClosing() const override { return closed; }
+  const sockaddr* peerAddress() const override { return nullptr; }
+  std::string_view scheme() const override { return "http"; }
+
+  size_t written = 0;
+  bool shut = false;
+  bool closed = false;
+};
+
+// Every request is answered by Sluice itself (there is no route: 404), so no socket is
+// ever opened.
+std::shared_ptr<proxy::Snapshot> http2Snapshot(stats::WorkerStats& stats) {
+  static const config::ConfigPtr config = [] {
+    auto result = config::loadConfigString(R"(
+[server]
+max_request_header_bytes = 2048
+max_request_body_bytes = 4096
+max_concurrent_streams = 8
+)",
+                                           "fuzz_http2.toml");
+    if (!result.ok()) std::abort();  // the target's own configuration must load
+    return result.config;
+  }();
+  auto snapshot = std::make_shared<proxy::Snapshot>();
+  snapshot->config = config;
+  snapshot->resolveStats(stats);
+  return snapshot;
+}
+
+}  // namespace
+
+void http2Frames(const uint8_t* data, size_t size) {
+  if (size == 0) return;
+  const size_t piece = 1 + data[0] % 97;
+  std::string input(http2::kClientPreface);
+  input.append(reinterpret_cast<const char*>(data + 1), size - 1);
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  {
+    stats::WorkerStats stats;
+    proxy::WorkerContext worker(&loop, &stats);
+    worker.setSnapshot(http2Snapshot(stats));
+    FuzzTransport transport;
+    const std::optional<IpAddress> peer = IpAddress::parse("192.0.2.1");
+    const std::string peer_text = "192.0.2.1";
+    {
+      http2::Session session(worker, transport, peer, peer_text);
+      std::string_view rest = input;
+      session.start(rest.substr(0, std::min(piece, rest.size())));
+      rest.remove_prefix(std::min(piece, rest.size()));
+      while (!rest.empty() && !transport.closed) {
+        const size_t n = std::min(piece, rest.size());
+        session.onRead(rest.data(), n);
+        rest.remove_prefix(n);
+        uv_run(&loop, UV_RUN_NOWAIT);  // what the session sends from the loop
+      }
+      if (!transport.closed) session.onWriteDrained();
+      if (!transport.closed) session.drain();
+    }
+    worker.setSnapshot(nullptr);
+  }
+  // The timers' handles close from the loop.
+  for (int i = 0; i < 16 && uv_loop_close(&loop) != 0; ++i) uv_run(&loop, UV_RUN_NOWAIT);
 }
 
 }  // namespace sluice::fuzz
