@@ -501,19 +501,17 @@ class CallState {
 
 using Out = std::vector<double>;
 
-// fixed_window.lua
-struct FixedWindow {
-  struct S {
-    bool seen = false, queued = false, current = false;
-    double window = 0, used = 0, end = 0, reset = 0;
-  };
+// The state of each key of one algorithm within one call (indexed by the key's position,
+// 1-based), and the keys it changed. A new call makes every key's state stale; the vectors
+// keep their room from call to call.
+template <typename Key>
+struct KeyStates {
+  using S = Key;
   std::vector<S> s;
   std::vector<int> changed;
   CallState* c = nullptr;
-
   bool sized = false;
 
-  // A new call: every key's state is stale (the vectors keep their room).
   void start(CallState* call) {
     c = call;
     sized = false;
@@ -527,7 +525,14 @@ struct FixedWindow {
     }
     return s[k];
   }
+};
 
+// fixed_window.lua
+struct FixedWindowKey {
+  bool seen = false, queued = false, current = false;
+  double window = 0, used = 0, end = 0, reset = 0;
+};
+struct FixedWindow : KeyStates<FixedWindowKey> {
   bool check(int k, const Params& p) {
     S& st = at(k);
     if (!st.seen) {
@@ -607,32 +612,11 @@ double countOf(double v) {  // sliding_window count_of
 }
 
 // sliding_window.lua
-struct SlidingWindow {
-  struct S {
-    bool seen = false, queued = false, same = false;
-    double window = 0, length = 0, elapsed = 0, expiry = 0, current = 0, previous = 0;
-  };
-  std::vector<S> s;
-  std::vector<int> changed;
-  CallState* c = nullptr;
-
-  bool sized = false;
-
-  // A new call: every key's state is stale (the vectors keep their room).
-  void start(CallState* call) {
-    c = call;
-    sized = false;
-    changed.clear();
-  }
-  S& at(int k) {
-    if (!sized) {
-      s.clear();
-      s.resize(static_cast<size_t>(c->nkeys) + 1);
-      sized = true;
-    }
-    return s[k];
-  }
-
+struct SlidingWindowKey {
+  bool seen = false, queued = false, same = false;
+  double window = 0, length = 0, elapsed = 0, expiry = 0, current = 0, previous = 0;
+};
+struct SlidingWindow : KeyStates<SlidingWindowKey> {
   bool check(int k, const Params& p) {
     S& st = at(k);
     if (!st.seen) {
@@ -749,33 +733,13 @@ std::string luaSub(const std::string& s, double i, double j) {
 }
 
 // sliding_log.lua
-struct SlidingLog {
-  struct S {
-    bool seen = false, queued = false;
-    std::string log;
-    double count = 0, window = 0;
-  };
-  std::vector<S> s;
-  std::vector<int> changed;
-  CallState* c = nullptr;
+struct SlidingLogKey {
+  bool seen = false, queued = false;
+  std::string log;
+  double count = 0, window = 0;
+};
+struct SlidingLog : KeyStates<SlidingLogKey> {
   double now = 0;
-
-  bool sized = false;
-
-  // A new call: every key's state is stale (the vectors keep their room).
-  void start(CallState* call) {
-    c = call;
-    sized = false;
-    changed.clear();
-  }
-  S& at(int k) {
-    if (!sized) {
-      s.clear();
-      s.resize(static_cast<size_t>(c->nkeys) + 1);
-      sized = true;
-    }
-    return s[k];
-  }
 
   // entry(log, i) as struct.unpack('<d', log, (i - 1) * 8 + 1) reads it.
   static double entry(const std::string& log, double i) {
@@ -895,33 +859,13 @@ struct SlidingLog {
 };
 
 // token_bucket.lua
-struct TokenBucket {
-  struct S {
-    bool seen = false, queued = false;
-    double debt = 0, window = 0;
-  };
-  std::vector<S> s;
-  std::vector<int> changed;
-  CallState* c = nullptr;
+struct TokenBucketKey {
+  bool seen = false, queued = false;
+  double debt = 0, window = 0;
+};
+struct TokenBucket : KeyStates<TokenBucketKey> {
   double now = 0;
   double added = 0;
-
-  bool sized = false;
-
-  // A new call: every key's state is stale (the vectors keep their room).
-  void start(CallState* call) {
-    c = call;
-    sized = false;
-    changed.clear();
-  }
-  S& at(int k) {
-    if (!sized) {
-      s.clear();
-      s.resize(static_cast<size_t>(c->nkeys) + 1);
-      sized = true;
-    }
-    return s[k];
-  }
 
   bool check(int k, const Params& p) {
     S& st = at(k);
@@ -1039,34 +983,14 @@ void extendLease(Ctx* ctx, String* key, double lease_ms) {
   }
 }
 
-struct Concurrency {
-  struct S {
-    bool seen = false, queued = false, wrong = false;
-    double count = 0, lease = 0;
-    std::vector<String*> taken;
-  };
-  std::vector<S> s;
-  std::vector<int> changed;
-  CallState* c = nullptr;
+struct ConcurrencyKey {
+  bool seen = false, queued = false, wrong = false;
+  double count = 0, lease = 0;
+  std::vector<String*> taken;
+};
+struct Concurrency : KeyStates<ConcurrencyKey> {
   double now = 0;
   bool peek = false;  // a peek counts the live slots and removes nothing (readonly)
-
-  bool sized = false;
-
-  // A new call: every key's state is stale (the vectors keep their room).
-  void start(CallState* call) {
-    c = call;
-    sized = false;
-    changed.clear();
-  }
-  S& at(int k) {
-    if (!sized) {
-      s.clear();
-      s.resize(static_cast<size_t>(c->nkeys) + 1);
-      sized = true;
-    }
-    return s[k];
-  }
 
   bool check(int k, const Params& p) {
     S& st = at(k);
