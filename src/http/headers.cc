@@ -103,7 +103,8 @@ void appendFieldLines(std::vector<Header>& out, std::string_view lines) {
     const size_t colon = line.find(':');
     if (colon == std::string_view::npos) continue;
     std::string_view value = line.substr(colon + 1);
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) value.remove_prefix(1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
+      value.remove_prefix(1);
     out.push_back({toLower(line.substr(0, colon)), std::string(value)});
   }
 }

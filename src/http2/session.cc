@@ -102,8 +102,9 @@ Stream* Session::stream(int32_t id) const {
 
 void Session::start(std::string_view received) {
   control_credit_ms_ = nowMs(worker_);
-  armTimer(TimerRole::Header, static_cast<uint64_t>(
-                                  worker_.snapshot()->config->server.request_header_timeout.count()));
+  armTimer(
+      TimerRole::Header,
+      static_cast<uint64_t>(worker_.snapshot()->config->server.request_header_timeout.count()));
   onRead(received.data(), received.size());
 }
 
@@ -238,8 +239,7 @@ void Session::forceClose() {
 }
 
 void Session::calm(const char* why) {
-  if (state_ == State::Closing || state_ == State::Lingering || state_ == State::Closed ||
-      calm_) {
+  if (state_ == State::Closing || state_ == State::Lingering || state_ == State::Closed || calm_) {
     return;
   }
   calm_ = true;
@@ -262,9 +262,9 @@ void Session::countReset(const Stream& stream) {
 
 void Session::countControlFrame() {
   const uint64_t now = nowMs(worker_);
-  control_credit_ = std::min(
-      kControlBurst,
-      control_credit_ + static_cast<double>(now - control_credit_ms_) * kControlPerSecond / 1000);
+  control_credit_ =
+      std::min(kControlBurst, control_credit_ + static_cast<double>(now - control_credit_ms_) *
+                                                    kControlPerSecond / 1000);
   control_credit_ms_ = now;
   control_credit_ -= 1;
   if (control_credit_ < 0) calm("a flood of control frames");
@@ -317,8 +317,9 @@ int Session::onBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* 
   if (frame->hd.type != NGHTTP2_HEADERS) return 0;
   // Every header block has request_header_timeout to end (CONTINUATION frames that stall
   // would hold the connection: nothing else may come before the block ends).
-  s->armTimer(TimerRole::Header, static_cast<uint64_t>(
-                                     s->worker_.snapshot()->config->server.request_header_timeout.count()));
+  s->armTimer(
+      TimerRole::Header,
+      static_cast<uint64_t>(s->worker_.snapshot()->config->server.request_header_timeout.count()));
   if (frame->headers.cat != NGHTTP2_HCAT_REQUEST || s->calm_) return 0;
   const int32_t id = frame->hd.stream_id;
   auto stream = std::make_unique<Stream>(*s, id, nowMs(s->worker_));
@@ -393,8 +394,8 @@ int Session::onFrameRecv(nghttp2_session*, const nghttp2_frame* frame, void* use
   }
 }
 
-int Session::onDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id,
-                         const uint8_t* data, size_t len, void* user) noexcept {
+int Session::onDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t* data,
+                         size_t len, void* user) noexcept {
   auto* s = static_cast<Session*>(user);
   Stream* stream = s->stream(stream_id);
   if (!stream || s->calm_) {

@@ -79,10 +79,10 @@ class Session {
 
  private:
   enum class State {
-    Open,      // streams come and go
-    Draining,  // GOAWAY sent (drain, idle): the streams in flight finish, no new one
-    Closing,   // GOAWAY sent and nothing is left: closed once the bytes went out
-    Lingering, // FIN sent: reads are discarded until the client closes, or a short time
+    Open,       // streams come and go
+    Draining,   // GOAWAY sent (drain, idle): the streams in flight finish, no new one
+    Closing,    // GOAWAY sent and nothing is left: closed once the bytes went out
+    Lingering,  // FIN sent: reads are discarded until the client closes, or a short time
     Closed,
   };
   enum class TimerRole { None, Header, Idle, Linger };

@@ -136,8 +136,8 @@ void Stream::begin() {
   if (begun_ || response_ == Response::Finished) return;
   begun_ = true;
   if (!request_ended_) {
-    body_timer_.start(static_cast<uint64_t>(
-        worker().snapshot()->config->server.request_body_timeout.count()));
+    body_timer_.start(
+        static_cast<uint64_t>(worker().snapshot()->config->server.request_body_timeout.count()));
   }
   exchange_.begin(std::move(head_));
   if (!early_body_.empty()) {
@@ -230,8 +230,8 @@ void Stream::resumeReading() {
 
 void Stream::onClosed(uint32_t error_code) {
   if (!begun_) return;
-  exchange_.abort(499, error_code == NGHTTP2_NO_ERROR ? "the stream closed"
-                                                      : "the client reset the stream");
+  exchange_.abort(
+      499, error_code == NGHTTP2_NO_ERROR ? "the stream closed" : "the client reset the stream");
 }
 
 void Stream::cancel(int status, const char* why) {

@@ -125,10 +125,10 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   bool reset_by_gateway_ = false;
   bool request_ended_ = false;  // END_STREAM came from the client
   size_t unconsumed_ = 0;
-  std::string early_body_;  // body that came before begin() (within the stream's window)
-  uint64_t body_bytes_ = 0;      // request body received
-  bool discard_reset_ = false;   // answered before the body ended: RST_STREAM NO_ERROR sent
-  std::string out_;  // response body not read into DATA frames yet, from out_offset_
+  std::string early_body_;      // body that came before begin() (within the stream's window)
+  uint64_t body_bytes_ = 0;     // request body received
+  bool discard_reset_ = false;  // answered before the body ended: RST_STREAM NO_ERROR sent
+  std::string out_;             // response body not read into DATA frames yet, from out_offset_
   size_t out_offset_ = 0;
   Response response_ = Response::None;
 };

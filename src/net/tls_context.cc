@@ -112,8 +112,7 @@ std::string opensslErrors() {
 }
 
 std::shared_ptr<TlsServerContext> TlsServerContext::create(const config::ServerTlsConfig& config,
-                                                           bool http2,
-                                                           std::string* error) {
+                                                           bool http2, std::string* error) {
   auto out = std::shared_ptr<TlsServerContext>(new TlsServerContext);
   out->handshake_timeout_ms_ = static_cast<uint64_t>(config.handshake_timeout.count());
   std::vector<config::TlsCertificate> all = {config.default_certificate};

@@ -28,8 +28,8 @@ std::string opensslErrors();
 class TlsServerContext {
  public:
   // http2: ALPN offers h2 before http/1.1 (else http/1.1 only).
-  static std::shared_ptr<TlsServerContext> create(const config::ServerTlsConfig& config,
-                                                  bool http2, std::string* error);
+  static std::shared_ptr<TlsServerContext> create(const config::ServerTlsConfig& config, bool http2,
+                                                  std::string* error);
   SSL* newSession() const;  // accept state; the caller owns it
   uint64_t handshakeTimeoutMs() const { return handshake_timeout_ms_; }
 

@@ -18,7 +18,7 @@ struct AccessRecord {
   std::string client;  // the address the limits used (after trusted proxies)
   std::string peer;    // the TCP peer
   std::string_view tenant;
-  std::string api_key_id;  // a fingerprint, never the key itself
+  std::string api_key_id;     // a fingerprint, never the key itself
   std::string_view protocol;  // "http/1.1", "h2"
   std::string_view method;
   std::string_view path;  // logged without a query, even if it has one (a raw target)

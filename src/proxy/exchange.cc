@@ -389,7 +389,8 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
     req_.keep_alive = true;
     std::vector<http::Header> fields =
         http::clientResponseFields(head, admission_.rateLimitHeaders());
-    for (const http::Header& field : fields) req_.bytes_out += field.name.size() + field.value.size();
+    for (const http::Header& field : fields)
+      req_.bytes_out += field.name.size() + field.value.size();
     framed->writeHead(head.status, std::move(fields));
     return 0;
   }

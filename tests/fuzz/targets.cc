@@ -13,14 +13,14 @@
 #include "http/forwarding.h"
 #include "http/parser.h"
 #include "http2/session.h"
-#include "net/transport.h"
-#include "proxy/worker_context.h"
-#include "stats/stats.h"
 #include "identity/client_address.h"
 #include "identity/request_facts.h"
+#include "net/transport.h"
 #include "proxy/router.h"
+#include "proxy/worker_context.h"
 #include "ratelimit/applied_limits.h"
 #include "ratelimit/keys.h"
+#include "stats/stats.h"
 
 namespace sluice::fuzz {
 
