@@ -25,7 +25,6 @@ H2_IDLE_KIB_MAX=32          # RSS growth per idle h2c connection
 
 variant_nginx_h2() {  # nginx, HTTP/2 in clear (h2c, prior knowledge), same upstream
   nginx_proxy "$1" h2
-  GW_H2ONLY[$1]=1
 }
 
 # $1 = shape (c10m10), prints h2load's -c and -m

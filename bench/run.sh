@@ -217,7 +217,6 @@ declare -A GW_PID GW_PORT GW_ADMIN GW_LOG GW_KIND GW_EXIT GW_STOP_S GW_CRASH
 declare -A GW_TLS GW_VALKEY GW_RESUMED_LOG   # 1 = HTTPS listener; 1 = uses Valkey; nginx log
 declare -A GW_SCRIPT                         # wrk script (default: wrk_report.lua)
 declare -A GW_CLUSTER GW_KEY_PREFIX          # 1 = uses the Valkey Cluster; its key_prefix
-declare -A GW_H2ONLY                         # 1 = speaks only h2c (nginx-h2): no wrk
 
 cleanup() {
   local rc=$?
