@@ -8,14 +8,18 @@ Subcommands:
   wrk-parse --in TXT --out JSON extract the WRKJSON line printed by wrk_report.lua
   probe ...                     CPU time, upstream counters, Valkey commandstats, Sluice metrics
   mem --pid PID                 print the memory (Pss, Rss, KiB) of a process and its children
-  idle ...                      memory cost of N idle keep-alive client connections (--tls)
+  idle ...                      memory cost of N idle keep-alive client connections (--tls;
+                                --h2: h2c connections that each made one request)
+  wait-h2 --port P --pid PID    wait until GET / over h2c (prior knowledge) answers 200 "ok"
+  h2load-json --in TXT --log L  append a WRKJSON line (like wrk_report.lua's) to h2load's output
+  h2-report ...                 --mode h2: print the tables and write the JSON summary
   report ...                    print the tables and write the JSON summary
   soak ...                      fixed-rate load for minutes, Valkey restarted every minute,
                                 a line every 10 s (driven by bench/soak.sh)
 
 run.sh drives everything; these are not meant to be stable interfaces. The code is in
 bench_probe.py (small tools, probes, memory), bench_idle.py, bench_soak.py and
-bench_report.py (wrk-parse, report); mix.py and cluster.py import the shared pieces from here.
+bench_report.py (wrk-parse, report), bench_h2.py (--mode h2); mix.py and cluster.py import the shared pieces from here.
 """
 
 import argparse
@@ -25,6 +29,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # The subcommands, and what mix.py and cluster.py use (import bench).
+from bench_h2 import cmd_h2_report, cmd_h2load_json, cmd_wait_h2  # noqa: E402
 from bench_idle import cmd_idle  # noqa: E402
 from bench_probe import (HOST, cmd_free_ports, cmd_mem, cmd_probe, cmd_valkey_monitor,  # noqa: E402,F401
                          cmd_wait_http, cmd_wait_valkey, glob_escape)
@@ -48,6 +53,19 @@ def add_tool_commands(sub):
     s.add_argument("--any-body", action="store_true", help="any 200 will do")
     s.add_argument("--timeout", type=float, default=15)
     s.set_defaults(func=cmd_wait_http)
+
+    s = sub.add_parser("wait-h2")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--pid", type=int, default=0)
+    s.add_argument("--path", default="/")
+    s.add_argument("--body", default="ok")
+    s.add_argument("--timeout", type=float, default=15)
+    s.set_defaults(func=cmd_wait_h2)
+
+    s = sub.add_parser("h2load-json")
+    s.add_argument("--in", dest="input", required=True, help="h2load's output; the line is appended")
+    s.add_argument("--log", required=True, help="h2load --log-file")
+    s.set_defaults(func=cmd_h2load_json)
 
     s = sub.add_parser("wait-valkey")
     s.add_argument("--port", type=int, required=True)
@@ -102,6 +120,7 @@ def add_measure_commands(sub):
     s.add_argument("--admin-port", type=int, default=0)
     s.add_argument("--count", type=int, default=5000)
     s.add_argument("--tls", action="store_true", help="TLS connections (full handshakes)")
+    s.add_argument("--h2", action="store_true", help="h2c (prior knowledge), one GET / each")
     s.add_argument("--batch", type=int, default=200)
     s.add_argument("--timeout", type=float, default=10, help="per batch, seconds")
     s.add_argument("--hold", type=float, default=2, help="seconds idle before measuring")
@@ -128,6 +147,19 @@ def add_measure_commands(sub):
                    help="upstream connections above twice this are reported")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("h2-report")
+    s.add_argument("--dir", required=True)
+    s.add_argument("--variants", required=True)
+    s.add_argument("--reference", default="nginx-h2")
+    s.add_argument("--shapes", required=True, help="e.g. \"c10m10 c50m1\"")
+    s.add_argument("--rounds", type=int, required=True)
+    s.add_argument("--meta", default="{}")
+    s.add_argument("--rps-ratio-min", type=float, default=1.0)
+    s.add_argument("--p99-ratio-max", type=float, default=1.2)
+    s.add_argument("--idle-kib-max", type=float, default=32)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_h2_report)
 
     s = sub.add_parser("soak")
     s.add_argument("--port", type=int, required=True, help="Sluice")

@@ -12,6 +12,7 @@ import ssl
 import sys
 import time
 
+from bench_h2 import H2Reader, h2_request
 from bench_probe import HOST, client_tls_context, http_get, pid_alive, tree_memory
 
 
@@ -28,7 +29,7 @@ def raise_nofile(needed):
 
 
 class Conn:
-    __slots__ = ("sock", "state", "out", "buf", "need", "status", "error")
+    __slots__ = ("sock", "state", "out", "buf", "need", "status", "error", "h2")
 
     def __init__(self, sock, request):
         self.sock = sock
@@ -38,6 +39,7 @@ class Conn:
         self.need = None  # total bytes of head + body once the head is parsed
         self.status = None
         self.error = None
+        self.h2 = None  # H2Reader (--h2)
 
 
 def parse_response_head(buf):
@@ -78,9 +80,26 @@ def parse_head(c):
     return len(c.buf) >= c.need
 
 
-def open_idle_connections(port, count, batch, timeout, tls=False):
+def parse_h2(c, data):
+    """--h2: True when stream 1 ended (or the connection failed); sends the SETTINGS ack."""
+    c.h2.feed(data)
+    out = c.h2.reply()
+    if out:
+        c.sock.sendall(out)  # a few bytes on a socket with an empty send buffer
+    if c.h2.error:
+        c.error = c.h2.error
+        return True
+    if c.h2.done:
+        c.status = c.h2.status
+        return True
+    return False
+
+
+def open_idle_connections(port, count, batch, timeout, tls=False, h2=False):
     request = (f"GET / HTTP/1.1\r\nHost: {HOST}:{port}\r\n"
                f"User-Agent: sluice-bench-idle\r\nAccept: */*\r\n\r\n").encode()
+    if h2:  # h2c with prior knowledge: preface, SETTINGS, GET / on stream 1
+        request = h2_request(port)
     tls_ctx = client_tls_context() if tls else None  # a fresh session each time: full handshakes
     sel = selectors.DefaultSelector()
     done, failed = [], []
@@ -91,6 +110,8 @@ def open_idle_connections(port, count, batch, timeout, tls=False):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.setblocking(False)
             c = Conn(s, request)
+            if h2:
+                c.h2 = H2Reader()
             rc = s.connect_ex((HOST, port))
             if rc not in (0, errno.EINPROGRESS):
                 c.error = f"connect: {os.strerror(rc)}"
@@ -129,6 +150,9 @@ def open_idle_connections(port, count, batch, timeout, tls=False):
                         data = c.sock.recv(65536)
                         if not data:
                             raise OSError(0, "closed by the gateway before the response ended")
+                        if c.h2:
+                            finished = parse_h2(c, data)
+                            break
                         c.buf += data
                         finished = parse_head(c)
                         if finished or not tls_ctx or not c.sock.pending():
@@ -176,6 +200,17 @@ def count_still_open(conns):
         try:
             if isinstance(c.sock, ssl.SSLSocket):
                 data = c.sock.recv(1)  # TLS: a record that is not application data reads as nothing
+            elif c.h2:
+                # h2: frames may still come (a late SETTINGS ack, WINDOW_UPDATE); only EOF,
+                # an error or a GOAWAY mean the gateway gave the connection up.
+                data = c.sock.recv(65536)
+                if data:
+                    c.h2.feed(data)
+                    if not c.h2.error:
+                        continue
+                    c.error = c.h2.error
+                    closed += 1
+                    continue
             else:
                 data = c.sock.recv(1, socket.MSG_PEEK)
             closed += 1
@@ -219,7 +254,7 @@ def idle_cycle(args, count):
     """Open `count` idle connections, measure, close them, measure again."""
     before = tree_memory(args.pid)
     done, failed, elapsed = open_idle_connections(args.port, count, args.batch, args.timeout,
-                                                   tls=args.tls)
+                                                   tls=args.tls, h2=args.h2)
     time.sleep(args.hold)
     after = tree_memory(args.pid) if pid_alive(args.pid) else None
     still_open = count_still_open(done)
@@ -260,7 +295,7 @@ def cmd_idle(args):
               f"instead of {count}", file=sys.stderr)
         count = max(limit - 64, 1)
     result = {"name": args.name, "requested": args.count, "target_connections": count,
-              "hold_s": args.hold, "tls": args.tls, "cycles": []}
+              "hold_s": args.hold, "tls": args.tls, "h2": args.h2, "cycles": []}
     if not pid_alive(args.pid):
         result["error"] = "gateway not running before the test"
     else:

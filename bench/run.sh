@@ -10,6 +10,8 @@
 #                                     # and tenants, every algorithm; see bench/mix.sh
 #   bench/run.sh --mode mix-cluster   # the mix against one Valkey node and a three-primary
 #                                     # Valkey Cluster, side by side; see bench/cluster.sh
+#   bench/run.sh --mode h2            # HTTP/2 (h2c, prior knowledge): h2load against nginx
+#                                     # `listen http2` and Sluice, idle h2c memory; see bench/h2.sh
 #   bench/run.sh --variants "nginx sluice sluice+limit"
 #   BENCH_DURATION=30s BENCH_CONNECTIONS=100 bench/run.sh
 #
@@ -26,14 +28,17 @@
 #   BENCH_WARMUP=3s          wrk warm-up per gateway before the measured runs (0 = none)
 #   BENCH_ROUNDS=3           measured runs per gateway, alternating order; the median is reported
 #                            (--mode mix-cluster: 5)
-#   BENCH_IDLE_CONNECTIONS=5000  idle keep-alive connections for the memory test
-#   BENCH_MODE=all           all | throughput | idle | handshake | mix | mix-cluster
+#   BENCH_IDLE_CONNECTIONS=5000  idle keep-alive connections for the memory test (--mode h2:
+#                            BENCH_H2_IDLE_CONNECTIONS, 2000 idle h2c connections)
+#   BENCH_H2_SHAPES="c10m10 c50m1"  --mode h2: h2load load shapes, cNmM = -cN -mM (-t1)
+#   BENCH_MODE=all           all | throughput | idle | handshake | mix | mix-cluster | h2
 #   BENCH_VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
 #                            gateways to compare (columns); see "Variants" in README.md
 #                            (--mode mix: "nginx sluice sluice+mix sluice+mix:fixed_window
 #                            sluice+mix:sliding_window sluice+mix:token_bucket
 #                            sluice+mix:sliding_log sluice+limit"; --mode mix-cluster:
-#                            "sluice+mix sluice+mix@cluster", and any sluice+mix:ALGO@cluster)
+#                            "sluice+mix sluice+mix@cluster", and any sluice+mix:ALGO@cluster;
+#                            --mode h2: "nginx-h2 sluice sluice+limit")
 #   BENCH_MIX_ADDRESSES=100000 BENCH_MIX_KEYS=5000 BENCH_MIX_TENANT_KEYS=1000
 #   BENCH_MIX_TENANTS=100 BENCH_MIX_SEED=1  the mix: client addresses, API keys, keys of
 #                            tenants in Valkey, tenants, random seed (see bench/mix.sh)
@@ -113,23 +118,28 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$MODE" in all|throughput|idle|handshake|mix|mix-cluster) ;;
-  *) echo "BENCH_MODE must be all, throughput, idle, handshake, mix or mix-cluster" >&2; exit 2 ;; esac
+case "$MODE" in all|throughput|idle|handshake|mix|mix-cluster|h2) ;;
+  *) echo "BENCH_MODE must be all, throughput, idle, handshake, mix, mix-cluster or h2" >&2; exit 2 ;; esac
 MIX_MODE=0  # the modes of the traffic mix: mix, mix-cluster
 [[ $MODE == mix || $MODE == mix-cluster ]] && MIX_MODE=1
 # shellcheck source=bench/mix.sh
 . "$BENCH_DIR/mix.sh"
 # shellcheck source=bench/cluster.sh
 . "$BENCH_DIR/cluster.sh"
+# shellcheck source=bench/h2.sh
+. "$BENCH_DIR/h2.sh"
 if [[ -z $VARIANTS ]]; then
   VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
   [[ $MODE == mix ]] && VARIANTS=$MIX_VARIANTS
   [[ $MODE == mix-cluster ]] && VARIANTS=$CLUSTER_VARIANTS
+  [[ $MODE == h2 ]] && VARIANTS=$H2_VARIANTS
 fi
 if [[ -z $REFERENCE ]]; then
   REFERENCE=nginx
   [[ $MODE == mix-cluster ]] && REFERENCE=${VARIANTS%% *}
+  [[ $MODE == h2 ]] && REFERENCE=nginx-h2
 fi
+[[ $MODE == h2 ]] && IDLE_CONNECTIONS=$H2_IDLE_CONNECTIONS
 [[ $MODE == mix-cluster && -z ${BENCH_ROUNDS:-} ]] && ROUNDS=5
 MINUTE_GUARD=${BENCH_MINUTE_GUARD:-$([[ $MODE == mix-cluster ]] && echo 1 || echo 0)}
 case "$TLS_KEY" in ec|rsa) ;; *) echo "BENCH_TLS_KEY must be ec or rsa" >&2; exit 2 ;; esac
@@ -168,6 +178,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 APT=()
 command -v wrk >/dev/null || APT+=(wrk)
+[[ $MODE != h2 ]] || command -v h2load >/dev/null || APT+=(nghttp2-client)
 command -v nginx >/dev/null || APT+=(nginx-light)  # nginx-light has the ssl module
 if { needs '*limit*' || needs '*mix*'; } && [[ -z ${BENCH_VALKEY_SERVER:-} ]] &&
    ! command -v valkey-server >/dev/null && ! command -v redis-server >/dev/null; then
@@ -188,6 +199,7 @@ if ((${#APT[@]})); then
 fi
 command -v wrk >/dev/null || die "wrk not found"
 command -v nginx >/dev/null || die "nginx not found"
+[[ $MODE != h2 ]] || command -v h2load >/dev/null || die "h2load not found (nghttp2-client)"
 TASKSET_GW=() TASKSET_CLIENT=()
 if [[ $PIN == 1 ]]; then
   command -v taskset >/dev/null || die "BENCH_PIN=1 needs taskset (util-linux)"
@@ -349,10 +361,15 @@ variant_nginx_tls() {  # nginx terminating TLS (same certificate as sluice-tls),
   GW_RESUMED_LOG[$1]=$WORK/$1/resumed.log
 }
 
-nginx_proxy() {  # $1 = name, $2 = "tls" or ""
+nginx_proxy() {  # $1 = name, $2 = "tls", "h2" (HTTP/2 in clear: h2c only) or ""
   local name=$1 d=$WORK/$1 listen_ssl="" tls_conf="" tls_http=""
   mkdir -p "$d"
   next_port; local port=$PORT_OUT
+  [[ $2 == h2 ]] && listen_ssl=" http2"
+  # Idle upstream connections kept: at least one per request in flight, else nginx closes
+  # and reopens upstream connections under load (--mode h2: -c x -m of the largest shape).
+  local keepalive=$(( CONNECTIONS > 64 ? CONNECTIONS : 64 ))
+  [[ $MODE != h2 ]] || keepalive=$(h2_concurrency "$keepalive")
   if [[ $2 == tls ]]; then
     listen_ssl=" ssl"
     tls_http="map \$ssl_session_reused \$bench_resumed { r 1; default 0; }
@@ -369,7 +386,7 @@ nginx_proxy() {  # $1 = name, $2 = "tls" or ""
     $tls_http
     upstream origin {
         server 127.0.0.1:$UPSTREAM_PORT;
-        keepalive $(( CONNECTIONS > 64 ? CONNECTIONS : 64 ));
+        keepalive $keepalive;
         keepalive_requests 1000000;
     }
     server {
@@ -490,10 +507,13 @@ start_variant() {
   declare -F "$fn" >/dev/null || die "unknown variant '$name' (no function $fn in run.sh)"
   "$fn" "$name"
   [[ ${GW_TLS[$name]:-0} == 1 ]] && tls=(--tls)
-  "${HELPER[@]}" wait-http --port "${GW_PORT[$name]}" --pid "${GW_PID[$name]}" "${tls[@]}" \
+  local wait=(wait-http "${tls[@]}")
+  [[ $MODE == h2 ]] && wait=(wait-h2)  # (every gateway of the mode must answer over h2c)
+  "${HELPER[@]}" "${wait[@]}" --port "${GW_PORT[$name]}" --pid "${GW_PID[$name]}" \
     || die "$name did not answer 200 \"ok\" on GET /: $(tail -n 20 "${GW_LOG[$name]}" 2>/dev/null)"
   log "$(printf '%-14s pid %-7s %s://127.0.0.1:%s' "$name" "${GW_PID[$name]}" \
-    "$([[ ${GW_TLS[$name]:-0} == 1 ]] && echo https || echo http)" "${GW_PORT[$name]}")"
+    "$([[ ${GW_TLS[$name]:-0} == 1 ]] && echo https || echo http)" "${GW_PORT[$name]}")$(
+    [[ $MODE == h2 ]] && echo " (h2c)")"
   if [[ ${GW_TLS[$name]:-0} == 1 ]]; then  # what a TLS client negotiates (for the record)
     timeout 5 openssl s_client -connect "127.0.0.1:${GW_PORT[$name]}" -brief </dev/null \
       >"$WORK/$name/tls-negotiated.txt" 2>&1 || true
@@ -517,7 +537,7 @@ OUT=$WORK/out
 mkdir -p "$OUT"
 RUN_DIR=$RESULTS_DIR/last-run
 STAMP=$(date +%Y%m%d-%H%M%S)
-[[ $MIX_MODE == 1 ]] && RUN_DIR=$RESULTS_DIR/$MODE-$STAMP  # and $MODE-$STAMP.{txt,json} beside it
+[[ $MIX_MODE == 1 || $MODE == h2 ]] && RUN_DIR=$RESULTS_DIR/$MODE-$STAMP  # and $MODE-$STAMP.{txt,json} beside it
 mkdir -p "$RESULTS_DIR"
 rm -rf "$RUN_DIR"
 mkdir -p "$RUN_DIR"
@@ -648,13 +668,19 @@ run_s_time() {  # $1 = variant, $2 = duration, $3 = output file
 
 # 5. Memory of idle keep-alive connections, on gateways that have only been warmed up briefly,
 #    so the difference measured is the cost of the connections and not of reused heap.
-if [[ $MODE == all || $MODE == idle ]]; then
-  log "idle-connection memory test: $IDLE_CONNECTIONS keep-alive connections per gateway ($IDLE_VARIANTS)"
+#    --mode h2: h2c connections (prior knowledge), each having made one request.
+if [[ $MODE == all || $MODE == idle || $MODE == h2 ]]; then
+  log "idle-connection memory test: $IDLE_CONNECTIONS keep-alive $([[ $MODE == h2 ]] && echo "h2c ")connections per gateway ($IDLE_VARIANTS)"
   for v in $IDLE_VARIANTS; do
     check_alive "$v" "startup" || continue
-    run_wrk "$v" 1s "$OUT/prewarm_$v.txt"
+    if [[ $MODE == h2 ]]; then
+      run_h2load "$v" 1s "$OUT/prewarm_$v.txt" "${H2_SHAPES%% *}"
+    else
+      run_wrk "$v" 1s "$OUT/prewarm_$v.txt"
+    fi
     check_alive "$v" "pre-warm" || continue
     tls=(); [[ ${GW_TLS[$v]:-0} == 1 ]] && tls=(--tls)
+    [[ $MODE == h2 ]] && tls=(--h2)
     # (the helper raises its own open-file limit to the hard limit)
     run_child "${HELPER[@]}" idle --name "$v" --port "${GW_PORT[$v]}" --pid "${GW_PID[$v]}" \
       --admin-port "${GW_ADMIN[$v]}" --count "$IDLE_CONNECTIONS" --out "$OUT/idle_$v.json" \
@@ -675,6 +701,9 @@ EOF
     fi
   done
 fi
+
+# --mode h2: h2load rounds, every shape (bench/h2.sh).
+[[ $MODE != h2 ]] || h2_rounds
 
 # 4. Throughput and latency (--mode mix: the same rounds, with the mix on most variants).
 if [[ $MODE == all || $MODE == throughput || $MIX_MODE == 1 ]]; then
@@ -854,6 +883,8 @@ print(json.dumps({
     "git_commit": out(["git", "-C", "$ROOT", "rev-parse", "--short", "HEAD"]),
     "nginx": (out(["sh", "-c", "nginx -v 2>&1"]) or "").replace("nginx version: ", ""),
     "wrk": (out(["sh", "-c", "wrk -v 2>&1 | head -n1"]) or "").split(" [")[0],
+    "h2load": out(["sh", "-c", "h2load --version 2>&1 | head -n1"]) if "$MODE" == "h2" else None,
+    "h2_shapes": "$H2_SHAPES".split() if "$MODE" == "h2" else None,
     "nofile": $NOFILE,
     "idle_variants": "$IDLE_VARIANTS".split(), "idle_cycles": $IDLE_CYCLES,
     "monitor_duration": "$MONITOR_DURATION",
@@ -874,6 +905,10 @@ if [[ $MODE == mix ]]; then
   SUMMARY=$RESULTS_DIR/mix-$STAMP.json
   mix_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/mix-$STAMP.txt"
   echo "Report: $RESULTS_DIR/mix-$STAMP.txt"
+elif [[ $MODE == h2 ]]; then
+  SUMMARY=$RESULTS_DIR/h2-$STAMP.json
+  h2_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/h2-$STAMP.txt"
+  echo "Report: $RESULTS_DIR/h2-$STAMP.txt"
 elif [[ $MODE == mix-cluster ]]; then
   SUMMARY=$RESULTS_DIR/mix-cluster-$STAMP.json
   cluster_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/mix-cluster-$STAMP.txt"
