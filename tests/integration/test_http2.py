@@ -31,7 +31,7 @@ import pytest
 
 from conftest import (EXIT_SLACK_S, TIMER_SLACK_S, RawClient, https_request, limit_cfg,
                       metric_sum, parse_rl_list, route_cfg, settled_rss_kb, sluice_with_limits,
-                      tls_client_context, tls_server_toml)
+                      tls_client_context, tls_server_toml, wait_metric)
 from harness.h2client import (CANCEL, ENHANCE_YOUR_CALM, INITIAL_WINDOW_SIZE,
                               MAX_CONCURRENT_STREAMS, MAX_WINDOW, NO_ERROR, PREFACE,
                               PROTOCOL_ERROR, REFUSED_STREAM, STREAM_CLOSED, H2Client, H2Stream,
@@ -70,15 +70,6 @@ def assert_upstream_request_is_plain_http11(info):
     names = [n for n, _ in info["headers"]]
     assert not [n for n in names if n.startswith(":")], f"pseudo-header fields upstream: {names}"
     assert info["version"] == "HTTP/1.1", info
-
-
-def wait_metric(gw, name, predicate, timeout=3.0, **labels):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = metric_sum(gw, name, **labels)
-        if predicate(v) or time.monotonic() > deadline:
-            return v
-        time.sleep(0.05)
 
 
 def metric_samples(gw, name):
