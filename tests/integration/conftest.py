@@ -58,8 +58,8 @@ conftest:
 
 - harness/net.py: ports, SilentListener, LocalServerProcess, parallel_requests().
 - harness/gateway.py: the binary, TOML writing, the Sluice process, sluice_config(),
-  is_asan_build() / scaled() and the slack constants, wait_admin(), metric_sum(), wait_metric(),
-  parse_rl_list().
+  is_asan_build() / scaled() and the slack constants, wait_admin(), metric_sum(), wait_until(),
+  wait_metric(), parse_rl_list().
 - harness/valkey.py: ValkeyServer, ratelimit_toml() / limit_cfg() / route_cfg(),
   sluice_with_limits(), what a key holds (stored(), used()), the server's clock,
   ValkeyMonitor.
@@ -88,7 +88,7 @@ from harness import gateway
 from harness.gateway import (  # noqa: F401
     DEFAULT_SERVER, DEFAULT_UPSTREAM, EXIT_SLACK_S, REPO, SLUICE_BIN, TIMER_SLACK_S, Sluice,
     endpoint_text, is_asan_build, metric_sum, parse_rl_list, raise_nofile, scaled, sluice_bin,
-    sluice_config, toml_table, toml_value, wait_admin, wait_metric)
+    sluice_config, toml_table, toml_value, wait_admin, wait_metric, wait_until)
 from harness.net import (  # noqa: F401
     LocalServerProcess, SilentListener, connection_refused, free_port, parallel_requests)
 from harness.robustness import (  # noqa: F401

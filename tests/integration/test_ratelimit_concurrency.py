@@ -9,7 +9,7 @@ import time
 from collections import Counter
 
 from conftest import (TIMER_SLACK_S, hashed_part, limit_cfg, metric_sum, parse_rl_list,
-                      sluice_with_limits, used, wait_metric)
+                      sluice_with_limits, used, wait_metric, wait_until)
 from rawhttp import RawClient
 from test_websocket import handshake
 
@@ -32,12 +32,7 @@ def held(valkey, key=KEY):
 
 def wait_value(read, n, timeout):
     """read() until it gives n or the time is up; its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = read()
-        if got == n or time.monotonic() > deadline:
-            return got
-        time.sleep(0.02)
+    return wait_until(read, lambda got: got == n, timeout, step=0.02)
 
 
 def wait_held(valkey, n, timeout=3.0, key=KEY):
@@ -45,7 +40,7 @@ def wait_held(valkey, n, timeout=3.0, key=KEY):
 
 
 def wait_slots_metric(gw, n, timeout=3.0):
-    return wait_value(lambda: metric_sum(gw, "sluice_concurrency_slots_held"), n, timeout)
+    return wait_metric(gw, "sluice_concurrency_slots_held", lambda v: v == n, timeout)
 
 
 def one_slow_request(gw, target="/slow/1500", headers=()):

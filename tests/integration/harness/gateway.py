@@ -323,15 +323,22 @@ def metric_sum(gw: "Sluice", name: str, **labels) -> float:
     return total
 
 
+def wait_until(read, predicate, timeout: float = 3.0, step: float = 0.05):
+    """read() until `predicate` holds for its value or `timeout` seconds have passed; the last
+    value read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = read()
+        if predicate(v) or time.monotonic() > deadline:
+            return v
+        time.sleep(step)
+
+
 def wait_metric(gw: "Sluice", name: str, predicate, timeout: float = 3.0, **labels) -> float:
     """metric_sum(gw, name, **labels) once `predicate` holds for it, or the last value read
     when `timeout` seconds have passed (counters that move after a response was sent)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = metric_sum(gw, name, **labels)
-        if predicate(v) or time.monotonic() > deadline:
-            return v
-        time.sleep(0.05)
+    return wait_until(lambda: metric_sum(gw, name, **labels), predicate, timeout)
+
 
 _RL_ITEM = re.compile(r'^"([^"\\]+)"((?:;[a-z]+=\d+)+)$')
 
