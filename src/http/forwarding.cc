@@ -77,7 +77,7 @@ Field classify(std::string_view name) {
 }
 
 bool hopByHop(Field f) {
-  return f == Field::Connection || f == Field::KeepAlive || f == Field::Te || f == Field::Trailer ||
+  return f == Field::Connection || f == Field::KeepAlive || f == Field::Te ||
          f == Field::TransferEncoding || f == Field::Upgrade || f == Field::Proxy;
 }
 
@@ -367,6 +367,28 @@ std::vector<Header> clientResponseFields(const MessageHead& response,
   appendVia(via, response.headers, response.version_major, response.version_minor);
   appendFieldLines(out, via);
   appendFieldLines(out, extra_headers);
+  return out;
+}
+
+bool forwardableTrailer(std::string_view name) {
+  return !name.empty() && name[0] != ':' && classify(name) == Field::Other;
+}
+
+std::string lastChunk(const HeaderMap& trailers) {
+  std::string out = "0\r\n";
+  for (const auto& field : trailers) {
+    if (forwardableTrailer(field.name)) appendField(out, field.name, field.value);
+  }
+  out.append("\r\n");
+  return out;
+}
+
+std::vector<Header> trailerFields(const HeaderMap& trailers) {
+  std::vector<Header> out;
+  out.reserve(trailers.size());
+  for (const auto& field : trailers) {
+    if (forwardableTrailer(field.name)) out.push_back({toLower(field.name), field.value});
+  }
   return out;
 }
 

@@ -22,8 +22,20 @@ enum class Framing {
 };
 
 // True for fields that describe one connection and must not be forwarded: Connection,
-// Keep-Alive, TE, Trailer, Transfer-Encoding, Upgrade, Proxy-*.
+// Keep-Alive, TE, Transfer-Encoding, Upgrade, Proxy-*. (Trailer, which announces the trailer
+// fields, goes on with them: RFC 9110 6.6.2.)
 bool isHopByHop(std::string_view name);
+
+// Trailer fields (RFC 9110 6.5) go on where the next hop can take them (a chunked HTTP/1.1
+// body, an HTTP/2 stream), except those this proxy controls in a head: framing, routing,
+// hop-by-hop and the forwarding fields it writes itself (Host, Content-Length, Via,
+// X-Forwarded-*, Forwarded, X-Real-IP, Expect). A recipient must not merge trailers into the
+// head, but one that did must not find a forged X-Forwarded-For there.
+bool forwardableTrailer(std::string_view name);
+// The end of a chunked body: "0\r\n", the forwardable trailer fields, "\r\n".
+std::string lastChunk(const HeaderMap& trailers);
+// The forwardable trailer fields for an HTTP/2 HEADERS frame, names in lower case.
+std::vector<Header> trailerFields(const HeaderMap& trailers);
 
 // A 101 from the upstream switches to what the client asked for: its Upgrade names one or
 // more protocols, each of them in the request's Upgrade (RFC 9110 7.8). Anything else would

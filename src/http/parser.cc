@@ -57,6 +57,7 @@ int Parser::onMessageBegin(llhttp_t* p) noexcept {
   Parser* s = self(p);
   s->head_ = MessageHead{};
   s->head_.headers.fields().reserve(16);  // one allocation instead of a growing vector
+  s->trailers_.clear();
   s->error_status_ = 0;
   s->error_reason_ = "";
   s->head_bytes_ = 0;
@@ -89,21 +90,23 @@ int Parser::onStatus(llhttp_t* p, const char* at, size_t len) noexcept {
 int Parser::onHeaderField(llhttp_t* p, const char* at, size_t len) noexcept {
   Parser* s = self(p);
   if (int rc = s->countHeadBytes(len)) return rc;
+  // The trailer section counts with the head: both are kept, within one budget.
+  HeaderMap& fields = s->fields();
   if (!s->in_field_) {
-    if (s->head_.headers.size() >= s->limits_.max_header_count) {
+    if (s->head_.headers.size() + s->trailers_.size() >= s->limits_.max_header_count) {
       return s->fail(s->type_ == Type::Request ? 431 : 502, "too many header fields");
     }
     if (int rc = s->countHeadBytes(kFieldOverhead)) return rc;
-    s->head_.headers.add({}, {});
+    fields.add({}, {});
     s->in_field_ = true;
   }
-  s->head_.headers.fields().back().name.append(at, len);
+  fields.fields().back().name.append(at, len);
   return 0;
 }
 
 int Parser::onHeaderFieldComplete(llhttp_t* p) noexcept {
   Parser* s = self(p);
-  const bool named = s->in_field_ && !s->head_.headers.fields().back().name.empty();
+  const bool named = s->in_field_ && !s->fields().fields().back().name.empty();
   s->in_field_ = false;
   // RFC 9110 5.1: a field name is a token, never empty. llhttp takes ": Transfer-Encoding:
   // chunked" as a field without a name, which an upstream may read as a line of its own.
@@ -114,8 +117,9 @@ int Parser::onHeaderFieldComplete(llhttp_t* p) noexcept {
 int Parser::onHeaderValue(llhttp_t* p, const char* at, size_t len) noexcept {
   Parser* s = self(p);
   if (int rc = s->countHeadBytes(len)) return rc;
-  if (s->head_.headers.empty()) return s->fail(400, "header value without a name");
-  s->head_.headers.fields().back().value.append(at, len);
+  HeaderMap& fields = s->fields();
+  if (fields.empty()) return s->fail(400, "header value without a name");
+  fields.fields().back().value.append(at, len);
   return 0;
 }
 
@@ -133,15 +137,20 @@ bool upgradesToH2c(const HeaderMap& headers) {
   return h2c;
 }
 
+// Field values lose the whitespace around them (RFC 9110 5.5).
+void trimValues(HeaderMap& fields) {
+  for (auto& field : fields.fields()) {
+    const std::string_view trimmed = trim(field.value);
+    if (trimmed.size() != field.value.size()) field.value = std::string(trimmed);
+  }
+}
+
 }  // namespace
 
 int Parser::onHeadersComplete(llhttp_t* p) noexcept {
   Parser* s = self(p);
   MessageHead& head = s->head_;
-  for (auto& field : head.headers.fields()) {
-    const std::string_view trimmed = trim(field.value);
-    if (trimmed.size() != field.value.size()) field.value = std::string(trimmed);
-  }
+  trimValues(head.headers);
   head.version_major = llhttp_get_http_major(p);
   head.version_minor = llhttp_get_http_minor(p);
   if (s->type_ == Type::Request) {
@@ -291,6 +300,10 @@ int Parser::onMessageCompleteCb(llhttp_t* p) noexcept {
     return 0;
   }
   s->in_message_ = false;
+  if (!s->trailers_.empty()) {
+    trimValues(s->trailers_);
+    s->callbacks_->onMessageTrailers(s->trailers_);
+  }
   s->callbacks_->onMessageComplete();
   // An upgrade ends in HPE_PAUSED_UPGRADE by itself; anything else stops here so that the
   // next pipelined message waits until this one is answered.

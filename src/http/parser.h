@@ -20,6 +20,9 @@ class ParserCallbacks {
   virtual int onMessageHead(MessageHead& head) = 0;
   // A piece of the (de-chunked) body; valid only during the call.
   virtual void onMessageBody(const char* data, size_t len) = 0;
+  // The trailer section of a chunked message (RFC 9112 7.1.2), when it has fields: called
+  // once, right before onMessageComplete(); the callee may move them out. Ignored by default.
+  virtual void onMessageTrailers(HeaderMap& trailers) { (void)trailers; }
   // The message is complete; execute() returns MessageDone right after.
   virtual void onMessageComplete() = 0;
 };
@@ -91,6 +94,8 @@ class Parser {
   // the section.
   static bool scanLines(LineScanner& s, const char* data, size_t len, const char** why);
   int countHeadBytes(size_t len);
+  // The fields being read: the head's, or after the head the trailer section's.
+  HeaderMap& fields() { return head_complete_ ? trailers_ : head_.headers; }
   int fail(int status, const char* reason);
   Result makeResult(llhttp_errno_t err, const char* data, size_t len);
 
@@ -99,6 +104,7 @@ class Parser {
   ParserCallbacks* callbacks_;
   ParserLimits limits_;
   MessageHead head_;
+  HeaderMap trailers_;
   size_t head_bytes_ = 0;
   uint64_t body_bytes_ = 0;
   int error_status_ = 0;

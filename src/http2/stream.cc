@@ -21,10 +21,8 @@ constexpr size_t kCompactBytes = 64 * 1024;
 ssize_t readCallback(nghttp2_session*, int32_t, uint8_t* buf, size_t length, uint32_t* flags,
                      nghttp2_data_source* source, void*) noexcept {
   auto* stream = static_cast<Stream*>(source->ptr);
-  bool eof = false;
-  const long n = stream->readBody(buf, length, &eof);
+  const long n = stream->readBody(buf, length, flags);
   if (n < 0) return NGHTTP2_ERR_DEFERRED;
-  if (eof) *flags |= NGHTTP2_DATA_FLAG_EOF;
   return n;
 }
 
@@ -151,7 +149,10 @@ void Stream::begin() {
       session_.scheduleSend();
     }
   }
-  if (request_ended_) exchange_.onRequestComplete();
+  if (request_ended_) {
+    if (!request_trailers_.empty()) exchange_.onRequestTrailers(request_trailers_);
+    exchange_.onRequestComplete();
+  }
 }
 
 void Stream::refuse(int status, const char* why) {
@@ -189,10 +190,29 @@ void Stream::onData(const char* data, size_t len) {
   nghttp2_session_consume(session_.nghttp2(), id_, len);
 }
 
+void Stream::addTrailer(std::string_view name, std::string_view value) {
+  accountField(name, value);
+  if (!header_too_large_) request_trailers_.add(std::string(name), std::string(value));
+}
+
 void Stream::onEndStream() {
   request_ended_ = true;
   body_timer_.stop();
-  if (begun_) exchange_.onRequestComplete();
+  if (header_too_large_) {
+    // The trailers took the header list past its cap: refused as a head would be, or (the
+    // response had started) the stream goes.
+    request_trailers_.clear();
+    if (response_ == Response::Finished) return;
+    if (!exchange_.refuse(431, "the request's trailers are larger than max_request_header_bytes")) {
+      reset(NGHTTP2_CANCEL);
+      return;
+    }
+    responseFinished(false);
+    return;
+  }
+  if (!begun_) return;  // begin() hands the trailers over
+  if (!request_trailers_.empty()) exchange_.onRequestTrailers(request_trailers_);
+  exchange_.onRequestComplete();
 }
 
 void Stream::armSendTimer() {
@@ -258,7 +278,8 @@ void Stream::writev(const std::string_view* parts, size_t count) {
   for (size_t i = 0; i < count; ++i) write(parts[i]);
 }
 
-long Stream::readBody(uint8_t* buf, size_t length, bool* eof) {
+long Stream::readBody(uint8_t* buf, size_t length, uint32_t* flags) {
+  bool eof = false;
   const size_t available = out_.size() - out_offset_;
   const size_t n = std::min(available, length);
   if (n > 0) {
@@ -270,7 +291,18 @@ long Stream::readBody(uint8_t* buf, size_t length, bool* eof) {
     out_offset_ = 0;
     send_timer_.stop();
     if (response_ == Response::Finished) {
-      *eof = true;
+      eof = true;
+      *flags |= NGHTTP2_DATA_FLAG_EOF;
+      if (!response_trailers_.empty()) {
+        // The trailers end the stream, queued before the RST_STREAM below (one queue, in order).
+        std::vector<nghttp2_nv> nva;
+        nva.reserve(response_trailers_.size());
+        for (const http::Header& f : response_trailers_) nva.push_back(field(f.name, f.value));
+        if (nghttp2_submit_trailer(session_.nghttp2(), id_, nva.data(), nva.size()) == 0) {
+          *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+        }
+        response_trailers_.clear();
+      }
       // The answer is complete while the client still sends: the rest of its body is not
       // wanted (RFC 9113 8.1; nginx does the same). The RST_STREAM (NO_ERROR) follows the
       // END_STREAM; DATA already on its way is read and dropped.
@@ -282,7 +314,7 @@ long Stream::readBody(uint8_t* buf, size_t length, bool* eof) {
       exchange_.onClientDrained();  // the upstream may go on (it only resumes reading)
     }
   }
-  if (n == 0 && !*eof) return -1;
+  if (n == 0 && !eof) return -1;
   return static_cast<long>(n);
 }
 
@@ -300,6 +332,11 @@ void Stream::writeHead(int status, std::vector<http::Header> fields) {
   // nghttp2 copies the fields; the body is read through the provider as it comes.
   nghttp2_submit_response(session_.nghttp2(), id_, nva.data(), nva.size(), &provider);
   session_.scheduleSend();
+}
+
+void Stream::writeTrailers(std::vector<http::Header> fields) {
+  if (response_ != Response::Head) return;
+  response_trailers_ = std::move(fields);
 }
 
 void Stream::writeContinue() {

@@ -44,9 +44,9 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   void begin();
   void onData(const char* data, size_t len);
   void onEndStream();
-  // Trailers of the request: not forwarded (HTTP/1.1 upstreams get the body chunked, without
-  // trailer fields); their size still counts.
-  void addTrailer(std::string_view name, std::string_view value) { accountField(name, value); }
+  // Trailers of the request (their size counts with the head's): handed to the exchange at
+  // END_STREAM; they go upstream after the last chunk of a body without content-length.
+  void addTrailer(std::string_view name, std::string_view value);
 
   // nghttp2 closed the stream (`error_code` 0: both sides ended). The exchange lets go of
   // everything (its decision's slots, its upstream connection) now.
@@ -54,9 +54,10 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   // The connection ends (closed, or cut for a flood): the exchange lets go of everything now
   // and logs `status`, `why` if it was in flight; nothing more is sent on this stream.
   void cancel(int status, const char* why);
-  // Reads response body into a DATA frame: bytes copied, or 0 with *eof, or -1 when none is
-  // there yet (the stream waits for write() or responseFinished()).
-  long readBody(uint8_t* buf, size_t length, bool* eof);
+  // Reads response body into a DATA frame: bytes copied, or 0 with NGHTTP2_DATA_FLAG_EOF in
+  // *flags (and NO_END_STREAM when trailers follow: they are submitted then), or -1 when none
+  // is there yet (the stream waits for write() or responseFinished()).
+  long readBody(uint8_t* buf, size_t length, uint32_t* flags);
   // The response ended (its last byte is queued) or was cut: a reset from the client after
   // this is not an early one.
   bool responseDone() const { return response_ == Response::Finished; }
@@ -95,6 +96,7 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   // proxy::FramedResponses
   void writeHead(int status, std::vector<http::Header> fields) override;
   void writeContinue() override;
+  void writeTrailers(std::vector<http::Header> fields) override;
 
   // The field's size in the header list (RFC 9113 6.5.2: name + value + 32) against
   // max_request_header_bytes.
@@ -125,6 +127,8 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   bool reset_by_gateway_ = false;
   bool request_ended_ = false;  // END_STREAM came from the client
   size_t unconsumed_ = 0;
+  http::HeaderMap request_trailers_;
+  std::vector<http::Header> response_trailers_;  // submitted after the last DATA
   std::string early_body_;      // body that came before begin() (within the stream's window)
   uint64_t body_bytes_ = 0;     // request body received
   bool discard_reset_ = false;  // answered before the body ended: RST_STREAM NO_ERROR sent

@@ -186,6 +186,10 @@ void DownstreamConnection::onMessageBody(const char* data, size_t len) {
   exchange_.onRequestBody(data, len);
 }
 
+void DownstreamConnection::onMessageTrailers(http::HeaderMap& trailers) {
+  exchange_.onRequestTrailers(trailers);
+}
+
 void DownstreamConnection::onMessageComplete() {
   body_timer_.stop();
   if (request_ == Request::Receiving) request_ = Request::Received;

@@ -105,6 +105,7 @@ class DownstreamConnection final : public ExchangeOwner,
   // http::ParserCallbacks
   int onMessageHead(http::MessageHead& head) override;
   void onMessageBody(const char* data, size_t len) override;
+  void onMessageTrailers(http::HeaderMap& trailers) override;
   void onMessageComplete() override;
 
   static void onTimer(void* self);

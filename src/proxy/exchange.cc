@@ -286,10 +286,11 @@ void Exchange::sendRequestHead() {
   context.default_host = req_.cluster->endpointAuthority(req_.upstream->endpoint());
   const std::string head = http::buildUpstreamRequestHead(req_.head, context);
   req_.upstream->expectResponse(req_.head_method, req_.cluster->responseTimeoutMs());
-  std::string_view parts[3] = {head, req_.body_buffer, {}};
-  size_t count = 2;
+  std::string last;
   if (req_.body_complete && req_.request_framing == http::Framing::Chunked)
-    parts[count++] = http::kLastChunk;
+    last = lastRequestChunk();
+  std::string_view parts[3] = {head, req_.body_buffer, last};
+  const size_t count = last.empty() ? 2 : 3;
   req_.upstream->writev(parts, count);
   std::string().swap(req_.body_buffer);
   req_.upstream_sent_ns = uv_hrtime();
@@ -328,6 +329,18 @@ void Exchange::onRequestBody(const char* data, size_t len) {
   if (!admission_.readsBody()) pauseClientIfAbove(req_.body_buffer.size());
 }
 
+std::string Exchange::lastRequestChunk() const {
+  if (req_.request_trailers.empty()) return std::string(http::kLastChunk);
+  return http::lastChunk(req_.request_trailers);
+}
+
+void Exchange::onRequestTrailers(http::HeaderMap& trailers) {
+  if (req_.state == State::Done || req_.state == State::Idle) return;
+  if (req_.request_framing != http::Framing::Chunked) return;
+  for (const auto& field : trailers) req_.bytes_in += field.name.size() + field.value.size();
+  req_.request_trailers = std::move(trailers);
+}
+
 void Exchange::onRequestComplete() {
   req_.body_complete = true;
   if (req_.state == State::Done || req_.state == State::Idle) return;
@@ -336,7 +349,7 @@ void Exchange::onRequestComplete() {
     return;
   }
   if (headSent() && req_.upstream) {
-    if (req_.request_framing == http::Framing::Chunked) req_.upstream->write(http::kLastChunk);
+    if (req_.request_framing == http::Framing::Chunked) req_.upstream->write(lastRequestChunk());
     req_.upstream->requestComplete();
   }
 }
@@ -415,9 +428,25 @@ void Exchange::onUpstreamBody(const char* data, size_t len) {
   }
 }
 
+void Exchange::onUpstreamTrailers(http::HeaderMap& trailers) {
+  req_.response_trailers = std::move(trailers);
+}
+
 void Exchange::onUpstreamComplete() {
-  if (req_.response_framing == http::Framing::Chunked) gather(http::kLastChunk);
+  if (req_.response_framing == http::Framing::Chunked) {
+    if (req_.response_trailers.empty()) {
+      gather(http::kLastChunk);
+    } else {
+      gatherOwned(http::lastChunk(req_.response_trailers));
+    }
+  }
   flushGathered();
+  if (FramedResponses* framed = owner_.framed(); framed && !req_.response_trailers.empty()) {
+    std::vector<http::Header> fields = http::trailerFields(req_.response_trailers);
+    for (const http::Header& field : fields)
+      req_.bytes_out += field.name.size() + field.value.size();
+    if (!fields.empty()) framed->writeTrailers(std::move(fields));
+  }
   upstream::UpstreamConnection* upstream = req_.upstream;
   req_.upstream = nullptr;
   upstream->release();

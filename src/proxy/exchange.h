@@ -44,6 +44,10 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   // every byte we wrote.
   void begin(http::MessageHead&& head);
   void onRequestBody(const char* data, size_t len);
+  // The request's trailer fields (before onRequestComplete): they go upstream after the last
+  // chunk when the body goes chunked, and nowhere otherwise (a Content-Length body has no
+  // room for them).
+  void onRequestTrailers(http::HeaderMap& trailers);
   void onRequestComplete();
   void onClientDrained();
   void onClientTunnelData(const char* data, size_t len);
@@ -91,7 +95,9 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
     http::MessageHead head;
     Target target;
     identity::ClientAddress client;
-    std::string body_buffer;  // framed request body the upstream could not take yet
+    std::string body_buffer;            // framed request body the upstream could not take yet
+    http::HeaderMap request_trailers;   // sent with the last chunk
+    http::HeaderMap response_trailers;  // sent after the body, where the client can take them
     // Response bytes of one upstream read, gathered for one write: views into the read buffer,
     // plus owned heads and chunk headers (out_owned gives them stable addresses).
     std::vector<std::string_view> out_pieces;
@@ -130,6 +136,7 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void onUpstreamReady() override;
   int onUpstreamHead(http::MessageHead& head) override;
   void onUpstreamBody(const char* data, size_t len) override;
+  void onUpstreamTrailers(http::HeaderMap& trailers) override;
   void onUpstreamComplete() override;
   void onUpstreamTunnelData(const char* data, size_t len) override;
   void onUpstreamTunnelEnd() override;
@@ -149,6 +156,8 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void forward();
   void connectUpstream(bool fresh);
   void sendRequestHead();
+  // The end of a chunked request body, with its trailers.
+  std::string lastRequestChunk() const;
   void sendContinue();
   void respondLocal(const http::LocalResponse& response);
   // Writes a response of ours: HTTP/1.1 text, or a head and body through FramedResponses.

@@ -33,6 +33,9 @@ class FramedResponses {
   virtual void writeHead(int status, std::vector<http::Header> fields) = 0;
   // 100 Continue, an interim head.
   virtual void writeContinue() = 0;
+  // Trailer fields (lower case, forwardable ones), after the last body byte was written and
+  // before responseFinished(): they end the stream in a HEADERS frame of their own.
+  virtual void writeTrailers(std::vector<http::Header> fields) = 0;
 };
 
 class ExchangeOwner {

@@ -293,6 +293,10 @@ void UpstreamConnection::onMessageBody(const char* data, size_t len) {
   if (owner_) owner_->onUpstreamBody(data, len);
 }
 
+void UpstreamConnection::onMessageTrailers(http::HeaderMap& trailers) {
+  if (owner_) owner_->onUpstreamTrailers(trailers);
+}
+
 void UpstreamConnection::onMessageComplete() {}
 
 }  // namespace sluice::upstream

@@ -38,6 +38,9 @@ class UpstreamCallbacks {
   // Response head. Return 0, or a status to treat the response as bad.
   virtual int onUpstreamHead(http::MessageHead& head) = 0;
   virtual void onUpstreamBody(const char* data, size_t len) = 0;
+  // The trailer fields of a chunked response, right before onUpstreamComplete() (the owner may
+  // move them out).
+  virtual void onUpstreamTrailers(http::HeaderMap& trailers) = 0;
   // The whole response arrived. The owner calls release() (it may do so later).
   virtual void onUpstreamComplete() = 0;
   // After startTunnel(): raw bytes from the upstream, and the end of them.
@@ -103,6 +106,7 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
   // http::ParserCallbacks
   int onMessageHead(http::MessageHead& head) override;
   void onMessageBody(const char* data, size_t len) override;
+  void onMessageTrailers(http::HeaderMap& trailers) override;
   void onMessageComplete() override;
 
   static void onTimer(void* self) noexcept;

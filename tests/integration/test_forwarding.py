@@ -134,10 +134,12 @@ def test_hop_by_hop_request_headers_removed(sluice, upstream):
         ("X-End-To-End", "yes"),
     ])
     got = names(h)
-    for hop in ("connection", "x-hop-one", "x-hop-two", "keep-alive", "te", "trailer",
+    for hop in ("connection", "x-hop-one", "x-hop-two", "keep-alive", "te",
                 "proxy-authorization", "proxy-connection", "proxy-foo", "upgrade"):
         assert hop not in got, (hop, h)
     assert hv(h, "x-end-to-end") == ["yes"]
+    # Trailer announces trailer fields, which go on too (test_trailers.py): end to end.
+    assert hv(h, "trailer") == ["X-Checksum"]
 
 
 def test_connection_cannot_remove_end_to_end_framing(sluice, upstream):
@@ -163,9 +165,9 @@ def test_hop_by_hop_response_headers_removed(sluice, upstream):
         r = c.read_response()
         assert r.status == 200 and r.body == b"ok\n"
         got = names(r.headers)
-        for hop in ("x-resp-hop", "keep-alive", "proxy-authenticate", "proxy-foo", "trailer",
-                    "upgrade"):
+        for hop in ("x-resp-hop", "keep-alive", "proxy-authenticate", "proxy-foo", "upgrade"):
             assert hop not in got, (hop, r.headers)
+        assert r.header("trailer") == "X-Checksum"
         assert "x-resp-hop" not in r.connection_tokens()
         assert r.header("x-e2e") == "kept"
         # the upstream's Connection option did not break the client connection

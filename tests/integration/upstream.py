@@ -439,8 +439,10 @@ class UpstreamServer:
     # ---------------------------------------------------------------- responses
 
     def _write_response(self, req: Request, status: int, headers: list, body: bytes | Iterable[bytes] = b"",
-                        framing: str = "length", length: Optional[int] = None) -> bool:
+                        framing: str = "length", length: Optional[int] = None,
+                        trailers: Iterable = ()) -> bool:
         """framing: 'length' (Content-Length), 'chunked', 'close' (delimited by close) or 'none'.
+        trailers: [(name, value)] after the last chunk (chunked only).
         Returns whether the connection stays open."""
         close = req.wants_close() or framing == "close"
         out = [f"HTTP/1.1 {status} {REASONS.get(status, 'Status')}"]
@@ -471,7 +473,8 @@ class UpstreamServer:
                 else:
                     req.conn.send(block)
             if framing == "chunked":
-                req.conn.send(b"0\r\n\r\n")
+                req.conn.send(b"0\r\n" + b"".join(f"{n}: {v}\r\n".encode("latin-1")
+                                                   for n, v in trailers) + b"\r\n")
         return not close
 
     def _json(self, req: Request, obj: dict, status: int = 200) -> bool:
@@ -538,6 +541,15 @@ class UpstreamServer:
             chunks = [data[i:i + size] for i in range(0, n, size)]
             return self._write_response(req, 200, [("Content-Type", "application/octet-stream")],
                                         chunks, framing="chunked")
+        if head == "trailers" and arg is not None:
+            # /trailers/N?name=value...: N body bytes, chunked, then the query as trailer fields
+            n = int(arg)
+            data = pattern_bytes(n)
+            chunks = [data[i:i + 16384] for i in range(0, n, 16384)]
+            names = ", ".join(name for name, _ in req.query)
+            return self._write_response(req, 200, [("Content-Type", "application/octet-stream"),
+                                                   ("Trailer", names)],
+                                        chunks, framing="chunked", trailers=req.query)
         if head == "close-delimited" and arg is not None:
             n = int(arg)
             self._write_response(req, 200, [("Content-Type", "application/octet-stream")],

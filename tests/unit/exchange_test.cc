@@ -50,6 +50,9 @@ struct FakeOwner final : sluice::proxy::ExchangeOwner, sluice::proxy::FramedResp
     head_fields = std::move(fields);
   }
   void writeContinue() override { ++continues; }
+  void writeTrailers(std::vector<sluice::http::Header> fields) override {
+    trailer_fields = std::move(fields);
+  }
   void write(std::string_view data) override { written += data; }
   void writev(const std::string_view* parts, size_t count) override {
     for (size_t i = 0; i < count; ++i) written += parts[i];
@@ -72,6 +75,7 @@ struct FakeOwner final : sluice::proxy::ExchangeOwner, sluice::proxy::FramedResp
   bool framing = false;
   int head_status = 0;
   std::vector<sluice::http::Header> head_fields;
+  std::vector<sluice::http::Header> trailer_fields;
   int continues = 0;
   std::string written;
   std::vector<bool> finished;

@@ -185,17 +185,44 @@ TEST_SUITE("http headers") {
 
 TEST_SUITE("http forwarding: hop-by-hop") {
   TEST_CASE("isHopByHop") {
-    for (const char* name :
-         {"Connection", "keep-alive", "TE", "Trailer", "transfer-encoding", "UPGRADE",
-          "Proxy-Authorization", "proxy-connection", "Proxy-Authenticate"}) {
+    for (const char* name : {"Connection", "keep-alive", "TE", "transfer-encoding", "UPGRADE",
+                             "Proxy-Authorization", "proxy-connection", "Proxy-Authenticate"}) {
       INFO(std::string(name));
       CHECK(isHopByHop(name));
     }
+    // Trailer announces the trailer fields, which go on with it (RFC 9110 6.6.2).
     for (const char* name : {"Host", "Content-Length", "X-Proxy-Id", "Trailers-X", "Via",
-                             "X-Forwarded-For", "Connections", "Proxy"}) {
+                             "X-Forwarded-For", "Connections", "Proxy", "Trailer"}) {
       INFO(std::string(name));
       CHECK_FALSE(isHopByHop(name));
     }
+  }
+
+  TEST_CASE("trailers: the fields a proxy controls in a head never go on in a trailer section") {
+    for (const char* name :
+         {"grpc-status", "Grpc-Message", "X-Checksum", "Server-Timing", "Digest", "Trailers-X"}) {
+      INFO(std::string(name));
+      CHECK(forwardableTrailer(name));
+    }
+    for (const char* name : {"Content-Length", "Transfer-Encoding", "Host", "Connection",
+                             "Keep-Alive", "TE", "Trailer", "Upgrade", "Proxy-Authorization", "Via",
+                             "X-Forwarded-For", "x-forwarded-proto", "X-Forwarded-Host",
+                             "Forwarded", "X-Real-IP", "Expect", ":status", ""}) {
+      INFO(std::string(name));
+      CHECK_FALSE(forwardableTrailer(name));
+    }
+    HeaderMap t;
+    t.add("X-Checksum", "abc");
+    t.add("Content-Length", "5");
+    t.add("X-Forwarded-For", "198.51.100.1");
+    t.add("Grpc-Status", "0");
+    CHECK(lastChunk(t) == "0\r\nX-Checksum: abc\r\nGrpc-Status: 0\r\n\r\n");
+    CHECK(lastChunk(HeaderMap{}) == kLastChunk);
+    const std::vector<Header> fields = trailerFields(t);
+    REQUIRE(fields.size() == 2);
+    CHECK(fields[0].name == "x-checksum");
+    CHECK(fields[1].name == "grpc-status");
+    CHECK(fields[1].value == "0");
   }
 
   TEST_CASE("connectionOptions lists every Connection field, lower case, never Host or framing") {
@@ -239,12 +266,13 @@ TEST_SUITE("http forwarding: upstream request head") {
         {"X-Keep", "yes"},
     });
     const Serialized s = split(buildUpstreamRequestHead(req, upstreamContext()));
-    for (const char* name : {"Connection", "Keep-Alive", "TE", "Trailer", "Transfer-Encoding",
-                             "Upgrade", "Proxy-Authorization", "Proxy-Connection", "X-Custom-Hop",
-                             "X-Lower-Hop", "X-Second-Connection"}) {
+    for (const char* name :
+         {"Connection", "Keep-Alive", "TE", "Transfer-Encoding", "Upgrade", "Proxy-Authorization",
+          "Proxy-Connection", "X-Custom-Hop", "X-Lower-Hop", "X-Second-Connection"}) {
       INFO(std::string(name));
       CHECK(values(s, name) == kNone);
     }
+    CHECK(values(s, "Trailer") == one("X-Checksum"));  // the trailers go on with it
     CHECK(values(s, "Host") == one("example.com"));
     CHECK(values(s, "Accept") == one("*/*"));
     CHECK(values(s, "X-Keep") == one("yes"));
@@ -577,10 +605,11 @@ TEST_SUITE("http forwarding: responses") {
     c.framing = Framing::Chunked;
     const Serialized s = split(buildClientResponseHead(h, c));
     for (const char* name :
-         {"Connection", "Keep-Alive", "Trailer", "Upgrade", "Proxy-Authenticate", "X-Hop"}) {
+         {"Connection", "Keep-Alive", "Upgrade", "Proxy-Authenticate", "X-Hop"}) {
       INFO(std::string(name));
       CHECK(values(s, name) == kNone);
     }
+    CHECK(values(s, "Trailer") == one("X-Sum"));
     CHECK(values(s, "Transfer-Encoding") == one("chunked"));  // Sluice's own, once
     CHECK(values(s, "Content-Type") == one("text/plain"));
     CHECK(values(s, "Set-Cookie") == render({"a=1", "b=2"}));

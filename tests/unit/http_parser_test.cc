@@ -25,6 +25,8 @@ namespace {
 struct Message {
   MessageHead head;
   std::string body;
+  sluice::http::HeaderMap trailers;
+  int trailer_calls = 0;
   bool complete = false;
 };
 
@@ -35,7 +37,7 @@ class Recorder : public ParserCallbacks {
   int body_calls_without_message = 0;
 
   int onMessageHead(MessageHead& head) override {
-    messages.push_back(Message{head, {}, false});
+    messages.push_back(Message{head, {}, {}, 0, false});
     return head_status;
   }
   void onMessageBody(const char* data, size_t len) override {
@@ -44,6 +46,11 @@ class Recorder : public ParserCallbacks {
       return;
     }
     messages.back().body.append(data, len);
+  }
+  void onMessageTrailers(sluice::http::HeaderMap& trailers) override {
+    if (messages.empty()) return;
+    messages.back().trailers = std::move(trailers);
+    ++messages.back().trailer_calls;
   }
   void onMessageComplete() override {
     if (!messages.empty()) messages.back().complete = true;
@@ -151,6 +158,8 @@ std::string describe(const Run& r, bool with_bodies = true) {
   for (const Message& m : r.messages) {
     out += describe(m.head);
     if (with_bodies) out += " body=" + std::to_string(m.body.size()) + ":" + visible(m.body);
+    for (const Header& f : m.trailers)
+      out += " {" + visible(f.name) + ": " + visible(f.value) + "}";
     out += m.complete ? " complete\n" : " incomplete\n";
   }
   out += "done_at:";
@@ -282,7 +291,7 @@ TEST_SUITE("http parser: requests") {
     CHECK(r.done_at[0] == input.size());
   }
 
-  TEST_CASE("a chunked body is de-chunked (extensions and trailers dropped)") {
+  TEST_CASE("a chunked body is de-chunked (extensions dropped, trailers apart from the head)") {
     const std::string input =
         "POST /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
         "5\r\nhello\r\n"
@@ -300,6 +309,50 @@ TEST_SUITE("http parser: requests") {
     CHECK(r.messages[0].complete);
     REQUIRE(r.done_at.size() == 1);
     CHECK(r.done_at[0] == input.size());
+    // The trailer field is no field of the head: it comes once, apart, before the end.
+    CHECK(h.headers.count("x-trailer") == 0);
+    CHECK(r.messages[0].trailer_calls == 1);
+    REQUIRE(r.messages[0].trailers.size() == 1);
+    CHECK(r.messages[0].trailers.fields()[0].name == "X-Trailer");
+    CHECK(r.messages[0].trailers.fields()[0].value == "t");
+  }
+
+  TEST_CASE("trailers: values trimmed, a section per message, none without fields") {
+    const std::string first =
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "2\r\nab\r\n0\r\ngrpc-status:  0 \r\nGrpc-Message: fine\r\n\r\n";
+    const std::string second =
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nc\r\n0\r\n\r\n";
+    const Run r = response(first + second);
+    INFO(describe(r));
+    REQUIRE(r.messages.size() == 2);
+    REQUIRE(r.messages[0].trailers.size() == 2);
+    CHECK(r.messages[0].trailers.fields()[0].value == "0");
+    CHECK(*r.messages[0].trailers.get("grpc-message") == "fine");
+    CHECK(r.messages[0].head.headers.count("grpc-status") == 0);
+    CHECK(r.messages[1].trailer_calls == 0);
+    CHECK(r.messages[1].body == "c");
+  }
+
+  TEST_CASE("trailers count with the head: field count and bytes, then bad framing in them") {
+    Options limits;
+    limits.limits.max_header_count = 3;
+    std::string input =
+        "POST /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+        "1\r\nx\r\n0\r\nA: 1\r\nB: 2\r\n\r\n";
+    Run r = request(input, limits);
+    INFO(describe(r, false));
+    CHECK(r.last == Parser::Status::Error);
+    CHECK(r.error_status == 431);
+    // Obs-fold and a bare LF are refused in a trailer section as in a head.
+    for (const char* bad : {"0\r\nA: 1\r\n folded\r\n\r\n", "0\r\nA: 1\n\r\n"}) {
+      input = std::string("POST /c HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n") +
+              "1\r\nx\r\n" + bad;
+      r = request(input);
+      CAPTURE(bad);
+      CHECK(r.last == Parser::Status::Error);
+      CHECK(r.error_status == 400);
+    }
   }
 
   TEST_CASE("pipelined requests stop after each message; resume() goes on with the rest") {

@@ -41,6 +41,7 @@ struct Owner final : sluice::upstream::UpstreamCallbacks {
     return 0;
   }
   void onUpstreamBody(const char* data, size_t len) override { body.append(data, len); }
+  void onUpstreamTrailers(sluice::http::HeaderMap& t) override { trailers = std::move(t); }
   void onUpstreamComplete() override { ++complete; }
   void onUpstreamTunnelData(const char*, size_t) override {}
   void onUpstreamTunnelEnd() override {}
@@ -53,6 +54,7 @@ struct Owner final : sluice::upstream::UpstreamCallbacks {
   int ready = 0;
   int status = 0;
   std::string body;
+  sluice::http::HeaderMap trailers;
   int complete = 0;
   std::vector<std::pair<UpstreamError, bool>> errors;
 };
@@ -153,6 +155,24 @@ TEST_SUITE("upstream: a connection against a fake upstream") {
     CHECK(f.upstream.accepted() == 1);
     again.connection->release();
     CHECK(second.ready == 0);  // a pooled connection is never "ready" again
+  }
+
+  TEST_CASE("a chunked response's trailers reach the owner before the end; not in the head") {
+    Fixture f;
+    f.on_request = [](FakePeer::Conn& c) {
+      c.send(
+          "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Sum\r\n\r\n"
+          "5\r\nhello\r\n0\r\nX-Sum: 42\r\n\r\n");
+    };
+    Owner owner;
+    UpstreamConnection* c = f.connect(owner);
+    f.send(c);
+    REQUIRE(runUntil(f.loop(), [&] { return owner.complete == 1; }));
+    CHECK(owner.body == "hello");
+    REQUIRE(owner.trailers.size() == 1);
+    CHECK(*owner.trailers.get("x-sum") == "42");
+    CHECK(owner.errors.empty());
+    c->release();
   }
 
   TEST_CASE("the upstream closes before the response: Reset, reported once") {
