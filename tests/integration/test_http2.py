@@ -7,9 +7,9 @@ streams that end at once not worth an upstream connection each; idle GOAWAY; the
 SIGTERM; "protocol" in the access log; the http2 metrics; a reader that never opens its window;
 big bodies both ways on concurrent streams.
 
-Run time: some 16 s in all. Marked slow (pytest.ini should register the marker): the slow
-reader (100 MiB, some 5 s) and the rate-limit test (up to 8 s more when it starts near a
-minute's boundary).
+Run time: some 25 s in all. Marked slow (pytest.ini should register the marker): the slow
+reader (100 MiB, some 5 s), 100 MiB up and down over h2c and h2 (some 4 s each) and the
+rate-limit test (up to 8 s more when it starts near a minute's boundary).
 
 Clients: harness/h2client.py (frames and HPACK over a raw socket, no state machine: it can send
 what a client must not), python3-h2 (a strict client state machine), curl --http2 /
@@ -185,6 +185,43 @@ def test_curl_http2_prior_knowledge(sluice, upstream, tmp_path):
     info = json.loads(payload)
     assert info["body_len"] == len(body)
     assert info["body_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tls", [False, True], ids=["h2c", "h2"])
+def test_a_100_mib_upload_and_download_whole_both_ways(sluice_factory, upstream, tls_pki,
+                                                       tmp_path, tls):
+    """curl over h2c (prior knowledge) and h2 (TLS, ALPN): 100 MiB up to /echo and 100 MiB
+    down from /bytes, every byte right (flow control of both directions over a long run)."""
+    n = 100 * MIB
+    server = {"max_request_body_bytes": 2 * n}
+    if tls:
+        gw = sluice_factory(upstream, server=server,
+                            extra_toml=tls_server_toml(tls_pki.certs["default"]))
+        base = f"https://default.test:{gw.port}"
+        opts = ["--http2", "--cacert", str(tls_pki.certs["root"].cert), "--resolve",
+                f"default.test:{gw.port}:127.0.0.1"]
+    else:
+        gw = sluice_factory(upstream, server=server)
+        base = f"http://127.0.0.1:{gw.port}"
+        opts = ["--http2-prior-knowledge"]
+    up = tmp_path / "up.bin"
+    up.write_bytes(pattern_bytes(n, offset=3))
+    rc, out, err = curl(*opts, "-w", "\n%{http_version} %{http_code}", "--data-binary",
+                        f"@{up}", f"{base}/echo", timeout=120)
+    assert rc == 0, err[-2000:]
+    payload, _, tail = out.rpartition(b"\n")
+    assert tail == b"2 200", (tail, err[-2000:])
+    info = json.loads(payload)
+    assert info["body_len"] == n, info["body_len"]
+    assert info["body_sha256"] == hashlib.sha256(up.read_bytes()).hexdigest()
+    down = tmp_path / "down.bin"
+    rc, out, err = curl(*opts, "-o", str(down), "-w", "%{http_version} %{http_code}",
+                        f"{base}/bytes/{n}", timeout=120)
+    assert rc == 0 and out == b"2 200", (out, err[-2000:])
+    assert down.stat().st_size == n
+    assert hashlib.sha256(down.read_bytes()).digest() == \
+        hashlib.sha256(pattern_bytes(n)).digest()
 
 
 def test_http2_false_preface_not_served_as_http2(sluice_factory, upstream):
