@@ -80,6 +80,7 @@ LocalResponse problemResponse(int status, std::string_view detail) {
   r.status = status;
   r.body = "{\"type\":\"about:blank\",\"title\":" + jsonString(reasonPhrase(status)) +
            ",\"status\":" + std::to_string(status) + ",\"detail\":" + jsonString(detail) + "}\n";
+  r.message = detail;
   return r;
 }
 

@@ -15,6 +15,7 @@ struct LocalResponse {
   std::string content_type = "application/problem+json";
   std::string body;
   std::string extra_headers;  // serialized "Name: value\r\n" lines
+  std::string message;        // in a sentence (a gRPC client reads it in grpc-message)
 };
 
 // {"type":"about:blank","title":"Not Found","status":404,"detail":"..."}

@@ -445,6 +445,15 @@ int Session::onFrameSend(nghttp2_session*, const nghttp2_frame* frame, void* use
   switch (frame->hd.type) {
     case NGHTTP2_DATA:
       s->control_credit_ = std::min(kControlBurst, s->control_credit_ + kControlPerData);
+      if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
+        if (Stream* stream = s->stream(frame->hd.stream_id)) stream->onResponseSent();
+      }
+      return 0;
+    case NGHTTP2_HEADERS:
+      // Trailers, or a whole answer in one HEADERS frame (gRPC's trailers-only).
+      if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
+        if (Stream* stream = s->stream(frame->hd.stream_id)) stream->onResponseSent();
+      }
       return 0;
     case NGHTTP2_RST_STREAM: {
       if (frame->rst_stream.error_code == NGHTTP2_REFUSED_STREAM) {

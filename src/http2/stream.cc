@@ -303,13 +303,6 @@ long Stream::readBody(uint8_t* buf, size_t length, uint32_t* flags) {
         }
         response_trailers_.clear();
       }
-      // The answer is complete while the client still sends: the rest of its body is not
-      // wanted (RFC 9113 8.1; nginx does the same). The RST_STREAM (NO_ERROR) follows the
-      // END_STREAM; DATA already on its way is read and dropped.
-      if (!request_ended_ && !discard_reset_) {
-        discard_reset_ = true;
-        nghttp2_submit_rst_stream(session_.nghttp2(), NGHTTP2_FLAG_NONE, id_, NGHTTP2_NO_ERROR);
-      }
     } else if (n > 0) {
       exchange_.onClientDrained();  // the upstream may go on (it only resumes reading)
     }
@@ -337,6 +330,28 @@ void Stream::writeHead(int status, std::vector<http::Header> fields) {
 void Stream::writeTrailers(std::vector<http::Header> fields) {
   if (response_ != Response::Head) return;
   response_trailers_ = std::move(fields);
+}
+
+void Stream::onResponseSent() {
+  // The answer is complete while the client still sends: the rest of its body is not wanted
+  // (RFC 9113 8.1; nginx does the same). The RST_STREAM (NO_ERROR) follows the END_STREAM that
+  // went out; DATA already on its way is read and dropped.
+  if (request_ended_ || discard_reset_) return;
+  discard_reset_ = true;
+  nghttp2_submit_rst_stream(session_.nghttp2(), NGHTTP2_FLAG_NONE, id_, NGHTTP2_NO_ERROR);
+}
+
+void Stream::writeTrailersOnly(int status, std::vector<http::Header> fields) {
+  if (response_ != Response::None) return;
+  response_ = Response::Head;
+  const std::string code = std::to_string(status);
+  std::vector<nghttp2_nv> nva;
+  nva.reserve(fields.size() + 1);
+  nva.push_back(field(":status", code));
+  for (const http::Header& f : fields) nva.push_back(field(f.name, f.value));
+  // No data provider: the HEADERS frame carries END_STREAM.
+  nghttp2_submit_response(session_.nghttp2(), id_, nva.data(), nva.size(), nullptr);
+  session_.scheduleSend();
 }
 
 void Stream::writeContinue() {

@@ -58,6 +58,9 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   // *flags (and NO_END_STREAM when trailers follow: they are submitted then), or -1 when none
   // is there yet (the stream waits for write() or responseFinished()).
   long readBody(uint8_t* buf, size_t length, uint32_t* flags);
+  // The frame that ends the response (DATA or HEADERS with END_STREAM) went out: a request
+  // still being sent is not wanted any more (RST_STREAM NO_ERROR, RFC 9113 8.1).
+  void onResponseSent();
   // The response ended (its last byte is queued) or was cut: a reset from the client after
   // this is not an early one.
   bool responseDone() const { return response_ == Response::Finished; }
@@ -97,6 +100,7 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   void writeHead(int status, std::vector<http::Header> fields) override;
   void writeContinue() override;
   void writeTrailers(std::vector<http::Header> fields) override;
+  void writeTrailersOnly(int status, std::vector<http::Header> fields) override;
 
   // The field's size in the header list (RFC 9113 6.5.2: name + value + 32) against
   // max_request_header_bytes.

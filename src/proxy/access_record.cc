@@ -61,6 +61,7 @@ std::string formatAccessRecord(const AccessRecord& r) {
   field(out, "path", r.path.substr(0, r.path.find_first_of("?#")));
   field(out, "route", r.route);
   integer(out, "status", static_cast<uint64_t>(r.status));
+  if (r.grpc_status >= 0) integer(out, "grpc_status", static_cast<uint64_t>(r.grpc_status));
   if (!r.upstream.empty()) field(out, "upstream", r.upstream);
   if (!r.endpoint.empty()) field(out, "endpoint", r.endpoint);
   number(out, "duration_ms", r.duration_ms);

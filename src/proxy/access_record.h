@@ -24,6 +24,7 @@ struct AccessRecord {
   std::string_view path;  // logged without a query, even if it has one (a raw target)
   std::string_view route;
   int status = 0;
+  int grpc_status = -1;  // gRPC calls: their grpc-status, when one was seen (-1: none)
   std::string_view upstream;
   std::string_view endpoint;
   double duration_ms = 0;

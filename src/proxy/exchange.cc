@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/logging.h"
+#include "http/grpc.h"
 #include "http/headers.h"
 #include "http/responses.h"
 #include "identity/request_facts.h"
@@ -76,10 +77,9 @@ bool Exchange::refuse(int status, const char* why) {
   }
   if (req_.state == State::Idle) resolveClient();  // the head never parsed: the peer is all we know
   req_.error = why;
-  sendLocal(http::problemResponse(status, why), false);
-  req_.status = status;
+  req_.status = sendLocal(http::problemResponse(status, why), false);
   req_.state = State::Done;
-  complete(status);
+  complete(req_.status);
   return true;
 }
 
@@ -97,6 +97,7 @@ void Exchange::complete(int status) {
       req_.snapshot ? req_.snapshot : owner_.worker().snapshot();
   if (!snapshot) return;
   snapshot->requestCounter(req_.route, status).inc();
+  if (req_.grpc) snapshot->grpcCounter(req_.route, req_.grpc_status).inc();
   if (!snapshot->access_log) return;
   AccessRecord r;
   r.request_id = requestId();
@@ -110,6 +111,7 @@ void Exchange::complete(int status) {
   r.path = req_.target.path.empty() ? std::string_view(req_.head.target) : req_.target.path;
   if (req_.route) r.route = req_.route->name;
   r.status = status;
+  if (req_.grpc) r.grpc_status = req_.grpc_status;
   if (req_.cluster) {
     r.upstream = req_.cluster->name();
     if (req_.endpoint < req_.cluster->endpointCount())
@@ -184,6 +186,15 @@ void Exchange::begin(http::MessageHead&& head) {
   resolveClient();
   req_.head_method = req_.head.method == "HEAD";
   req_.wants_upgrade = req_.head.upgrade;
+  if (owner_.framed()) {
+    const std::string* type = req_.head.headers.get("content-type");
+    req_.grpc = type && http::isGrpcContentType(*type);
+    if (req_.grpc) {
+      if (const std::string* timeout = req_.head.headers.get("grpc-timeout")) {
+        req_.grpc_timeout_ms = http::parseGrpcTimeout(*timeout).value_or(0);
+      }
+    }
+  }
   if (req_.head.chunked) {
     req_.request_framing = http::Framing::Chunked;
   } else if (req_.head.content_length) {
@@ -285,7 +296,12 @@ void Exchange::sendRequestHead() {
   context.body = req_.request_framing;
   context.default_host = req_.cluster->endpointAuthority(req_.upstream->endpoint());
   const std::string head = http::buildUpstreamRequestHead(req_.head, context);
-  req_.upstream->expectResponse(req_.head_method, req_.cluster->responseTimeoutMs());
+  // A gRPC call's deadline bounds the wait when it is the shorter one (then 504:
+  // DEADLINE_EXCEEDED).
+  uint64_t response_timeout_ms = req_.cluster->responseTimeoutMs();
+  if (req_.grpc_timeout_ms > 0 && req_.grpc_timeout_ms < response_timeout_ms)
+    response_timeout_ms = req_.grpc_timeout_ms;
+  req_.upstream->expectResponse(req_.head_method, response_timeout_ms);
   std::string last;
   if (req_.body_complete && req_.request_framing == http::Framing::Chunked)
     last = lastRequestChunk();
@@ -397,6 +413,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
     return 0;
   }
   if (FramedResponses* framed = owner_.framed()) {
+    if (req_.grpc) noteGrpcStatus(head.headers);  // a trailers-only answer
     // HTTP/2: the body goes as it comes, in DATA frames (framing None: no chunk framing).
     req_.response_framing = http::Framing::None;
     req_.keep_alive = true;
@@ -429,7 +446,14 @@ void Exchange::onUpstreamBody(const char* data, size_t len) {
 }
 
 void Exchange::onUpstreamTrailers(http::HeaderMap& trailers) {
+  if (req_.grpc) noteGrpcStatus(trailers);
   req_.response_trailers = std::move(trailers);
+}
+
+void Exchange::noteGrpcStatus(const http::HeaderMap& fields) {
+  if (const std::string* value = fields.get("grpc-status")) {
+    if (auto status = http::parseGrpcStatus(*value)) req_.grpc_status = *status;
+  }
 }
 
 void Exchange::onUpstreamComplete() {
@@ -496,20 +520,29 @@ void Exchange::respondLocal(const http::LocalResponse& response) {
     req_.upstream->abort();
     req_.upstream = nullptr;
   }
-  req_.status = response.status;
   const bool keep_alive = clientKeepAlive() && !req_.wants_upgrade;
-  sendLocal(response, keep_alive);
+  req_.status = sendLocal(response, keep_alive);
   finish(keep_alive);
 }
 
-void Exchange::sendLocal(const http::LocalResponse& response, bool keep_alive) {
+int Exchange::sendLocal(const http::LocalResponse& response, bool keep_alive) {
   FramedResponses* framed = owner_.framed();
   if (!framed) {
     send(http::renderLocalResponse(response, keep_alive, req_.head_method, req_.head.isHttp10()));
-    return;
+    return response.status;
+  }
+  if (req_.grpc) {
+    // gRPC's terms: HTTP 200 and the status in grpc-status, in one HEADERS frame.
+    req_.grpc_status = http::grpcStatusForHttp(response.status);
+    std::vector<http::Header> fields = http::grpcTrailersOnlyFields(response, req_.grpc_status);
+    for (const http::Header& field : fields)
+      req_.bytes_out += field.name.size() + field.value.size();
+    framed->writeTrailersOnly(200, std::move(fields));
+    return 200;
   }
   framed->writeHead(response.status, http::localResponseFields(response));
   if (!req_.head_method && !response.body.empty()) send(response.body);
+  return response.status;
 }
 
 void Exchange::finish(bool keep_alive) {

@@ -112,10 +112,13 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
     uint64_t bytes_out = 0;
     size_t endpoint = SIZE_MAX;  // of cluster, for the log
     const char* error = "";
-    int status = 0;  // of the response, once one started
+    int status = 0;                // of the response, once one started
+    int grpc_status = -1;          // of a gRPC request's answer, once known
+    uint64_t grpc_timeout_ms = 0;  // the client's grpc-timeout (0: none)
     int attempts = 0;
     Continue expect = Continue::None;
     bool head_method = false;      // HEAD: the response has no body
+    bool grpc = false;             // a gRPC call (application/grpc on an HTTP/2 stream)
     bool wants_upgrade = false;    // asks for a protocol switch (101, then a tunnel)
     bool body_complete = false;    // the request's last byte was read
     bool upstream_reused = false;  // the attempt in progress took a pooled connection
@@ -160,8 +163,11 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   std::string lastRequestChunk() const;
   void sendContinue();
   void respondLocal(const http::LocalResponse& response);
-  // Writes a response of ours: HTTP/1.1 text, or a head and body through FramedResponses.
-  void sendLocal(const http::LocalResponse& response, bool keep_alive);
+  // Writes a response of ours: HTTP/1.1 text, or a head and body through FramedResponses (for
+  // a gRPC request, a trailers-only answer). Returns the HTTP status sent.
+  int sendLocal(const http::LocalResponse& response, bool keep_alive);
+  // A grpc-status from the upstream (its head, for a trailers-only answer, or its trailers).
+  void noteGrpcStatus(const http::HeaderMap& fields);
   void finish(bool keep_alive);
   bool clientKeepAlive() const;
   // The exchange ended with `status`: counted, and written to the access log.

@@ -36,6 +36,9 @@ class FramedResponses {
   // Trailer fields (lower case, forwardable ones), after the last body byte was written and
   // before responseFinished(): they end the stream in a HEADERS frame of their own.
   virtual void writeTrailers(std::vector<http::Header> fields) = 0;
+  // A whole answer in one HEADERS frame with END_STREAM (`status`, `fields`, no body): gRPC's
+  // trailers-only response. responseFinished() follows.
+  virtual void writeTrailersOnly(int status, std::vector<http::Header> fields) = 0;
 };
 
 class ExchangeOwner {

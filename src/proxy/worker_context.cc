@@ -27,9 +27,12 @@ WorkerContext::~WorkerContext() = default;
 
 void Snapshot::resolveStats(stats::WorkerStats& stats) {
   requests_.clear();
+  grpc_requests_.clear();
   requests_.push_back(&stats.requests.resolve(""));
+  grpc_requests_.push_back(&stats.grpc_requests.resolve(""));
   for (const auto& route : config->routes) {
     requests_.push_back(&stats.requests.resolve(route.name));
+    grpc_requests_.push_back(&stats.grpc_requests.resolve(route.name));
   }
   decisions_.clear();
   for (const auto& limit : config->limits) {
@@ -46,6 +49,11 @@ void Snapshot::resolveStats(stats::WorkerStats& stats) {
 stats::Counter& Snapshot::requestCounter(const config::RouteConfig* route, int status) {
   const size_t index = route ? static_cast<size_t>(route - config->routes.data()) + 1 : 0;
   return (*requests_[index])[stats::Status::index(status)];
+}
+
+stats::Counter& Snapshot::grpcCounter(const config::RouteConfig* route, int grpc_status) {
+  const size_t index = route ? static_cast<size_t>(route - config->routes.data()) + 1 : 0;
+  return (*grpc_requests_[index])[stats::GrpcCode::index(grpc_status)];
 }
 
 stats::Counter& Snapshot::decisionCounter(const config::LimitConfig* limit,

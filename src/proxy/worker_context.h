@@ -64,14 +64,16 @@ struct Snapshot {
   // kept goes on counting in the same series). Counting a request only indexes them.
   void resolveStats(stats::WorkerStats& stats);
   stats::Counter& requestCounter(const config::RouteConfig* route, int status);
+  stats::Counter& grpcCounter(const config::RouteConfig* route, int grpc_status);
   stats::Counter& decisionCounter(const config::LimitConfig* limit, ratelimit::Outcome outcome);
   stats::Histogram& upstreamLatency(size_t upstream) { return *upstream_latency_[upstream]; }
   stats::Counter& upstreamErrors(size_t upstream, upstream::UpstreamError error);
 
  private:
-  std::vector<stats::Indexed<stats::Counter, stats::Status>*> requests_;    // [0]: no route
-  std::vector<stats::Indexed<stats::Counter, stats::Outcome>*> decisions_;  // by limit
-  std::vector<stats::Histogram*> upstream_latency_;                         // by upstream
+  std::vector<stats::Indexed<stats::Counter, stats::Status>*> requests_;         // [0]: no route
+  std::vector<stats::Indexed<stats::Counter, stats::GrpcCode>*> grpc_requests_;  // likewise
+  std::vector<stats::Indexed<stats::Counter, stats::Outcome>*> decisions_;       // by limit
+  std::vector<stats::Histogram*> upstream_latency_;                              // by upstream
   std::vector<stats::Indexed<stats::Counter, stats::UpstreamError>*> upstream_errors_;  // same
 };
 

@@ -133,11 +133,16 @@ http::LocalResponse quotaExceededResponse(config::RateLimitHeaders mode, const D
   http::LocalResponse response;
   response.status = 429;
   std::string violated;
+  std::string names;
   for (const auto& r : decision.limits) {
     if (r.outcome != Outcome::Denied) continue;
     if (!violated.empty()) violated += ",";
     violated += http::jsonString(r.config->name);
+    if (!names.empty()) names += ", ";
+    names += r.config->name;
   }
+  response.message =
+      "rate limited by " + names + "; retry after " + std::to_string(decision.retry_after_s) + " s";
   response.body =
       "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\","
       "\"title\":\"Too Many Requests\",\"status\":429,"

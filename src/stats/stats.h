@@ -199,6 +199,16 @@ struct Status {
   }
 };
 
+// A gRPC status code, 0 .. 16, or "none" (the index after them).
+struct GrpcCode {
+  static constexpr const char* kName = "grpc_status";
+  static constexpr size_t kSize = 18;
+  static std::string value(size_t i) { return i + 1 == kSize ? "none" : std::to_string(i); }
+  static size_t index(int code) {
+    return code < 0 || code + 1 >= static_cast<int>(kSize) ? kSize - 1 : static_cast<size_t>(code);
+  }
+};
+
 // A fixed label listed by value: kValues in the order of the enum that indexes it.
 template <typename Self>
 struct Listed {
@@ -362,6 +372,9 @@ enum class Show { Always, Counted };
   M(http2_goaways, Counter, "sluice_http2_goaways_total", Show::Always,                          \
     "GOAWAY frames sent, by reason (idle: no stream for idle_timeout; drain; enhance_your_calm: "   \
     "a flood of resets, stream errors or control frames; protocol_error).", Http2Goaway)          \
+  M(grpc_requests, Counter, "sluice_grpc_requests_total", Show::Counted,                         \
+    "gRPC calls (application/grpc on HTTP/2) answered, by route and grpc-status (the upstream's, "  \
+    "or the gateway's own answer; \"none\" when no grpc-status came).", Route, GrpcCode)           \
   M(requests, Counter, "sluice_requests_total", Show::Counted,                                   \
     "Requests answered, by route and status.", Route, Status)                                      \
   M(decisions, Counter, "sluice_ratelimit_decisions_total", Show::Counted,                       \

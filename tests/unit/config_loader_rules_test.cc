@@ -615,6 +615,31 @@ match = { path_prefix = "/api/" })")) ==
                                             missing + "': No such file or directory");
   }
 
+  TEST_CASE("upstream protocol: http1 taken; h2 needs tls = true; HTTP/2 refused with why") {
+    CHECK(load(R"([[upstream]]
+name = "a"
+endpoints = ["h:1"]
+protocol = "http1")")
+              ->upstreams.size() == 1);
+    CHECK(errorsOf(R"([[upstream]]
+name = "a"
+endpoints = ["h:1"]
+protocol = "h2"
+[[upstream]]
+name = "b"
+endpoints = ["h:1"]
+protocol = "h2c"
+[[upstream]]
+name = "c"
+endpoints = ["h:1"]
+protocol = "HTTP/1.1")") ==
+          "t.toml:4:12: upstream[0].protocol: 'h2' is HTTP/2 over TLS and needs tls = true "
+          "('h2c': in clear)\n"
+          "t.toml:8:12: upstream[1].protocol: 'h2c' is not available in this build: upstreams "
+          "speak HTTP/1.1 ('http1')\n"
+          "t.toml:12:12: upstream[2].protocol: expected 'http1', 'h2c' or 'h2', got 'HTTP/1.1'");
+  }
+
   TEST_CASE("upstream TLS keys need tls = true, and client cert and key go together") {
     CHECK(errorsOf(R"([[upstream]]
 name = "a"

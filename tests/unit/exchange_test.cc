@@ -53,6 +53,10 @@ struct FakeOwner final : sluice::proxy::ExchangeOwner, sluice::proxy::FramedResp
   void writeTrailers(std::vector<sluice::http::Header> fields) override {
     trailer_fields = std::move(fields);
   }
+  void writeTrailersOnly(int status, std::vector<sluice::http::Header> fields) override {
+    trailers_only_status = status;
+    head_fields = std::move(fields);
+  }
   void write(std::string_view data) override { written += data; }
   void writev(const std::string_view* parts, size_t count) override {
     for (size_t i = 0; i < count; ++i) written += parts[i];
@@ -76,6 +80,7 @@ struct FakeOwner final : sluice::proxy::ExchangeOwner, sluice::proxy::FramedResp
   int head_status = 0;
   std::vector<sluice::http::Header> head_fields;
   std::vector<sluice::http::Header> trailer_fields;
+  int trailers_only_status = 0;
   int continues = 0;
   std::string written;
   std::vector<bool> finished;
@@ -148,6 +153,46 @@ TEST_SUITE("proxy: exchange against a fake owner") {
     CHECK(f.owner.written.rfind("{", 0) == 0);  // the body alone, no HTTP/1.1 text
     CHECK(f.owner.written.find("HTTP/1.1") == std::string::npos);
     CHECK(f.owner.finished.size() == 1);
+  }
+
+  TEST_CASE("a gRPC call on a framed owner: the local answer is trailers-only, HTTP 200") {
+    Fixture f;
+    f.owner.framing = true;
+    sluice::http::MessageHead head = get("/pkg.Svc/Method");
+    head.method = "POST";
+    head.headers.add("content-type", "application/grpc+proto");
+    f.exchange->begin(std::move(head));
+    CHECK(f.owner.trailers_only_status == 200);
+    CHECK(f.owner.head_status == 0);  // no head with a body
+    CHECK(f.owner.written.empty());
+    std::string grpc_status, grpc_message, content_type;
+    for (const auto& field : f.owner.head_fields) {
+      if (field.name == "grpc-status") grpc_status = field.value;
+      if (field.name == "grpc-message") grpc_message = field.value;
+      if (field.name == "content-type") content_type = field.value;
+    }
+    CHECK(grpc_status == "12");  // UNIMPLEMENTED: no route
+    CHECK(grpc_message == "no route matches this request");
+    CHECK(content_type == "application/grpc");
+    CHECK(f.requests(200) == 1);
+    CHECK(f.requests(404) == 0);
+    CHECK(f.owner.finished.size() == 1);
+  }
+
+  TEST_CASE("application/grpc on HTTP/1.1, or grpc-web on HTTP/2: answered as HTTP") {
+    Fixture f;
+    sluice::http::MessageHead head = get("/nowhere");
+    head.headers.add("content-type", "application/grpc");
+    f.exchange->begin(std::move(head));
+    CHECK(f.owner.written.rfind("HTTP/1.1 404", 0) == 0);
+    f.exchange->reset();
+    f.owner.framing = true;
+    f.owner.written.clear();
+    head = get("/nowhere");
+    head.headers.add("content-type", "application/grpc-web+proto");
+    f.exchange->begin(std::move(head));
+    CHECK(f.owner.head_status == 404);
+    CHECK(f.owner.trailers_only_status == 0);
   }
 
   TEST_CASE("an owner that takes no further request: the answer is finished without keep-alive") {

@@ -357,7 +357,7 @@ TEST_SUITE("stats") {
 
   TEST_CASE("the table: every name once, a known type, help, and valid label names") {
     const auto& table = metricTable();
-    CHECK(table.size() == 29);
+    CHECK(table.size() == 30);
     std::set<std::string_view> names;
     for (const MetricInfo& m : table) {
       INFO(std::string(m.name));
@@ -429,6 +429,7 @@ TEST_SUITE("admin metrics") {
   TEST_CASE("the exposition follows the table: order, HELP, TYPE and label names") {
     WorkerStats w;
     w.requests.resolve("api")[200].inc();
+    w.grpc_requests.resolve("api")[sluice::stats::GrpcCode::index(8)].inc();
     w.decisions.resolve("per_ip")[sluice::ratelimit::Outcome::Denied].inc();
     w.upstream_errors.resolve("app")[sluice::upstream::UpstreamError::Reset].inc();
     w.upstream_latency.resolve("app").observeMicros(100);
