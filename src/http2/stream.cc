@@ -311,7 +311,7 @@ long Stream::readBody(uint8_t* buf, size_t length, uint32_t* flags) {
   return static_cast<long>(n);
 }
 
-void Stream::writeHead(int status, std::vector<http::Header> fields) {
+void Stream::submitResponse(int status, const std::vector<http::Header>& fields, bool with_body) {
   if (response_ != Response::None) return;
   response_ = Response::Head;
   const std::string code = std::to_string(status);
@@ -322,9 +322,15 @@ void Stream::writeHead(int status, std::vector<http::Header> fields) {
   nghttp2_data_provider provider;
   provider.source.ptr = this;
   provider.read_callback = readCallback;
-  // nghttp2 copies the fields; the body is read through the provider as it comes.
-  nghttp2_submit_response(session_.nghttp2(), id_, nva.data(), nva.size(), &provider);
+  // nghttp2 copies the fields; the body is read through the provider as it comes. Without a
+  // provider the HEADERS frame carries END_STREAM.
+  nghttp2_submit_response(session_.nghttp2(), id_, nva.data(), nva.size(),
+                          with_body ? &provider : nullptr);
   session_.scheduleSend();
+}
+
+void Stream::writeHead(int status, std::vector<http::Header> fields) {
+  submitResponse(status, fields, true);
 }
 
 void Stream::writeTrailers(std::vector<http::Header> fields) {
@@ -342,16 +348,7 @@ void Stream::onResponseSent() {
 }
 
 void Stream::writeTrailersOnly(int status, std::vector<http::Header> fields) {
-  if (response_ != Response::None) return;
-  response_ = Response::Head;
-  const std::string code = std::to_string(status);
-  std::vector<nghttp2_nv> nva;
-  nva.reserve(fields.size() + 1);
-  nva.push_back(field(":status", code));
-  for (const http::Header& f : fields) nva.push_back(field(f.name, f.value));
-  // No data provider: the HEADERS frame carries END_STREAM.
-  nghttp2_submit_response(session_.nghttp2(), id_, nva.data(), nva.size(), nullptr);
-  session_.scheduleSend();
+  submitResponse(status, fields, false);
 }
 
 void Stream::writeContinue() {

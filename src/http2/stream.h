@@ -102,6 +102,9 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   void writeTrailers(std::vector<http::Header> fields) override;
   void writeTrailersOnly(int status, std::vector<http::Header> fields) override;
 
+  // The response's HEADERS (`fields` after :status); with_body: DATA follows through the
+  // provider (readBody), else the HEADERS frame ends the stream.
+  void submitResponse(int status, const std::vector<http::Header>& fields, bool with_body);
   // The field's size in the header list (RFC 9113 6.5.2: name + value + 32) against
   // max_request_header_bytes.
   void accountField(std::string_view name, std::string_view value);

@@ -23,17 +23,9 @@ import pytest
 from conftest import (free_port, limit_cfg, metric_sum, parse_rl_list, ratelimit_toml, route_cfg,
                       sluice_with_limits)
 from harness.gateway import wait_until
-from harness.h2client import H2Client
+from harness.h2client import open_h2
 
 GRPC = [("content-type", "application/grpc"), ("te", "trailers")]
-
-
-def open_h2(port) -> H2Client:
-    c = H2Client(port)
-    if not c.wait_settings(3):
-        c.close()
-        pytest.fail(f"no HTTP/2 SETTINGS from the gateway: {c.describe()}", pytrace=False)
-    return c
 
 
 def grpc_call(port, method="/pkg.Svc/Method", timeout=5.0):

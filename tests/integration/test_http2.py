@@ -35,7 +35,7 @@ from conftest import (EXIT_SLACK_S, TIMER_SLACK_S, RawClient, https_request, lim
 from harness.h2client import (CANCEL, ENHANCE_YOUR_CALM, INITIAL_WINDOW_SIZE,
                               MAX_CONCURRENT_STREAMS, MAX_WINDOW, NO_ERROR, PREFACE,
                               PROTOCOL_ERROR, REFUSED_STREAM, STREAM_CLOSED, H2Client, H2Stream,
-                              check_h2_response_fields)
+                              check_h2_response_fields, open_h2)
 from hyperframe.frame import DataFrame, RstStreamFrame, SettingsFrame, WindowUpdateFrame
 from upstream import pattern_bytes
 
@@ -45,16 +45,6 @@ MIB = 1 << 20
 def hv(pairs, name):
     """Values of a field in an /echo header list ([[name, value], ...])."""
     return [v for n, v in pairs if n.lower() == name.lower()]
-
-
-def open_h2(port, **kw) -> H2Client:
-    """An HTTP/2 connection whose SETTINGS from the gateway have arrived."""
-    c = H2Client(port, **kw)
-    if not c.wait_settings(3):
-        c.close()
-        pytest.fail(f"no HTTP/2 SETTINGS from the gateway on port {port}: {c.describe()}",
-                    pytrace=False)
-    return c
 
 
 def h2_ok(c, path="/echo", **kw):

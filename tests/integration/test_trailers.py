@@ -17,8 +17,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import RawClient
-from harness.h2client import H2Client, check_h2_response_fields
+from harness.h2client import check_h2_response_fields, open_h2
 from rawhttp import chunked
 from upstream import pattern_bytes
 
@@ -34,14 +33,6 @@ def lower(pairs):
 
 def trailers_path(n):
     return f"/trailers/{n}?" + urllib.parse.urlencode(SENT)
-
-
-def open_h2(port) -> H2Client:
-    c = H2Client(port)
-    if not c.wait_settings(3):
-        c.close()
-        pytest.fail(f"no HTTP/2 SETTINGS from the gateway: {c.describe()}", pytrace=False)
-    return c
 
 
 # ------------------------------------------------------------------ responses

@@ -17,9 +17,9 @@ TEST_SUITE("http: gRPC") {
       CAPTURE(yes);
       CHECK(isGrpcContentType(yes));
     }
-    for (const char* no : {"application/grpc-web", "application/grpc-web+proto",
-                           "application/grpcx", "application/json", "", "application/grp",
-                           "text/application/grpc"}) {
+    for (const char* no :
+         {"application/grpc-web", "application/grpc-web+proto", "application/grpcx",
+          "application/json", "", "application/grp", "text/application/grpc"}) {
       CAPTURE(no);
       CHECK_FALSE(isGrpcContentType(no));
     }

@@ -534,3 +534,15 @@ def check_h2_response_fields(s: H2Stream) -> None:
     assert not bad, f"connection-specific fields in an HTTP/2 response: {bad} ({s!r})"
     te = s.header_values("te")
     assert all(v.strip().lower() == "trailers" for v in te), te
+
+
+def open_h2(port: int, **kw) -> H2Client:
+    """An HTTP/2 connection whose SETTINGS from the gateway have arrived (the test fails
+    otherwise)."""
+    import pytest
+    c = H2Client(port, **kw)
+    if not c.wait_settings(3):
+        c.close()
+        pytest.fail(f"no HTTP/2 SETTINGS from the gateway on port {port}: {c.describe()}",
+                    pytrace=False)
+    return c
