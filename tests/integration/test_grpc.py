@@ -89,6 +89,26 @@ def test_a_refusal_is_resource_exhausted_with_retry_information(sluice_factory, 
     assert upstream.request_count == 1
 
 
+def test_limits_key_on_metadata_as_on_headers(sluice_factory, upstream, valkey):
+    """by = ["header:x-user"]: a call's metadata is its header fields. One call per user per
+    hour: alice's second call is refused, bob's first is not."""
+    limits = [limit_cfg("per_user", "fixed_window", 1, "1h", by=["header:x-user"])]
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, limits)
+
+    def call(user):
+        with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
+            method = channel.unary_unary("/echo", request_serializer=None,
+                                         response_deserializer=None)
+            with pytest.raises(grpc.RpcError) as info:  # /echo answers JSON, not gRPC
+                method(b"", timeout=5, metadata=[("x-user", user)])
+        return info.value.code()
+    assert call("alice") != grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert call("alice") == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert call("bob") != grpc.StatusCode.RESOURCE_EXHAUSTED
+    users = [hv for r in upstream.requests for n, hv in r["headers"] if n.lower() == "x-user"]
+    assert users == ["alice", "bob"], upstream.requests
+
+
 def test_fail_closed_is_unavailable_within_the_deadline(sluice_factory, upstream):
     limits = [limit_cfg("closed", "fixed_window", 5, "1h", on_error="deny")]
     gw = sluice_factory(upstream, routes=[route_cfg("api", ["closed"])],
