@@ -294,7 +294,7 @@ long Stream::readBody(uint8_t* buf, size_t length, uint32_t* flags) {
       eof = true;
       *flags |= NGHTTP2_DATA_FLAG_EOF;
       if (!response_trailers_.empty()) {
-        // The trailers end the stream, queued before the RST_STREAM below (one queue, in order).
+        // The trailers end the stream: a HEADERS frame with END_STREAM after this DATA frame.
         std::vector<nghttp2_nv> nva;
         nva.reserve(response_trailers_.size());
         for (const http::Header& f : response_trailers_) nva.push_back(field(f.name, f.value));

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from conftest import REPO, free_port, limit_cfg, route_cfg, sluice_with_limits
+from harness.h2client import open_h2
 from test_operations_metrics import Metrics, scrape
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -273,7 +274,8 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():
 
 def test_every_metric_the_dashboard_queries_is_exposed_by_sluice(sluice_factory, upstream, valkey):
     """A gateway with a limit of 2 on route "api" and one on route "other": 2 allowed, 1 refused
-    (429), 1 allowed on "other", a 404 (no route) and a 502 (an upstream nobody listens on). Then
+    (429), 1 allowed on "other", a 404 (no route), a 502 (an upstream nobody listens on) and a gRPC
+    call with no route (grpc-status 12). Then
     every metric of every dashboard query must be in its GET /metrics, with the labels it selects
     and groups by (checked on the families that have samples); and a bogus metric must be
     caught."""
@@ -290,8 +292,12 @@ def test_every_metric_the_dashboard_queries_is_exposed_by_sluice(sluice_factory,
     assert gw.get("/status/200").status == 200
     assert gw.get("/nope").status == 404
     assert gw.get("/broken").status == 502
+    with open_h2(gw.port) as c:  # a gRPC call with no route: grpc-status 12
+        s = c.response(c.request("POST", "/pkg.Svc/Nope", [("content-type", "application/grpc")],
+                                 b"\x00\x00\x00\x00\x00"))
+        assert s.status == 200 and s.header("grpc-status") == "12", s
 
-    m = scrape(gw, requests=6)
+    m = scrape(gw, requests=7)
     assert m.get("sluice_ratelimit_decisions_total", limit="per_client", outcome="denied") == 1
     assert m.get("sluice_requests_total", route="api", status="429") == 1
     assert m.get("sluice_upstream_errors_total", upstream="dead", kind="connect_failed") == 1
@@ -307,7 +313,8 @@ def test_every_metric_the_dashboard_queries_is_exposed_by_sluice(sluice_factory,
         used |= {family_of(n, m.types) for n in parse_promql(expr)[0]}
     for family in ("sluice_requests_total", "sluice_ratelimit_decisions_total",
                    "sluice_valkey_latency_seconds", "sluice_upstream_latency_seconds",
-                   "sluice_connections_open", "sluice_valkey_errors_total"):
+                   "sluice_connections_open", "sluice_valkey_errors_total",
+                   "sluice_grpc_requests_total"):
         assert family in used, family
     assert any(f.startswith("sluice_valkey_node_") for f in used)
 
