@@ -18,5 +18,8 @@ TEST_SUITE("valkey cluster") {
     CHECK(keySlot("foo{bar}{zap}") == 5061);  // tag "bar"
     CHECK(keySlot("{rl}:v1:per_ip:{127.0.0.1}") == keySlot("rl"));
     CHECK(keySlot("{rl}:v1:per_ip:{127.0.0.1}") == 785);
+    CHECK(keySlot("123456789") == (0x31c3 & 16383));  // the CRC16-CCITT check value
+    CHECK(keySlot("") == 0);
+    CHECK(keySlot("\xff\x80\x01") == keySlot("{\xff\x80\x01}"));  // bytes above 0x7f
   }
 }
