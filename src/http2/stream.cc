@@ -32,6 +32,17 @@ nghttp2_nv field(std::string_view name, std::string_view value) {
                     value.size(), NGHTTP2_NV_FLAG_NONE};
 }
 
+// `fields` after the pseudo-field `status` (when not empty), as nghttp2 takes them (views: the
+// fields must outlive the submit call, which copies them).
+std::vector<nghttp2_nv> fieldList(std::string_view status,
+                                  const std::vector<http::Header>& fields) {
+  std::vector<nghttp2_nv> nva;
+  nva.reserve(fields.size() + 1);
+  if (!status.empty()) nva.push_back(field(":status", status));
+  for (const http::Header& f : fields) nva.push_back(field(f.name, f.value));
+  return nva;
+}
+
 }  // namespace
 
 Stream::Stream(Session& session, int32_t id, uint64_t opened_ms)
@@ -295,9 +306,7 @@ long Stream::readBody(uint8_t* buf, size_t length, uint32_t* flags) {
       *flags |= NGHTTP2_DATA_FLAG_EOF;
       if (!response_trailers_.empty()) {
         // The trailers end the stream: a HEADERS frame with END_STREAM after this DATA frame.
-        std::vector<nghttp2_nv> nva;
-        nva.reserve(response_trailers_.size());
-        for (const http::Header& f : response_trailers_) nva.push_back(field(f.name, f.value));
+        const std::vector<nghttp2_nv> nva = fieldList({}, response_trailers_);
         if (nghttp2_submit_trailer(session_.nghttp2(), id_, nva.data(), nva.size()) == 0) {
           *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
         }
@@ -315,10 +324,7 @@ void Stream::submitResponse(int status, const std::vector<http::Header>& fields,
   if (response_ != Response::None) return;
   response_ = Response::Head;
   const std::string code = std::to_string(status);
-  std::vector<nghttp2_nv> nva;
-  nva.reserve(fields.size() + 1);
-  nva.push_back(field(":status", code));
-  for (const http::Header& f : fields) nva.push_back(field(f.name, f.value));
+  const std::vector<nghttp2_nv> nva = fieldList(code, fields);
   nghttp2_data_provider provider;
   provider.source.ptr = this;
   provider.read_callback = readCallback;

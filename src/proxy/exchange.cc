@@ -172,6 +172,10 @@ void Exchange::send(std::string_view data) {
   owner_.write(data);
 }
 
+void Exchange::countFieldsOut(const std::vector<http::Header>& fields) {
+  for (const http::Header& field : fields) req_.bytes_out += field.name.size() + field.value.size();
+}
+
 void Exchange::sendv(const std::string_view* parts, size_t count) {
   for (size_t i = 0; i < count; ++i) req_.bytes_out += parts[i].size();
   owner_.writev(parts, count);
@@ -419,8 +423,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
     req_.keep_alive = true;
     std::vector<http::Header> fields =
         http::clientResponseFields(head, admission_.rateLimitHeaders());
-    for (const http::Header& field : fields)
-      req_.bytes_out += field.name.size() + field.value.size();
+    countFieldsOut(fields);
     framed->writeHead(head.status, std::move(fields));
     return 0;
   }
@@ -467,8 +470,7 @@ void Exchange::onUpstreamComplete() {
   flushGathered();
   if (FramedResponses* framed = owner_.framed(); framed && !req_.response_trailers.empty()) {
     std::vector<http::Header> fields = http::trailerFields(req_.response_trailers);
-    for (const http::Header& field : fields)
-      req_.bytes_out += field.name.size() + field.value.size();
+    countFieldsOut(fields);
     if (!fields.empty()) framed->writeTrailers(std::move(fields));
   }
   upstream::UpstreamConnection* upstream = req_.upstream;
@@ -535,8 +537,7 @@ int Exchange::sendLocal(const http::LocalResponse& response, bool keep_alive) {
     // gRPC's terms: HTTP 200 and the status in grpc-status, in one HEADERS frame.
     req_.grpc_status = http::grpcStatusForHttp(response.status);
     std::vector<http::Header> fields = http::grpcTrailersOnlyFields(response, req_.grpc_status);
-    for (const http::Header& field : fields)
-      req_.bytes_out += field.name.size() + field.value.size();
+    countFieldsOut(fields);
     framed->writeTrailersOnly(200, std::move(fields));
     return 200;
   }

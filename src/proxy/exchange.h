@@ -173,6 +173,8 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   // The exchange ended with `status`: counted, and written to the access log.
   void complete(int status);
   void send(std::string_view data);
+  // Fields handed to a framing owner (HTTP/2 heads and trailers) count in bytes_out.
+  void countFieldsOut(const std::vector<http::Header>& fields);
   void sendv(const std::string_view* parts, size_t count);
   void gather(std::string_view piece) { req_.out_pieces.push_back(piece); }
   void gatherOwned(std::string piece);

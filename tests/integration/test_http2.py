@@ -8,7 +8,8 @@ SIGTERM; "protocol" in the access log; the http2 metrics; a reader that never op
 big bodies both ways on concurrent streams.
 
 Run time: some 25 s in all. Marked slow (pytest.ini should register the marker): the slow
-reader (100 MiB, some 5 s), 100 MiB up and down over h2c and h2 (some 4 s each) and the
+reader (100 MiB, some 5 s), 100 MiB up and down over h2c and h2 (some 4 s each; marked once
+too: the normal build only, the big-body paths run under ASan in the other tests) and the
 rate-limit test (up to 8 s more when it starts near a minute's boundary).
 
 Clients: harness/h2client.py (frames and HPACK over a raw socket, no state machine: it can send
@@ -178,6 +179,7 @@ def test_curl_http2_prior_knowledge(sluice, upstream, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.once
 @pytest.mark.parametrize("tls", [False, True], ids=["h2c", "h2"])
 def test_a_100_mib_upload_and_download_whole_both_ways(sluice_factory, upstream, tls_pki,
                                                        tmp_path, tls):
