@@ -10,11 +10,16 @@
 # load shape of H2_SHAPES ("cCmM": -cC -mM, one thread); then the memory of idle h2c
 # connections (bench.py idle --h2), before the load, as the HTTP/1.1 idle test does.
 #
-# The mix's limits are not used: h2load sends the same header fields on every request (-H),
-# so the mix's per-request addresses and API keys cannot be made with it; sluice+limit (one
-# limit by ip, every request one decision) is the variant with limits.
+# sluice+limit: one limit by ip (every stream one decision). sluice+mix: the mix's two limits
+# (sliding_window by ip, token_bucket by API key with the tenant's plan "pro" from Valkey: every
+# stream two limits and a tenant lookup), raised so that one client is always allowed: h2load
+# sends the same header fields with every request (-H), so the mix's 100,000 addresses and
+# 5,000 API keys cannot be made with it; every request of every variant carries one client
+# address (X-Forwarded-For, through the trusted proxy 127.0.0.1) and one tenant's API key.
 
-H2_VARIANTS="nginx-h2 sluice sluice+limit"
+H2_VARIANTS="nginx-h2 sluice sluice+limit sluice+mix"
+H2_CLIENT_ADDRESS=198.51.100.20
+H2_API_KEY=mk00000   # a tenant's key of mix.py seed (KEY_FORMAT)
 H2_SHAPES=${BENCH_H2_SHAPES:-c10m10 c50m1}
 H2_IDLE_CONNECTIONS=${BENCH_H2_IDLE_CONNECTIONS:-2000}
 
@@ -50,6 +55,7 @@ run_h2load() {
   read -r -a shape <<<"$(h2_shape_args "$4")"
   run_child timeout --signal=INT --kill-after=10 $((secs + 30)) "${TASKSET_CLIENT[@]}" \
     h2load -t1 "${shape[@]}" -D "$secs" --log-file="$3.log" \
+    -H "X-Forwarded-For: $H2_CLIENT_ADDRESS" -H "X-API-Key: $H2_API_KEY" \
     "http://127.0.0.1:${GW_PORT[$v]}/" >"$3" 2>&1 || true
 }
 
@@ -88,6 +94,17 @@ h2_rounds() {
       done
     done
   done
+}
+
+# After the gateways started (sluice+mix): a tenant in Valkey for H2_API_KEY and a second key
+# without one, and the check of mix.py that the plan and the client address apply.
+h2_prepare() {
+  [[ " $VARIANTS " == *" sluice+mix "* ]] || return 0
+  "$PY" "$BENCH_DIR/mix.py" seed --port "$VALKEY_PORT" --keys 1 --tenants 1 \
+    || die "could not put the tenant in Valkey"
+  "$PY" "$BENCH_DIR/mix.py" check --port "${GW_PORT[sluice+mix]}" --valkey-port "$VALKEY_PORT" \
+    --key-prefix "rl:sluice-mix" --tenant-keys 1 --keys 2 \
+    || die "sluice+mix does not see the tenant's plan or the client address (see above)"
 }
 
 h2_report() {  # $1 = meta JSON, $2 = summary JSON to write

@@ -38,7 +38,7 @@
 #                            sluice+mix:sliding_window sluice+mix:token_bucket
 #                            sluice+mix:sliding_log sluice+limit"; --mode mix-cluster:
 #                            "sluice+mix sluice+mix@cluster", and any sluice+mix:ALGO@cluster;
-#                            --mode h2: "nginx-h2 sluice sluice+limit")
+#                            --mode h2: "nginx-h2 sluice sluice+limit sluice+mix")
 #   BENCH_MIX_ADDRESSES=100000 BENCH_MIX_KEYS=5000 BENCH_MIX_TENANT_KEYS=1000
 #   BENCH_MIX_TENANTS=100 BENCH_MIX_SEED=1  the mix: client addresses, API keys, keys of
 #                            tenants in Valkey, tenants, random seed (see bench/mix.sh)
@@ -431,7 +431,7 @@ name = "origin"
 endpoints = ["127.0.0.1:$UPSTREAM_PORT"]
 
 EOF
-  [[ $MIX_MODE == 1 ]] && printf '%s\n' "$MIX_IDENTITY_TOML"
+  [[ $MIX_MODE == 1 || $MODE == h2 ]] && printf '%s\n' "$MIX_IDENTITY_TOML"
   cat
   cat <<EOF
 
@@ -551,6 +551,7 @@ fi
 start_upstream
 for v in $VARIANTS; do start_variant "$v"; done
 [[ $MIX_MODE != 1 ]] || mix_prepare
+[[ $MODE != h2 ]] || h2_prepare
 
 url_of() {  # $1 = variant
   if [[ ${GW_TLS[$1]:-0} == 1 ]]; then echo "https://127.0.0.1:${GW_PORT[$1]}/"
