@@ -178,6 +178,33 @@ String* pxatWord(Ctx* ctx) {
 
 enum class Expiry { kKeepTtl, kAt, kIn };
 
+// Stores a string value as SET would (the same bytes; with keep_ttl the key keeps its TTL),
+// through the key's handle, in a string of the encoding that StringDMA reads and writes
+// without a copy (raw: SET's embstr or int, which RM_CreateString also gives, would be
+// converted, with a lookup of the key, on the next read). A value no longer than the stored
+// one is written in place: replacing the key costs Valkey a delete and a re-add, five lookups of
+// the keyspace and of the expiry table per write (a quarter of its time on the mix). A longer
+// one (a count that gains a digit) gets a new string of its size (growing in place would keep
+// sds's doubled room, more memory per key than SET gives). Not for an empty value
+// (StringTruncate makes no key of it).
+void storeString(Key* key, const char* value, size_t len, bool keep_ttl) {
+  const int type = vm::KeyType(key);
+  const bool in_place = type == vm::kKeyTypeString && vm::ValueLength(key) >= len;
+  vm::mstime_t kept = vm::kNoExpire;
+  if (!in_place && type != vm::kKeyTypeEmpty) {
+    if (keep_ttl) kept = vm::GetAbsExpire(key);
+    vm::DeleteKey(key);
+  }
+  // (neither fails on a string key opened to write, with a value far below 512 MiB)
+  size_t stored = 0;
+  char* p = vm::StringTruncate(key, len) == vm::kOk
+                ? vm::StringDMA(key, &stored, vm::kRead | vm::kWrite)
+                : nullptr;
+  if (p == nullptr || stored != len) fail("ERR cannot write the key's value");
+  std::memcpy(p, value, len);
+  if (kept != vm::kNoExpire) vm::SetAbsExpire(key, kept);
+}
+
 // SET key value KEEPTTL | PXAT at | PX in through the key's open handle (key, of `name`),
 // replicated as the server propagates that SET (PX as PXAT).
 void setString(Ctx* ctx, Key* key, String* name, const char* value, size_t len, Expiry how,
@@ -186,17 +213,26 @@ void setString(Ctx* ctx, Key* key, String* name, const char* value, size_t len, 
   // one (a token bucket's TAT is at least now + 1 us, as in the Lua).
   if (how != Expiry::kKeepTtl && ms <= 0) fail("ERR invalid expire time in 'set' command");
   if (key == nullptr) fail("ERR cannot open the key for writing");
-  vm::mstime_t kept = how == Expiry::kKeepTtl ? vm::GetAbsExpire(key) : vm::kNoExpire;
-  // (the stored string is the one replicated: the SET's value, without another copy)
-  String* str = vm::CreateString(ctx, value, len);
-  vm::StringSet(key, str);
+  // An empty value's string, stored and replicated as it is.
+  String* str = nullptr;
+  if (len > 0) {
+    storeString(key, value, len, how == Expiry::kKeepTtl);
+  } else {
+    vm::mstime_t kept = how == Expiry::kKeepTtl ? vm::GetAbsExpire(key) : vm::kNoExpire;
+    str = vm::CreateString(ctx, value, len);
+    vm::StringSet(key, str);
+    if (kept != vm::kNoExpire) vm::SetAbsExpire(key, kept);
+  }
   // (the keyspace events SET raises: "set", and "expire" when it sets one)
   vm::NotifyKeyspaceEvent(ctx, vm::kNotifyString, "set", name);
   if (how == Expiry::kKeepTtl) {
-    if (kept != vm::kNoExpire) vm::SetAbsExpire(key, kept);
     vm::SignalModifiedKey(ctx, name);
-    vm::Replicate(ctx, "SET", "sss", name, str, keepTtlWord(ctx));
-    vm::FreeString(ctx, str);
+    if (str != nullptr) {
+      vm::Replicate(ctx, "SET", "sss", name, str, keepTtlWord(ctx));
+      vm::FreeString(ctx, str);
+    } else {
+      vm::Replicate(ctx, "SET", "sbs", name, value, len, keepTtlWord(ctx));
+    }
     return;
   }
   vm::NotifyKeyspaceEvent(ctx, vm::kNotifyGeneric, "expire", name);
@@ -206,8 +242,12 @@ void setString(Ctx* ctx, Key* key, String* name, const char* value, size_t len, 
     vm::SetExpire(key, ms);
   long long at = vm::GetAbsExpire(key);
   vm::SignalModifiedKey(ctx, name);
-  vm::Replicate(ctx, "SET", "sssl", name, str, pxatWord(ctx), at);
-  vm::FreeString(ctx, str);
+  if (str != nullptr) {
+    vm::Replicate(ctx, "SET", "sssl", name, str, pxatWord(ctx), at);
+    vm::FreeString(ctx, str);
+  } else {
+    vm::Replicate(ctx, "SET", "sbsl", name, value, len, pxatWord(ctx), at);
+  }
 }
 
 // DEL through the key's open handle.
@@ -418,6 +458,30 @@ struct KeySlot {
   bool open = false, loaded = false, has_value = false;
   const char* value = nullptr;
   size_t len = 0;
+  int first = 0;  // the first position of the key's name in KEYS (its own, or an earlier one)
+};
+
+// A call's keys, by position, and where each name first appears: a name given at several
+// positions has one slot (its first), so one handle. Two handles of one key would go stale
+// when the other writes (a write can replace the stored value: its handle follows, the other
+// would read freed memory).
+struct KeyTable {
+  std::vector<KeySlot> slots;
+  std::vector<int> buckets;  // open addressing: a position, or 0 (free); kept from call to call
+
+  // Fills each slot's `first` for the call's names (KEYS[1..n]).
+  void index(String** names, int n) {
+    size_t size = 16;
+    while (size < 2 * static_cast<size_t>(n)) size *= 2;
+    buckets.assign(size, 0);
+    for (int j = 1; j <= n; ++j) {
+      std::string_view name = view(names[j - 1]);
+      size_t b = std::hash<std::string_view>{}(name) & (size - 1);
+      while (buckets[b] != 0 && view(names[buckets[b] - 1]) != name) b = (b + 1) & (size - 1);
+      if (buckets[b] == 0) buckets[b] = j;
+      slots[j].first = buckets[b];
+    }
+  }
 };
 
 // A call's keys and time. A key's value is read when a limit first checks it (the Lua reads
@@ -434,19 +498,18 @@ class CallState {
   int nkeys;
   double now;
 
-  // slots: the workspace's, reused from call to call (one call at a time: Valkey's main
+  // table: the workspace's, reused from call to call (one call at a time: Valkey's main
   // thread, and nothing here calls back into the module).
-  CallState(Ctx* context, String** names, int count, double now_us, int mode,
-            std::vector<KeySlot>* slots)
-      : ctx(context), keys(names), nkeys(count), now(now_us), mode_(mode), slots_(slots) {
-    slots_->clear();
+  CallState(Ctx* context, String** names, int count, double now_us, int mode, KeyTable* table)
+      : ctx(context), keys(names), nkeys(count), now(now_us), mode_(mode), table_(table) {
+    table_->slots.clear();
   }
   CallState(const CallState&) = delete;
   CallState& operator=(const CallState&) = delete;
   ~CallState() {
-    for (KeySlot& s : *slots_)
+    for (KeySlot& s : table_->slots)
       if (s.handle != nullptr) vm::CloseKey(s.handle);
-    slots_->clear();
+    table_->slots.clear();
   }
 
   // KEYS[k]'s handle (null: a key opened only to read that does not exist).
@@ -491,12 +554,16 @@ class CallState {
 
  private:
   KeySlot& slot(int k) {
-    if (slots_->empty()) slots_->resize(static_cast<size_t>(nkeys) + 1);
-    return (*slots_)[k];
+    std::vector<KeySlot>& slots = table_->slots;
+    if (slots.empty()) {
+      slots.resize(static_cast<size_t>(nkeys) + 1);
+      table_->index(keys, nkeys);
+    }
+    return slots[slots[k].first];
   }
 
   int mode_;
-  std::vector<KeySlot>* slots_;
+  KeyTable* table_;
 };
 
 using Out = std::vector<double>;
@@ -1406,7 +1473,7 @@ struct Element {
 // time on Valkey's main thread and nothing in them calls back into the module; should one
 // ever find the workspace taken, it uses one of its own (Lease).
 struct Workspace {
-  std::vector<KeySlot> slots;
+  KeyTable keys;
   Modules modules;
   Definitions definitions;
   List list;
@@ -1451,7 +1518,7 @@ int decideCommand(Ctx* ctx, String** argv, int argc) {
   return guarded(ctx, [&]() -> int {
     Lease lease;
     Workspace& w = *lease;
-    CallState c(ctx, call.keys, call.nkeys, serverTime(), kReadWrite, &w.slots);
+    CallState c(ctx, call.keys, call.nkeys, serverTime(), kReadWrite, &w.keys);
     if (c.nkeys == 0) fail("wrong number of arguments for 'mget' command (the call names no key)");
     const Args& argv2 = call.args;
     double d = arith(argv2[1], "field '?'");
@@ -1589,7 +1656,7 @@ int peekCommand(Ctx* ctx, String** argv, int argc) {
   return guarded(ctx, [&]() -> int {
     Lease lease;
     Workspace& w = *lease;
-    CallState c(ctx, call.keys, call.nkeys, serverTime(), vm::kRead, &w.slots);
+    CallState c(ctx, call.keys, call.nkeys, serverTime(), vm::kRead, &w.keys);
     Params p = paramsFrom(readDefinition(call.args, 0), "1", '\0', "the peek");
     if (p.module == kUnknown) fail("unknown algorithm " + algorithmText(p));
     if (c.nkeys == 0) fail("wrong number of arguments for 'type' command (the peek names no key)");

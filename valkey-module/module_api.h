@@ -125,6 +125,7 @@ using CmdFunc = int (*)(Ctx* ctx, String** argv, int argc);
   X(KeyType, int, (Key*))                                                         \
   X(StringDMA, char*, (Key*, size_t*, int))                                       \
   X(StringSet, int, (Key*, String*))                                              \
+  X(StringTruncate, int, (Key*, size_t))                                          \
   X(DeleteKey, int, (Key*))                                                       \
   X(SetExpire, int, (Key*, mstime_t))                                             \
   X(GetAbsExpire, mstime_t, (Key*))                                               \
