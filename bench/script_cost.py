@@ -23,6 +23,12 @@ is in git).
     SCRIPT_COST_CALLGRIND=1 ...   # the server under callgrind: instructions per decision
                                   # (repeatable whatever else the machine does; slow: use
                                   # SCRIPT_COST_DECISIONS=5000)
+    SCRIPT_COST_KEYS=new|existing|both ...  # the keys' state (default both): new (every call
+                                  # on an empty store: each write creates its key) or existing
+                                  # (the same calls sent once before, unmeasured: each write
+                                  # updates a key, as when a key is hit many times per window)
+    SCRIPT_COST_CALLGRIND_OUT=/tmp/cg.out ...  # and keep its profile (every case measured) for
+                                  # callgrind_annotate
     SLUICE_CODEC_BIN=build/sluice_codec ...  # this codec tool (default: build-release's)
     SLUICE_MODULE=build/sluice-valkey.so ...  # this module (default: build-release's)
 """
@@ -43,6 +49,10 @@ BATCHES = [int(b) for b in os.environ.get("SCRIPT_COST_BATCH", "13,1").split(","
 ENGINES = {"lua": ["lua"], "module": ["module"], "both": ["lua", "module"]}.get(
     os.environ.get("SCRIPT_COST_ENGINE", "both"))
 ONLY = os.environ.get("SCRIPT_COST_CASE", "")  # the cases whose name holds this
+KEY_STATES = {"new": ["new"], "existing": ["existing"], "both": ["new", "existing"]}.get(
+    os.environ.get("SCRIPT_COST_KEYS", "both"))
+if KEY_STATES is None:
+    sys.exit("SCRIPT_COST_KEYS is new, existing or both")
 if ENGINES is None or not BATCHES or min(BATCHES) < 1:
     sys.exit("SCRIPT_COST_ENGINE is lua, module or both; SCRIPT_COST_BATCH whole numbers >= 1")
 DECISIONS = int(os.environ.get("SCRIPT_COST_DECISIONS", "100000"))
@@ -148,21 +158,7 @@ def instructions(pid):
     return sum(int(m.replace(",", "")) for m in re.findall(r"Th \d+\s+([\d,]+)", out))
 
 
-def run_case(r, pid, codec, function, limits, size, engine, use_callgrind=False):
-    """(server CPU us, or instructions, per decision; script commands per decision) of
-    DECISIONS decisions in calls of `size` requests, by `engine` (the same calls on either:
-    the same keys, from an empty store)."""
-    rng = random.Random(7)
-    r.flushall()
-    r.config_resetstat()
-    calls = codec.decide_commands([batch(limits, rng, size)
-                                   for _ in range(max(1, DECISIONS // size))], function)
-    if engine == "module":
-        calls = [native(command) for command in calls]
-    if use_callgrind:
-        callgrind(pid, "-z")
-        callgrind(pid, "-i", "on")
-    start = cpu_seconds(pid)
+def send(r, calls):
     pipe = r.pipeline(transaction=False)
     for command in calls:
         pipe.execute_command(*command)
@@ -171,6 +167,26 @@ def run_case(r, pid, codec, function, limits, size, engine, use_callgrind=False)
                 check(reply)
     for reply in pipe.execute():
         check(reply)
+
+
+def run_case(r, pid, codec, function, limits, size, engine, existing, use_callgrind=False):
+    """(server CPU us, or instructions, per decision; script commands per decision) of
+    DECISIONS decisions in calls of `size` requests, by `engine` (the same calls on either:
+    the same keys, from an empty store; with `existing`, the calls sent once before)."""
+    rng = random.Random(7)
+    r.flushall()
+    calls = codec.decide_commands([batch(limits, rng, size)
+                                   for _ in range(max(1, DECISIONS // size))], function)
+    if engine == "module":
+        calls = [native(command) for command in calls]
+    if existing:
+        send(r, calls)
+    r.config_resetstat()
+    if use_callgrind:
+        callgrind(pid, "-z")
+        callgrind(pid, "-i", "on")
+    start = cpu_seconds(pid)
+    send(r, calls)
     cpu = cpu_seconds(pid) - start
     decisions = len(calls) * size
     if use_callgrind:
@@ -186,8 +202,9 @@ def run_case(r, pid, codec, function, limits, size, engine, use_callgrind=False)
 def main():
     use_callgrind = os.environ.get("SCRIPT_COST_CALLGRIND") == "1"
     codec = use_codec()
+    profile = os.environ.get("SCRIPT_COST_CALLGRIND_OUT") or "/dev/null"
     wrapper = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-               "--callgrind-out-file=/dev/null"] if use_callgrind else []
+               f"--callgrind-out-file={profile}"] if use_callgrind else []
     module = use_module() if "module" in ENGINES else None
     if module:
         wrapper = loading(module, wrapper)
@@ -203,7 +220,7 @@ def main():
                  f"{', '.join(ENGINES)}" + (f" (module {module})" if module else "") +
                  f"; load average {os.getloadavg()[0]:.1f} at the start", ""]
         print(lines[0] + "\n", flush=True)
-        header = f"{'case':50} {'per call':>8}" + "".join(f" {e:>10}" for e in ENGINES)
+        header = f"{'case':50} {'keys':>8} {'per call':>8}" + "".join(f" {e:>10}" for e in ENGINES)
         if len(ENGINES) == 2:
             header += f" {'module/lua':>10}"
         header += "".join(f" {e + ' cmds/dec':>15}" for e in ENGINES)
@@ -214,29 +231,29 @@ def main():
             cases.append((FLOOR_CASE, "sluice_floor", CASES[next(iter(CASES))]))
         cases = [c for c in cases if ONLY in c[0]]
         figures = []
-        for name, called, limits in cases:
-            for size in BATCHES:
-                row = {"case": name, "requests_per_call": size}
-                for engine in ENGINES:
-                    if called == "sluice_floor" and engine == "module":
-                        continue  # (the floor is a Lua function)
-                    cost, commands = run_case(r, proc.pid, codec, called, limits, size, engine,
-                                              use_callgrind)
-                    row[engine] = cost
-                    row[engine + "_commands"] = commands
-                figures.append(row)
-                digits = 0 if use_callgrind else 2
-                text = f"{name:50} {size:8d}"
-                for engine in ENGINES:
-                    text += (f" {row[engine]:10.{digits}f}" if engine in row else f" {'-':>10}")
-                if len(ENGINES) == 2:
-                    text += (f" {row['module'] / row['lua']:9.2f}x" if "module" in row
-                             else f" {'-':>10}")
-                for engine in ENGINES:
-                    text += (f" {row[engine + '_commands']:15.2f}" if engine in row
-                             else f" {'-':>15}")
-                lines.append(text)
-                print(text, flush=True)
+        for name, called, limits, keys, size in [(n, c, li, k, b) for n, c, li in cases
+                                                 for k in KEY_STATES for b in BATCHES]:
+            row = {"case": name, "keys": keys, "requests_per_call": size}
+            for engine in ENGINES:
+                if called == "sluice_floor" and engine == "module":
+                    continue  # (the floor is a Lua function)
+                cost, commands = run_case(r, proc.pid, codec, called, limits, size, engine,
+                                          keys == "existing", use_callgrind)
+                row[engine] = cost
+                row[engine + "_commands"] = commands
+            figures.append(row)
+            digits = 0 if use_callgrind else 2
+            text = f"{name:50} {keys:>8} {size:8d}"
+            for engine in ENGINES:
+                text += (f" {row[engine]:10.{digits}f}" if engine in row else f" {'-':>10}")
+            if len(ENGINES) == 2:
+                text += (f" {row['module'] / row['lua']:9.2f}x" if "module" in row
+                         else f" {'-':>10}")
+            for engine in ENGINES:
+                text += (f" {row[engine + '_commands']:15.2f}" if engine in row
+                         else f" {'-':>15}")
+            lines.append(text)
+            print(text, flush=True)
     stem = os.path.join(ROOT, "bench", "results",
                         "script-cost" + ("-callgrind" if use_callgrind else ""))
     os.makedirs(os.path.dirname(stem), exist_ok=True)
