@@ -18,6 +18,7 @@ constexpr const char* kTls12Ciphers =
     "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
     "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
 constexpr unsigned char kAlpnHttp11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+constexpr unsigned char kAlpnH2[] = {2, 'h', '2'};
 // What a listener with http2 offers, in its order of preference.
 constexpr unsigned char kAlpnH2Http11[] = {2, 'h', '2', 8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
 
@@ -165,7 +166,7 @@ SSL* TlsServerContext::newSession() const {
 }
 
 std::shared_ptr<TlsClientContext> TlsClientContext::create(const config::UpstreamConfig& upstream,
-                                                           std::string* error) {
+                                                           std::string* error, Alpn alpn) {
   const config::UpstreamTlsConfig& tls = *upstream.tls;
   auto out = std::shared_ptr<TlsClientContext>(new TlsClientContext);
   ERR_clear_error();
@@ -191,7 +192,11 @@ std::shared_ptr<TlsClientContext> TlsClientContext::create(const config::Upstrea
     *error = where + *error;
     return nullptr;
   }
-  SSL_CTX_set_alpn_protos(ctx, kAlpnHttp11, sizeof kAlpnHttp11);  // 0 on success
+  if (alpn == Alpn::H2) {
+    SSL_CTX_set_alpn_protos(ctx, kAlpnH2, sizeof kAlpnH2);  // 0 on success
+  } else {
+    SSL_CTX_set_alpn_protos(ctx, kAlpnHttp11, sizeof kAlpnHttp11);
+  }
   return out;
 }
 

@@ -49,8 +49,12 @@ class TlsServerContext {
 // SNI and the name checked, optional client certificate.
 class TlsClientContext {
  public:
+  // What the client offers by ALPN: http/1.1 (UpstreamConnection), or h2 alone
+  // (H2UpstreamConnection, which refuses a server that does not select it).
+  enum class Alpn { Http11, H2 };
+
   static std::shared_ptr<TlsClientContext> create(const config::UpstreamConfig& upstream,
-                                                  std::string* error);
+                                                  std::string* error, Alpn alpn = Alpn::Http11);
   // Connect state, SNI and verified name set: `host` when server_name is not configured.
   SSL* newSession(const std::string& host) const;
 
