@@ -1,0 +1,841 @@
+// The HTTP/2 upstream connection (src/upstream/h2_upstream_connection.h) on a real uv loop
+// against an HTTP/2 server written with nghttp2's server API on a loopback socket of the same
+// loop (H2Server below): bodies both ways, trailers both ways, multiplexing under the server's
+// max_concurrent_streams, GOAWAY and RST_STREAM from the server, a response timeout, cancel,
+// connect failures, PING keep-alive, and the response window held until the owner consumed.
+
+#include "upstream/h2_upstream_connection.h"
+
+#include <doctest/doctest.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <nghttp2/nghttp2.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "http/headers.h"
+#include "loop_support.h"
+#include "net/tls_context.h"
+#include "tls_support.h"
+
+using sluice::http::Header;
+using sluice::testing::FakePeer;
+using sluice::testing::runFor;
+using sluice::testing::runUntil;
+using sluice::testing::TestLoop;
+using sluice::upstream::H2ConnectionCallbacks;
+using sluice::upstream::H2StreamCallbacks;
+using sluice::upstream::H2StreamFailure;
+using sluice::upstream::H2UpstreamConnection;
+using sluice::upstream::H2UpstreamOptions;
+using sluice::upstream::UpstreamError;
+
+namespace {
+
+std::string pattern(size_t size, unsigned seed) {
+  std::string out(size, '\0');
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& c : out) {
+    x = x * 1103515245u + 12345u;
+    c = static_cast<char>(x >> 24);
+  }
+  return out;
+}
+
+std::string fieldValue(const std::vector<Header>& fields, std::string_view name) {
+  for (const auto& h : fields) {
+    if (h.name == name) return h.value;
+  }
+  return {};
+}
+
+// ---- the server --------------------------------------------------------------------------
+
+struct ServerOptions {
+  uint32_t max_concurrent_streams = 100;
+  bool auto_ping_ack = true;
+};
+
+struct ServerStream {
+  int32_t id = 0;
+  std::vector<Header> fields;
+  std::vector<Header> trailers;
+  std::string body;
+  bool headers_done = false;
+  bool ended = false;  // the request's END_STREAM came
+  bool closed = false;
+  uint32_t close_code = 0;
+  // The response being sent.
+  std::string response;
+  size_t offset = 0;
+  std::vector<Header> response_trailers;
+};
+
+// An HTTP/2 server (nghttp2's server API) on a FakePeer: one session per connection; the test
+// answers each request from on_request, when its END_STREAM came.
+class H2Server {
+ public:
+  using Options = ServerOptions;
+
+  explicit H2Server(uv_loop_t* loop, Options options = {}) : peer(loop), options_(options) {
+    peer.on_accept = [this](FakePeer::Conn& c) { start(c); };
+    peer.on_data = [this](FakePeer::Conn& c) { receive(c); };
+    peer.on_eof = [this](FakePeer::Conn& c) {
+      if (&c == conn_) conn_ = nullptr;
+      c.close();
+    };
+  }
+  ~H2Server() { close(); }
+
+  void close() {
+    if (session_) nghttp2_session_del(session_);
+    session_ = nullptr;
+    conn_ = nullptr;
+    peer.close();
+  }
+
+  // Closes the connection (a FIN to the client).
+  void disconnect() {
+    conn_ = nullptr;
+    peer.closeConnections();
+  }
+  void respond(int32_t id, int status, std::string body, std::vector<Header> trailers = {},
+               std::vector<Header> fields = {}) {
+    ServerStream& s = *streams.at(id);
+    s.response = std::move(body);
+    s.response_trailers = std::move(trailers);
+    std::vector<Header> head = {{":status", std::to_string(status)}};
+    head.insert(head.end(), fields.begin(), fields.end());
+    std::vector<nghttp2_nv> nva;
+    for (const auto& h : head) nva.push_back(nv(h));
+    nghttp2_data_provider provider{};
+    provider.source.ptr = &s;
+    provider.read_callback = readResponse;
+    nghttp2_submit_response(session_, id, nva.data(), nva.size(), &provider);
+    flush();
+  }
+  // A non-final (1xx) head.
+  void informational(int32_t id, int status) {
+    const Header h{":status", std::to_string(status)};
+    const nghttp2_nv field = nv(h);
+    nghttp2_submit_headers(session_, NGHTTP2_FLAG_NONE, id, nullptr, &field, 1, nullptr);
+    flush();
+  }
+  void reset(int32_t id, uint32_t code) {
+    nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, id, code);
+    flush();
+  }
+  void goaway(int32_t last_stream_id) {
+    nghttp2_submit_goaway(session_, NGHTTP2_FLAG_NONE, last_stream_id, NGHTTP2_NO_ERROR, nullptr,
+                          0);
+    flush();
+  }
+  void flush() {
+    if (!session_ || !conn_) return;
+    std::string out;
+    for (;;) {
+      const uint8_t* data = nullptr;
+      const ssize_t n = nghttp2_session_mem_send(session_, &data);
+      if (n <= 0) break;
+      out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+    }
+    if (!out.empty()) conn_->send(out);
+  }
+  int32_t remoteWindow(int32_t id) const {
+    return nghttp2_session_get_stream_remote_window_size(session_, id);
+  }
+  size_t openNow() const {
+    return static_cast<size_t>(std::count_if(streams.begin(), streams.end(),
+                                             [](const auto& e) { return !e.second->closed; }));
+  }
+
+  FakePeer peer;
+  std::map<int32_t, std::unique_ptr<ServerStream>> streams;
+  std::function<void(H2Server&, ServerStream&)> on_request;
+  int pings = 0;
+  size_t max_open = 0;
+
+ private:
+  static nghttp2_nv nv(const Header& h) {
+    return nghttp2_nv{reinterpret_cast<uint8_t*>(const_cast<char*>(h.name.data())),
+                      reinterpret_cast<uint8_t*>(const_cast<char*>(h.value.data())), h.name.size(),
+                      h.value.size(), NGHTTP2_NV_FLAG_NONE};
+  }
+
+  void start(FakePeer::Conn& c) {
+    conn_ = &c;
+    nghttp2_session_callbacks* cb = nullptr;
+    nghttp2_session_callbacks_new(&cb);
+    nghttp2_session_callbacks_set_on_begin_headers_callback(cb, onBeginHeaders);
+    nghttp2_session_callbacks_set_on_header_callback(cb, onHeader);
+    nghttp2_session_callbacks_set_on_frame_recv_callback(cb, onFrameRecv);
+    nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, onDataChunk);
+    nghttp2_session_callbacks_set_on_stream_close_callback(cb, onStreamClose);
+    nghttp2_option* option = nullptr;
+    nghttp2_option_new(&option);
+    if (!options_.auto_ping_ack) nghttp2_option_set_no_auto_ping_ack(option, 1);
+    nghttp2_session_server_new2(&session_, cb, this, option);
+    nghttp2_option_del(option);
+    nghttp2_session_callbacks_del(cb);
+    const nghttp2_settings_entry settings[] = {
+        {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams}};
+    nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings, 1);
+    flush();
+  }
+
+  void receive(FakePeer::Conn& c) {
+    if (!session_) return;
+    const ssize_t rv = nghttp2_session_mem_recv(
+        session_, reinterpret_cast<const uint8_t*>(c.in.data()), c.in.size());
+    c.in.clear();
+    REQUIRE(rv >= 0);
+    std::vector<int32_t> ended;
+    ended.swap(ended_);
+    for (int32_t id : ended) {
+      if (on_request) on_request(*this, *streams.at(id));
+    }
+    flush();
+  }
+
+  static ssize_t readResponse(nghttp2_session* session, int32_t id, uint8_t* buf, size_t length,
+                              uint32_t* flags, nghttp2_data_source* source, void*) {
+    auto* s = static_cast<ServerStream*>(source->ptr);
+    const size_t n = std::min(length, s->response.size() - s->offset);
+    std::memcpy(buf, s->response.data() + s->offset, n);
+    s->offset += n;
+    if (s->offset == s->response.size()) {
+      *flags |= NGHTTP2_DATA_FLAG_EOF;
+      if (!s->response_trailers.empty()) {
+        *flags |= NGHTTP2_DATA_FLAG_NO_END_STREAM;
+        std::vector<nghttp2_nv> nva;
+        for (const auto& h : s->response_trailers) nva.push_back(nv(h));
+        nghttp2_submit_trailer(session, id, nva.data(), nva.size());
+      }
+    }
+    return static_cast<ssize_t>(n);
+  }
+
+  static int onBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+    auto* self = static_cast<H2Server*>(user);
+    if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST) return 0;
+    auto s = std::make_unique<ServerStream>();
+    s->id = frame->hd.stream_id;
+    self->streams[s->id] = std::move(s);
+    self->max_open = std::max(self->max_open, self->openNow());
+    return 0;
+  }
+  static int onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
+                      size_t namelen, const uint8_t* value, size_t valuelen, uint8_t, void* user) {
+    auto* self = static_cast<H2Server*>(user);
+    auto it = self->streams.find(frame->hd.stream_id);
+    if (it == self->streams.end()) return 0;
+    Header h{std::string(reinterpret_cast<const char*>(name), namelen),
+             std::string(reinterpret_cast<const char*>(value), valuelen)};
+    (it->second->headers_done ? it->second->trailers : it->second->fields).push_back(h);
+    return 0;
+  }
+  static int onFrameRecv(nghttp2_session*, const nghttp2_frame* frame, void* user) {
+    auto* self = static_cast<H2Server*>(user);
+    if (frame->hd.type == NGHTTP2_PING && !(frame->hd.flags & NGHTTP2_FLAG_ACK)) ++self->pings;
+    auto it = self->streams.find(frame->hd.stream_id);
+    if (it == self->streams.end()) return 0;
+    if (frame->hd.type == NGHTTP2_HEADERS) it->second->headers_done = true;
+    if ((frame->hd.type == NGHTTP2_HEADERS || frame->hd.type == NGHTTP2_DATA) &&
+        (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)) {
+      it->second->ended = true;
+      self->ended_.push_back(frame->hd.stream_id);
+    }
+    return 0;
+  }
+  static int onDataChunk(nghttp2_session*, uint8_t, int32_t id, const uint8_t* data, size_t len,
+                         void* user) {
+    auto* self = static_cast<H2Server*>(user);
+    auto it = self->streams.find(id);
+    if (it != self->streams.end())
+      it->second->body.append(reinterpret_cast<const char*>(data), len);
+    return 0;
+  }
+  static int onStreamClose(nghttp2_session*, int32_t id, uint32_t code, void* user) {
+    auto* self = static_cast<H2Server*>(user);
+    auto it = self->streams.find(id);
+    if (it == self->streams.end()) return 0;
+    it->second->closed = true;
+    it->second->close_code = code;
+    return 0;
+  }
+
+  Options options_;
+  nghttp2_session* session_ = nullptr;
+  FakePeer::Conn* conn_ = nullptr;
+  std::vector<int32_t> ended_;
+};
+
+// ---- the client side ---------------------------------------------------------------------
+
+struct Pool final : H2ConnectionCallbacks {
+  void onH2Ready(H2UpstreamConnection&) override { ++ready; }
+  void onH2ConnectFailed(H2UpstreamConnection&, UpstreamError error) override {
+    failures.push_back(error);
+  }
+  void onH2Closed(H2UpstreamConnection&) override {
+    ++closed;
+    connection = nullptr;
+  }
+  H2UpstreamConnection* connection = nullptr;
+  int ready = 0;
+  int closed = 0;
+  std::vector<UpstreamError> failures;
+};
+
+struct Owner final : H2StreamCallbacks {
+  void onH2Head(int s, std::vector<Header>& f) override {
+    ++calls;
+    status = s;
+    fields = std::move(f);
+  }
+  void onH2Data(const char* data, size_t len) override {
+    ++calls;
+    body.append(data, len);
+    if (auto_consume) connection->consume(id, len);
+    if (on_data) on_data(*this);
+  }
+  void onH2Trailers(std::vector<Header>& t) override {
+    ++calls;
+    trailers = std::move(t);
+  }
+  void onH2Complete() override {
+    ++calls;
+    ++complete;
+    if (on_end) on_end(*this);
+  }
+  void onH2Error(const H2StreamFailure& failure) override {
+    ++calls;
+    errors.push_back(failure);
+    if (on_end) on_end(*this);
+  }
+  void onH2RequestDrained() override { ++drained; }
+  bool done() const { return complete + errors.size() > 0; }
+
+  H2UpstreamConnection* connection = nullptr;
+  int32_t id = 0;
+  bool auto_consume = true;
+  std::function<void(Owner&)> on_data;
+  std::function<void(Owner&)> on_end;
+  int calls = 0;
+  int status = 0;
+  std::vector<Header> fields;
+  std::string body;
+  std::vector<Header> trailers;
+  int complete = 0;
+  int drained = 0;
+  std::vector<H2StreamFailure> errors;
+};
+
+std::vector<Header> request(const std::string& method, const std::string& path) {
+  return {{":method", method}, {":scheme", "http"}, {":authority", "up"}, {":path", path}};
+}
+
+struct Fixture {
+  explicit Fixture(H2UpstreamOptions options = {}, H2Server::Options server_options = {})
+      : server(l.get(), server_options) {
+    pool.connection = H2UpstreamConnection::create(l.get(), options, &pool);
+    const sockaddr_storage address = server.peer.socketAddress();
+    REQUIRE(pool.connection->connect(reinterpret_cast<const sockaddr*>(&address), nullptr,
+                                     "127.0.0.1") == 0);
+    REQUIRE(runUntil(loop(), [&] { return pool.ready == 1 || !pool.failures.empty(); }));
+    REQUIRE(pool.ready == 1);
+    // The server's SETTINGS are in (its max_concurrent_streams applies).
+    runUntil(loop(), [&] { return !server.peer.connections().empty(); });
+    runFor(loop(), 20);
+  }
+  ~Fixture() {
+    if (pool.connection) pool.connection->close();
+    CHECK(runUntil(loop(), [&] { return pool.closed == 1; }));
+    server.close();
+    l.close();
+  }
+  uv_loop_t* loop() { return l.get(); }
+  H2UpstreamConnection& c() { return *pool.connection; }
+
+  int32_t open(Owner& owner, std::vector<Header> fields, bool end_stream) {
+    owner.connection = pool.connection;
+    owner.id = c().openStream(fields, &owner, end_stream);
+    REQUIRE(owner.id > 0);
+    return owner.id;
+  }
+
+  TestLoop l;
+  H2Server server;
+  Pool pool;
+};
+
+}  // namespace
+
+TEST_SUITE("H2UpstreamConnection") {
+  TEST_CASE("GET: head, body and the end, none of them inline") {
+    Fixture f;
+    f.server.on_request = [](H2Server& s, ServerStream& st) {
+      s.respond(st.id, 200, "hello", {}, {{"x-up", "1"}});
+    };
+    Owner owner;
+    f.open(owner, request("GET", "/x"), true);
+    CHECK(owner.calls == 0);
+    REQUIRE(runUntil(f.loop(), [&] { return owner.done(); }));
+    CHECK(owner.status == 200);
+    CHECK(fieldValue(owner.fields, "x-up") == "1");
+    CHECK(owner.body == "hello");
+    CHECK(owner.complete == 1);
+    CHECK(owner.errors.empty());
+    const ServerStream& st = *f.server.streams.begin()->second;
+    CHECK(fieldValue(st.fields, ":method") == "GET");
+    CHECK(fieldValue(st.fields, ":path") == "/x");
+    CHECK(fieldValue(st.fields, ":authority") == "up");
+    CHECK(f.c().openStreams() == 0);
+    CHECK(f.c().canOpenStream());
+  }
+
+  TEST_CASE("POST with 1 MiB both ways: every byte intact") {
+    Fixture f;
+    f.server.on_request = [](H2Server& s, ServerStream& st) {
+      s.respond(st.id, 200, st.body);  // echo
+    };
+    const std::string body = pattern(1024 * 1024, 7);
+    Owner owner;
+    const int32_t id = f.open(owner, request("POST", "/echo"), false);
+    f.c().writeBody(id, body.data(), body.size() / 2);
+    f.c().writeBody(id, body.data() + body.size() / 2, body.size() - body.size() / 2);
+    CHECK(f.c().requestPending(id) == body.size());
+    f.c().endStream(id);
+    REQUIRE(runUntil(
+        f.loop(), [&] { return owner.done(); }, 5000));
+    REQUIRE(owner.complete == 1);
+    CHECK(f.server.streams.at(id)->body == body);
+    CHECK(owner.body.size() == body.size());
+    CHECK(owner.body == body);
+    CHECK(owner.drained >= 1);
+    CHECK(f.c().requestPending(id) == 0);
+  }
+
+  TEST_CASE("request trailers and response trailers (gRPC style) arrive intact") {
+    Fixture f;
+    f.server.on_request = [](H2Server& s, ServerStream& st) {
+      s.respond(st.id, 200, "\0\0\0\0\0", {{"grpc-status", "0"}, {"grpc-message", "fine"}},
+                {{"content-type", "application/grpc"}});
+    };
+    Owner owner;
+    std::vector<Header> fields = request("POST", "/pkg.Svc/Call");
+    fields.push_back({"content-type", "application/grpc"});
+    fields.push_back({"te", "trailers"});
+    const int32_t id = f.open(owner, fields, false);
+    f.c().writeBody(id, "abcde", 5);
+    f.c().endStream(id, {{"x-checksum", "42"}});
+    REQUIRE(runUntil(f.loop(), [&] { return owner.done(); }));
+    REQUIRE(owner.complete == 1);
+    const ServerStream& st = *f.server.streams.at(id);
+    CHECK(st.body == "abcde");
+    REQUIRE(st.trailers.size() == 1);
+    CHECK(st.trailers[0].name == "x-checksum");
+    CHECK(st.trailers[0].value == "42");
+    CHECK(fieldValue(owner.fields, "content-type") == "application/grpc");
+    CHECK(fieldValue(owner.trailers, "grpc-status") == "0");
+    CHECK(fieldValue(owner.trailers, "grpc-message") == "fine");
+  }
+
+  TEST_CASE("200 streams through max_concurrent_streams = 10, opened as others finish") {
+    Fixture f({}, H2Server::Options{10, true});
+    f.server.on_request = [](H2Server& s, ServerStream& st) {
+      s.respond(st.id, 200, "stream " + std::to_string(st.id));
+    };
+    constexpr size_t kTotal = 200;
+    std::vector<std::unique_ptr<Owner>> owners;
+    size_t most_open = 0;
+    std::function<void()> openMore;
+    openMore = [&] {
+      while (owners.size() < kTotal && f.c().canOpenStream()) {
+        auto owner = std::make_unique<Owner>();
+        // Opened from inside another stream's last callback.
+        owner->on_end = [&](Owner&) { openMore(); };
+        f.open(*owner, request("GET", "/" + std::to_string(owners.size())), true);
+        owners.push_back(std::move(owner));
+        most_open = std::max(most_open, f.c().openStreams());
+      }
+    };
+    openMore();
+    CHECK(owners.size() == 10);
+    CHECK_FALSE(f.c().canOpenStream());
+    REQUIRE(runUntil(
+        f.loop(),
+        [&] {
+          return owners.size() == kTotal &&
+                 std::all_of(owners.begin(), owners.end(), [](auto& o) { return o->done(); });
+        },
+        10000));
+    CHECK(most_open == 10);
+    CHECK(f.server.max_open <= 10);
+    for (const auto& o : owners) {
+      CHECK(o->complete == 1);
+      CHECK(o->body == "stream " + std::to_string(o->id));
+    }
+  }
+
+  TEST_CASE("GOAWAY mid-load: streams up to last-stream-id finish, those above fail retryable") {
+    Fixture f;
+    Owner owners[10];
+    for (auto& o : owners) f.open(o, request("GET", "/"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.size() == 10; }));
+    f.server.goaway(9);  // streams 1, 3, 5, 7, 9 were processed
+    for (int32_t id = 1; id <= 9; id += 2) f.server.respond(id, 200, "ok");
+    REQUIRE(runUntil(f.loop(), [&] {
+      return std::all_of(std::begin(owners), std::end(owners), [](auto& o) { return o.done(); });
+    }));
+    for (auto& o : owners) {
+      if (o.id <= 9) {
+        CHECK(o.complete == 1);
+        CHECK(o.body == "ok");
+      } else {
+        REQUIRE(o.errors.size() == 1);
+        CHECK(o.errors[0].retryable);
+        CHECK_FALSE(o.errors[0].response_started);
+      }
+    }
+    // No new stream, and the connection closes once its last stream ended.
+    REQUIRE(runUntil(f.loop(), [&] { return f.pool.closed == 1; }));
+  }
+
+  TEST_CASE("GOAWAY: no new stream may open meanwhile") {
+    Fixture f;
+    Owner first;
+    f.open(first, request("GET", "/"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.size() == 1; }));
+    f.server.goaway(1);
+    REQUIRE(runUntil(f.loop(), [&] { return !f.c().canOpenStream(); }));
+    Owner late;
+    CHECK(f.c().openStream(request("GET", "/"), &late, true) < 0);
+    f.server.respond(1, 204, "");
+    REQUIRE(runUntil(f.loop(), [&] { return first.done(); }));
+    CHECK(first.complete == 1);
+    CHECK(late.calls == 0);
+  }
+
+  TEST_CASE("RST_STREAM from the server: an error; REFUSED_STREAM says retryable") {
+    Fixture f;
+    Owner a, b, c;
+    f.open(a, request("GET", "/a"), true);
+    f.open(b, request("GET", "/b"), true);
+    f.open(c, request("GET", "/c"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.size() == 3; }));
+    f.server.reset(a.id, NGHTTP2_INTERNAL_ERROR);
+    f.server.reset(b.id, NGHTTP2_REFUSED_STREAM);
+    f.server.respond(c.id, 200, "c");
+    REQUIRE(runUntil(f.loop(), [&] { return a.done() && b.done() && c.done(); }));
+    REQUIRE(a.errors.size() == 1);
+    CHECK((a.errors[0].error == UpstreamError::Reset));
+    CHECK_FALSE(a.errors[0].retryable);
+    REQUIRE(b.errors.size() == 1);
+    CHECK(b.errors[0].retryable);
+    CHECK(c.complete == 1);
+    CHECK(f.c().ready());
+  }
+
+  TEST_CASE("a response timeout fails one stream (reset) while another finishes") {
+    H2UpstreamOptions options;
+    options.response_timeout_ms = 100;
+    Fixture f(options);
+    Owner slow, fast;
+    f.open(slow, request("GET", "/slow"), true);
+    f.open(fast, request("GET", "/fast"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.size() == 2; }));
+    f.server.respond(fast.id, 200, "fast");
+    REQUIRE(runUntil(f.loop(), [&] { return slow.done() && fast.done(); }));
+    CHECK(fast.complete == 1);
+    REQUIRE(slow.errors.size() == 1);
+    CHECK((slow.errors[0].error == UpstreamError::ResponseTimeout));
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.at(slow.id)->closed; }));
+    CHECK(f.server.streams.at(slow.id)->close_code == NGHTTP2_CANCEL);
+    CHECK(slow.calls == 1);
+    // The connection goes on.
+    Owner next;
+    f.server.on_request = [](H2Server& s, ServerStream& st) { s.respond(st.id, 200, "next"); };
+    f.open(next, request("GET", "/next"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return next.done(); }));
+    CHECK(next.body == "next");
+  }
+
+  TEST_CASE("cancel mid-response from inside onH2Data: RST_STREAM CANCEL, no callback after") {
+    Fixture f;
+    f.server.on_request = [](H2Server& s, ServerStream& st) {
+      s.respond(st.id, 200, pattern(256 * 1024, 3));
+    };
+    Owner owner, other;
+    owner.on_data = [&](Owner& o) {
+      if (o.body.size() >= 1000) o.connection->cancel(o.id);
+    };
+    f.open(owner, request("GET", "/big"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return !owner.body.empty(); }));
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.at(owner.id)->closed; }));
+    CHECK(f.server.streams.at(owner.id)->close_code == NGHTTP2_CANCEL);
+    const int calls = owner.calls;
+    runFor(f.loop(), 50);
+    CHECK(owner.calls == calls);
+    CHECK(owner.complete == 0);
+    CHECK(owner.errors.empty());
+    CHECK(owner.body.size() < 256 * 1024);
+    // The connection's window was given back: another big response passes.
+    f.open(other, request("GET", "/big"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return other.done(); }));
+    CHECK(other.body == pattern(256 * 1024, 3));
+  }
+
+  TEST_CASE("cancel right after openStream: nothing is called back, the server sees nothing") {
+    Fixture f;
+    Owner owner;
+    f.open(owner, request("GET", "/"), true);
+    f.c().cancel(owner.id);
+    runFor(f.loop(), 50);
+    CHECK(owner.calls == 0);
+    CHECK(f.c().openStreams() == 0);
+  }
+
+  TEST_CASE("the response window is held until the owner consumes") {
+    Fixture f;
+    const std::string big = pattern(256 * 1024, 5);
+    f.server.on_request = [&](H2Server& s, ServerStream& st) { s.respond(st.id, 200, big); };
+    Owner owner;
+    owner.auto_consume = false;
+    f.open(owner, request("GET", "/big"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return owner.body.size() == 64 * 1024; }));
+    runFor(f.loop(), 100);
+    CHECK(owner.body.size() == 64 * 1024);  // the server's send is blocked
+    CHECK(f.server.remoteWindow(owner.id) == 0);
+    CHECK(owner.complete == 0);
+    size_t consumed = 0;
+    REQUIRE(runUntil(f.loop(), [&] {
+      if (owner.body.size() > consumed) {
+        f.c().consume(owner.id, owner.body.size() - consumed);
+        consumed = owner.body.size();
+      }
+      return owner.done();
+    }));
+    CHECK(owner.complete == 1);
+    CHECK(owner.body == big);
+  }
+
+  TEST_CASE("a response head past max_response_header_bytes: BadResponse on that stream") {
+    H2UpstreamOptions options;
+    options.max_response_header_bytes = 1024;
+    Fixture f(options);
+    f.server.on_request = [](H2Server& s, ServerStream& st) {
+      s.respond(st.id, 200, "x", {}, {{"x-big", std::string(2000, 'a')}});
+    };
+    Owner owner;
+    f.open(owner, request("GET", "/"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return owner.done(); }));
+    REQUIRE(owner.errors.size() == 1);
+    CHECK((owner.errors[0].error == UpstreamError::BadResponse));
+    CHECK(owner.status == 0);
+    CHECK(f.c().ready());
+  }
+
+  TEST_CASE("1xx responses are skipped") {
+    Fixture f;
+    Owner owner;
+    f.open(owner, request("GET", "/"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.size() == 1; }));
+    f.server.informational(1, 103);
+    f.server.respond(1, 200, "after 103", {}, {{"x-final", "1"}});
+    REQUIRE(runUntil(f.loop(), [&] { return owner.done(); }));
+    CHECK(owner.status == 200);
+    CHECK(fieldValue(owner.fields, "x-final") == "1");
+    CHECK(owner.body == "after 103");
+    CHECK(owner.complete == 1);
+  }
+
+  TEST_CASE("the upstream closes the connection: every stream fails") {
+    Fixture f;
+    Owner a, b;
+    f.open(a, request("GET", "/"), true);
+    f.open(b, request("GET", "/"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.size() == 2; }));
+    f.server.disconnect();
+    REQUIRE(runUntil(f.loop(), [&] { return a.done() && b.done() && f.pool.closed == 1; }));
+    REQUIRE(a.errors.size() == 1);
+    CHECK((a.errors[0].error == UpstreamError::Reset));
+    CHECK_FALSE(a.errors[0].retryable);
+    CHECK(b.errors.size() == 1);
+  }
+
+  TEST_CASE("close(): the streams fail on the next loop iteration, then the connection goes") {
+    Fixture f;
+    Owner a;
+    f.open(a, request("GET", "/"), true);
+    f.c().close();
+    CHECK(a.calls == 0);
+    REQUIRE(runUntil(f.loop(), [&] { return a.done() && f.pool.closed == 1; }));
+    REQUIRE(a.errors.size() == 1);
+  }
+
+  TEST_CASE("idle timeout: a connection without a stream closes") {
+    H2UpstreamOptions options;
+    options.idle_timeout_ms = 100;
+    Fixture f(options);
+    REQUIRE(runUntil(f.loop(), [&] { return f.pool.closed == 1; }));
+  }
+
+  TEST_CASE("PING keep-alive answered: the connection stays") {
+    H2UpstreamOptions options;
+    options.ping_interval_ms = 40;
+    options.ping_timeout_ms = 100;
+    Fixture f(options);
+    runFor(f.loop(), 300);
+    CHECK(f.server.pings >= 3);
+    CHECK(f.pool.closed == 0);
+    CHECK(f.c().ready());
+  }
+
+  TEST_CASE("PING keep-alive unanswered: the connection closes, its stream fails") {
+    H2UpstreamOptions options;
+    options.ping_interval_ms = 40;
+    options.ping_timeout_ms = 100;
+    Fixture f(options, H2Server::Options{100, false});
+    Owner owner;
+    f.open(owner, request("GET", "/"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return f.pool.closed == 1; }));
+    CHECK(f.server.pings >= 1);
+    REQUIRE(owner.errors.size() == 1);
+    CHECK((owner.errors[0].error == UpstreamError::Reset));
+  }
+}
+
+TEST_SUITE("H2UpstreamConnection connect") {
+  TEST_CASE("a refused connection: ConnectFailed, then closed") {
+    TestLoop l;
+    Pool pool;
+    pool.connection = H2UpstreamConnection::create(l.get(), {}, &pool);
+    sockaddr_storage address{};
+    uv_ip4_addr("127.0.0.1", sluice::testing::refusedPort(),
+                reinterpret_cast<sockaddr_in*>(&address));
+    REQUIRE(pool.connection->connect(reinterpret_cast<const sockaddr*>(&address), nullptr,
+                                     "127.0.0.1") == 0);
+    REQUIRE(runUntil(l.get(), [&] { return pool.closed == 1; }));
+    REQUIRE(pool.failures.size() == 1);
+    CHECK((pool.failures[0] == UpstreamError::ConnectFailed));
+    CHECK(pool.ready == 0);
+    l.close();
+  }
+
+  TEST_CASE("a connect that hangs: ConnectTimeout") {
+    // A listener that never accepts, its accept queue filled: further SYNs are dropped.
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener, 0) == 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    std::vector<int> fillers;
+    for (int i = 0; i < 4; ++i) {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      ::fcntl(fd, F_SETFL, O_NONBLOCK);
+      ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+      fillers.push_back(fd);
+    }
+    TestLoop l;
+    Pool pool;
+    H2UpstreamOptions options;
+    options.connect_timeout_ms = 150;
+    pool.connection = H2UpstreamConnection::create(l.get(), options, &pool);
+    REQUIRE(pool.connection->connect(reinterpret_cast<const sockaddr*>(&addr), nullptr,
+                                     "127.0.0.1") == 0);
+    REQUIRE(runUntil(l.get(), [&] { return pool.closed == 1; }));
+    REQUIRE(pool.failures.size() == 1);
+    CHECK((pool.failures[0] == UpstreamError::ConnectTimeout));
+    l.close();
+    for (int fd : fillers) ::close(fd);
+    ::close(listener);
+  }
+}
+
+namespace {
+
+std::shared_ptr<sluice::net::TlsServerContext> tlsServerContext(bool http2) {
+  sluice::config::ServerTlsConfig config;
+  config.default_certificate.cert_path = sluice::testing::tls::kDataDir + "server.crt";
+  config.default_certificate.key_path = sluice::testing::tls::kDataDir + "server.key";
+  std::string error;
+  auto context = sluice::net::TlsServerContext::create(config, http2, &error);
+  INFO(error);
+  REQUIRE(context);
+  return context;
+}
+
+std::shared_ptr<sluice::net::TlsClientContext> tlsClientContextH2() {
+  sluice::config::UpstreamConfig upstream;
+  upstream.name = "tls";
+  upstream.tls.emplace();
+  upstream.tls->ca_file = sluice::testing::tls::kDataDir + "server.crt";
+  std::string error;
+  auto context = sluice::net::TlsClientContext::create(upstream, &error,
+                                                       sluice::net::TlsClientContext::Alpn::H2);
+  INFO(error);
+  REQUIRE(context);
+  return context;
+}
+
+}  // namespace
+
+TEST_SUITE("H2UpstreamConnection TLS") {
+  TEST_CASE("TLS with ALPN h2: ready, and the preface goes over it") {
+    TestLoop l;
+    sluice::testing::tls::Server server(l.get(), tlsServerContext(true), 1000);
+    server.echo = false;
+    Pool pool;
+    pool.connection = H2UpstreamConnection::create(l.get(), {}, &pool);
+    REQUIRE(pool.connection->connect(server.address(), tlsClientContextH2(), "localhost") == 0);
+    REQUIRE(runUntil(l.get(), [&] { return pool.ready == 1 || !pool.failures.empty(); }));
+    CHECK(pool.ready == 1);
+    REQUIRE(runUntil(
+        l.get(), [&] { return !server.accepted.empty() && server.accepted[0]->in.size() >= 24; }));
+    CHECK(server.accepted[0]->in.rfind("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 0) == 0);
+    pool.connection->close();
+    REQUIRE(runUntil(l.get(), [&] { return pool.closed == 1; }));
+    for (auto& e : server.accepted) e->transport->close();
+    runUntil(l.get(), [&] {
+      return std::all_of(server.accepted.begin(), server.accepted.end(),
+                         [](auto& e) { return e->closed == 1; });
+    });
+    server.accepted.clear();
+    server.close();
+    l.close();
+  }
+
+  TEST_CASE("a TLS server that does not select h2: ConnectFailed") {
+    TestLoop l;
+    sluice::testing::tls::Server server(l.get(), tlsServerContext(false), 1000);
+    server.echo = false;
+    Pool pool;
+    pool.connection = H2UpstreamConnection::create(l.get(), {}, &pool);
+    REQUIRE(pool.connection->connect(server.address(), tlsClientContextH2(), "localhost") == 0);
+    REQUIRE(runUntil(l.get(), [&] { return pool.closed == 1; }));
+    REQUIRE(pool.failures.size() == 1);
+    CHECK((pool.failures[0] == UpstreamError::ConnectFailed));
+    CHECK(pool.ready == 0);
+    for (auto& e : server.accepted) e->transport->close();
+    runUntil(l.get(), [&] {
+      return std::all_of(server.accepted.begin(), server.accepted.end(),
+                         [](auto& e) { return e->closed == 1; });
+    });
+    server.accepted.clear();
+    server.close();
+    l.close();
+  }
+}
