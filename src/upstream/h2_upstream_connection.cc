@@ -23,6 +23,9 @@ constexpr uint32_t kAssumedMaxConcurrentStreams = 100;
 constexpr size_t kSendHighWater = 64 * 1024;
 // Frames smaller than this are gathered into one write before they go out.
 constexpr size_t kGatherBytes = 16 * 1024;
+// Request body bytes nghttp2 has read are dropped from the front of the buffer once this many
+// have gathered (and always when it empties).
+constexpr size_t kCompactBytes = 64 * 1024;
 // A closing connection waits this long for its last frames (GOAWAY) to leave.
 constexpr uint64_t kLingerMs = 1000;
 // RFC 9113 6.5.2: a field's size is its name, its value and 32.
@@ -248,6 +251,11 @@ int32_t H2UpstreamConnection::openStream(const std::vector<http::Header>& fields
   stream->body_ended = end_stream;
   streams_.emplace(id, std::move(stream));
   idle_timer_.stop();
+  // The last stream id was taken: the connection ends once its streams did.
+  if (nghttp2_session_get_next_stream_id(session_) >
+      static_cast<uint32_t>(std::numeric_limits<int32_t>::max())) {
+    drain();
+  }
   scheduleSend();
   return id;
 }
@@ -293,6 +301,7 @@ void H2UpstreamConnection::cancel(int32_t id) {
   Stream* s = find(id);
   if (!s) return;
   s->owner = nullptr;
+  if (state_ == State::Closing) return;  // nothing more goes out
   s->response_timer.stop();
   s->body.clear();
   s->body_offset = 0;
@@ -343,19 +352,23 @@ void H2UpstreamConnection::terminate(UpstreamError error) {
   ping_timer_.stop();
   ping_timeout_.stop();
   send_later_.stop();
-  // Moved out first: an owner that cancels or opens streams from its callback finds none.
-  std::unordered_map<int32_t, std::unique_ptr<Stream>> streams;
-  streams.swap(streams_);
-  for (auto& [id, s] : streams) {
+  // By id, each looked up again: an owner may cancel another stream from its callback (which
+  // then hears nothing); a stream it opens there is refused (Closing).
+  std::vector<int32_t> ids;
+  ids.reserve(streams_.size());
+  for (const auto& [id, s] : streams_) ids.push_back(id);
+  for (int32_t id : ids) {
+    Stream* s = find(id);
+    if (!s || !s->owner) continue;
     H2StreamCallbacks* owner = s->owner;
     s->owner = nullptr;
-    if (!owner) continue;
     H2StreamFailure failure;
     failure.error = error;
     failure.response_started = s->response_started;
     failure.retryable = !s->headers_sent || (goaway_received_ && id > goaway_last_stream_);
     owner->onH2Error(failure);
   }
+  streams_.clear();
   closeTransport();
 }
 
@@ -415,7 +428,14 @@ void H2UpstreamConnection::onResponseTimeout(void* context) noexcept {
 // ---- sending -----------------------------------------------------------------------------
 
 void H2UpstreamConnection::scheduleSend() {
-  if (in_recv_ || in_send_ || state_ == State::Closing) return;  // they send when done
+  if (state_ == State::Closing) return;
+  if (in_recv_) return;  // onRead() sends when nghttp2 is through
+  if (in_send_) {
+    // An owner called from inside nghttp2_session_mem_send (a stream closed as its last frame
+    // left): send() goes round once more when it is through.
+    send_again_ = true;
+    return;
+  }
   send_later_.start(0);
 }
 
@@ -451,6 +471,10 @@ void H2UpstreamConnection::send() {
   }
   if (!gathered.empty()) transport_->write(gathered);
   in_send_ = false;
+  if (send_again_) {
+    send_again_ = false;
+    send_later_.start(0);
+  }
   if (rv < 0) {
     SLUICE_LOG_DEBUG("HTTP/2 upstream {}: {}", host_, nghttp2_strerror(rv));
     terminate(UpstreamError::Reset);
@@ -491,6 +515,11 @@ ssize_t H2UpstreamConnection::readBody(nghttp2_session*, int32_t stream_id, uint
       s->body.clear();
       s->body_offset = 0;
       s->drained = true;
+    } else if (s->body_offset >= kCompactBytes && s->body_offset * 2 >= s->body.size()) {
+      // An owner that keeps writing while nghttp2 keeps reading never empties the buffer: the
+      // part already read goes, so that the buffer holds only what is pending.
+      s->body.erase(0, s->body_offset);
+      s->body_offset = 0;
     }
   }
   if (s->pending() > 0) return static_cast<ssize_t>(n);

@@ -73,10 +73,11 @@ class H2StreamCallbacks {
   // Response body bytes, valid during the call. They stay counted against the upstream's
   // windows until the owner calls consume() for them.
   virtual void onH2Data(const char* data, size_t len) = 0;
-  // A HEADERS frame that ended the response after its head (gRPC's grpc-status), right before
-  // onH2Complete().
+  // A HEADERS frame that ended the response after its head (gRPC's grpc-status); onH2Complete()
+  // follows once the stream closed (at once, unless the request is still being sent).
   virtual void onH2Trailers(std::vector<http::Header>& trailers) = 0;
-  // The response ended and the stream is closed: the last call for this stream.
+  // The response ended and the stream is closed (the request too, or the upstream reset it
+  // after its complete response): the last call for this stream.
   virtual void onH2Complete() = 0;
   // The stream failed (reset by the upstream, timed out, the connection lost...): the last call.
   virtual void onH2Error(const H2StreamFailure& failure) = 0;
@@ -242,6 +243,7 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   State state_ = State::Connecting;
   bool in_send_ = false;
   bool in_recv_ = false;
+  bool send_again_ = false;  // frames were queued from inside send()
   bool close_requested_ = false;
   bool goaway_received_ = false;
   int32_t goaway_last_stream_ = 0;

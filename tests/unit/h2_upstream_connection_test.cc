@@ -63,6 +63,9 @@ std::string fieldValue(const std::vector<Header>& fields, std::string_view name)
 struct ServerOptions {
   uint32_t max_concurrent_streams = 100;
   bool auto_ping_ack = true;
+  // The server's windows open only through consume(): what the client sends beyond 64 KiB
+  // waits.
+  bool hold_request_window = false;
 };
 
 struct ServerStream {
@@ -123,11 +126,16 @@ class H2Server {
     nghttp2_submit_response(session_, id, nva.data(), nva.size(), &provider);
     flush();
   }
+  // Bytes that bypass nghttp2 (frames it would never send).
+  void sendRaw(std::string_view bytes) {
+    if (conn_) conn_->send(bytes);
+  }
   // A non-final (1xx) head.
   void informational(int32_t id, int status) {
     const Header h{":status", std::to_string(status)};
     const nghttp2_nv field = nv(h);
-    nghttp2_submit_headers(session_, NGHTTP2_FLAG_NONE, id, nullptr, &field, 1, nullptr);
+    REQUIRE(nghttp2_submit_headers(session_, NGHTTP2_FLAG_NONE, id, nullptr, &field, 1, nullptr) ==
+            0);
     flush();
   }
   void reset(int32_t id, uint32_t code) {
@@ -149,6 +157,11 @@ class H2Server {
       out.append(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
     }
     if (!out.empty()) conn_->send(out);
+  }
+  // The server took `len` bytes of a request body: the client may send that many more.
+  void consume(int32_t id, size_t len) {
+    nghttp2_session_consume(session_, id, len);
+    flush();
   }
   int32_t remoteWindow(int32_t id) const {
     return nghttp2_session_get_stream_remote_window_size(session_, id);
@@ -183,6 +196,7 @@ class H2Server {
     nghttp2_option* option = nullptr;
     nghttp2_option_new(&option);
     if (!options_.auto_ping_ack) nghttp2_option_set_no_auto_ping_ack(option, 1);
+    if (options_.hold_request_window) nghttp2_option_set_no_auto_window_update(option, 1);
     nghttp2_session_server_new2(&session_, cb, this, option);
     nghttp2_option_del(option);
     nghttp2_session_callbacks_del(cb);
@@ -345,7 +359,7 @@ std::vector<Header> request(const std::string& method, const std::string& path) 
 }
 
 struct Fixture {
-  explicit Fixture(H2UpstreamOptions options = {}, H2Server::Options server_options = {})
+  explicit Fixture(H2UpstreamOptions options = {}, ServerOptions server_options = {})
       : server(l.get(), server_options) {
     pool.connection = H2UpstreamConnection::create(l.get(), options, &pool);
     const sockaddr_storage address = server.peer.socketAddress();
@@ -425,6 +439,37 @@ TEST_SUITE("H2UpstreamConnection") {
     CHECK(f.c().requestPending(id) == 0);
   }
 
+  TEST_CASE("a request body waits for the server's window: requestPending says how much") {
+    Fixture f({}, ServerOptions{100, true, true});
+    f.server.on_request = [](H2Server& s, ServerStream& st) { s.respond(st.id, 200, "done"); };
+    const std::string body = pattern(256 * 1024, 11);
+    Owner owner;
+    const int32_t id = f.open(owner, request("POST", "/upload"), false);
+    f.c().writeBody(id, body.data(), body.size());
+    f.c().endStream(id);
+    // The server's initial windows are 65535 bytes: the rest stays with the connection.
+    REQUIRE(runUntil(f.loop(), [&] {
+      return f.server.streams.count(id) && f.server.streams.at(id)->body.size() == 65535;
+    }));
+    runFor(f.loop(), 50);
+    CHECK(f.server.streams.at(id)->body.size() == 65535);
+    CHECK(f.c().requestPending(id) == body.size() - 65535);
+    CHECK(owner.drained == 0);
+    size_t consumed = 0;
+    REQUIRE(runUntil(f.loop(), [&] {
+      const size_t got = f.server.streams.at(id)->body.size();
+      if (got > consumed) {
+        f.server.consume(id, got - consumed);
+        consumed = got;
+      }
+      return owner.done();
+    }));
+    CHECK(owner.complete == 1);
+    CHECK(owner.drained >= 1);
+    CHECK(f.c().requestPending(id) == 0);
+    CHECK(f.server.streams.at(id)->body == body);
+  }
+
   TEST_CASE("request trailers and response trailers (gRPC style) arrive intact") {
     Fixture f;
     f.server.on_request = [](H2Server& s, ServerStream& st) {
@@ -451,7 +496,7 @@ TEST_SUITE("H2UpstreamConnection") {
   }
 
   TEST_CASE("200 streams through max_concurrent_streams = 10, opened as others finish") {
-    Fixture f({}, H2Server::Options{10, true});
+    Fixture f({}, ServerOptions{10, true});
     f.server.on_request = [](H2Server& s, ServerStream& st) {
       s.respond(st.id, 200, "stream " + std::to_string(st.id));
     };
@@ -595,6 +640,50 @@ TEST_SUITE("H2UpstreamConnection") {
     CHECK(other.body == pattern(256 * 1024, 3));
   }
 
+  TEST_CASE("an owner cancels another stream and opens a new one from its last callback") {
+    Fixture f;
+    Owner a, b, c;
+    a.on_end = [&](Owner&) {
+      f.c().cancel(b.id);
+      f.open(c, request("GET", "/c"), true);
+    };
+    f.open(a, request("GET", "/a"), true);
+    f.open(b, request("GET", "/b"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.size() == 2; }));
+    // Both answers in one read: b's is on its way when a's end cancels b.
+    f.server.on_request = [](H2Server& s, ServerStream& st) { s.respond(st.id, 200, "c"); };
+    f.server.respond(a.id, 200, "a");
+    f.server.respond(b.id, 200, pattern(100 * 1024, 1));
+    REQUIRE(runUntil(f.loop(), [&] { return c.done(); }));
+    CHECK(a.complete == 1);
+    CHECK(c.complete == 1);
+    CHECK(c.body == "c");
+    CHECK(b.complete == 0);
+    CHECK(b.errors.empty());
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.at(b.id)->closed; }));
+    CHECK(f.server.streams.at(b.id)->close_code == NGHTTP2_CANCEL);
+  }
+
+  TEST_CASE("the connection lost: an owner told of it may cancel and open without harm") {
+    Fixture f;
+    Owner a, b;
+    int32_t reopened = 0;
+    a.on_end = [&](Owner&) {
+      f.c().cancel(b.id);
+      reopened = f.c().openStream(request("GET", "/"), &a, true);
+    };
+    f.open(a, request("GET", "/a"), true);
+    f.open(b, request("GET", "/b"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.size() == 2; }));
+    f.server.disconnect();
+    REQUIRE(runUntil(f.loop(), [&] { return f.pool.closed == 1; }));
+    CHECK(a.errors.size() == 1);
+    CHECK(reopened < 0);
+    // Told before a cancelled it, or never (cancelled first).
+    CHECK(b.calls <= 1);
+    CHECK(a.calls + b.calls <= 2);
+  }
+
   TEST_CASE("cancel right after openStream: nothing is called back, the server sees nothing") {
     Fixture f;
     Owner owner;
@@ -673,6 +762,21 @@ TEST_SUITE("H2UpstreamConnection") {
     CHECK(b.errors.size() == 1);
   }
 
+  TEST_CASE("a protocol error from the upstream fails every stream with BadResponse") {
+    Fixture f;
+    Owner a, b;
+    f.open(a, request("GET", "/"), true);
+    f.open(b, request("GET", "/"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.size() == 2; }));
+    // WINDOW_UPDATE with an increment of 0 on the connection: a connection error.
+    f.server.sendRaw(std::string_view("\0\0\4\x08\0\0\0\0\0\0\0\0\0", 13));
+    REQUIRE(runUntil(f.loop(), [&] { return a.done() && b.done() && f.pool.closed == 1; }));
+    REQUIRE(a.errors.size() == 1);
+    CHECK((a.errors[0].error == UpstreamError::BadResponse));
+    REQUIRE(b.errors.size() == 1);
+    CHECK((b.errors[0].error == UpstreamError::BadResponse));
+  }
+
   TEST_CASE("close(): the streams fail on the next loop iteration, then the connection goes") {
     Fixture f;
     Owner a;
@@ -705,7 +809,7 @@ TEST_SUITE("H2UpstreamConnection") {
     H2UpstreamOptions options;
     options.ping_interval_ms = 40;
     options.ping_timeout_ms = 100;
-    Fixture f(options, H2Server::Options{100, false});
+    Fixture f(options, ServerOptions{100, false});
     Owner owner;
     f.open(owner, request("GET", "/"), true);
     REQUIRE(runUntil(f.loop(), [&] { return f.pool.closed == 1; }));
