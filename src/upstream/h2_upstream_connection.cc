@@ -177,6 +177,7 @@ void H2UpstreamConnection::onTcpConnected(int status) {
 
 void H2UpstreamConnection::onConnected(int status) {
   connect_timer_.stop();
+  if (close_requested_) return;  // close() came first: onDeferred() ends it
   if (status == 0 && ssl_) {
     // Prior knowledge is for h2c only: over TLS the server must have chosen h2.
     const unsigned char* alpn = nullptr;
@@ -262,7 +263,7 @@ int32_t H2UpstreamConnection::openStream(const std::vector<http::Header>& fields
 
 void H2UpstreamConnection::writeBody(int32_t id, const char* data, size_t len) {
   Stream* s = find(id);
-  if (!s || s->body_ended || len == 0) return;
+  if (!s || s->body_ended || s->reset_sent || len == 0) return;
   s->body.append(data, len);
   if (s->deferred) {
     s->deferred = false;
@@ -273,7 +274,7 @@ void H2UpstreamConnection::writeBody(int32_t id, const char* data, size_t len) {
 
 void H2UpstreamConnection::endStream(int32_t id, std::vector<http::Header> trailers) {
   Stream* s = find(id);
-  if (!s || s->body_ended) return;
+  if (!s || s->body_ended || s->reset_sent) return;
   s->body_ended = true;
   s->trailers = std::move(trailers);
   if (s->deferred) {
@@ -318,6 +319,10 @@ void H2UpstreamConnection::cancel(int32_t id) {
 }
 
 void H2UpstreamConnection::drain() {
+  if (state_ == State::Connecting) {
+    close();  // no stream yet: nothing to let finish
+    return;
+  }
   if (state_ != State::Ready) return;
   state_ = State::Draining;
   // A client's GOAWAY names the last stream the server opened: none (no push).
@@ -719,6 +724,15 @@ void H2UpstreamConnection::finishStream(int32_t id, uint32_t error_code) {
 int H2UpstreamConnection::onFrameSend(nghttp2_session*, const nghttp2_frame* frame,
                                       void* user) noexcept {
   auto* c = static_cast<H2UpstreamConnection*>(user);
+  if (frame->hd.type == NGHTTP2_RST_STREAM) {
+    // A reset that cancel() did not ask for: nghttp2's own, for a stream error of the
+    // upstream's (a malformed head, a window overrun).
+    Stream* s = c->find(frame->hd.stream_id);
+    if (s && !s->reset_sent && !s->failure) {
+      s->failure = H2StreamFailure{UpstreamError::BadResponse, s->response_started, false};
+    }
+    return 0;
+  }
   if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA) return 0;
   Stream* s = c->find(frame->hd.stream_id);
   if (!s) return 0;

@@ -79,7 +79,10 @@ class H2StreamCallbacks {
   // The response ended and the stream is closed (the request too, or the upstream reset it
   // after its complete response): the last call for this stream.
   virtual void onH2Complete() = 0;
-  // The stream failed (reset by the upstream, timed out, the connection lost...): the last call.
+  // The stream failed: the last call. Reset (the upstream reset the stream, or the connection
+  // was lost or closed), ResponseTimeout (no head in time), BadResponse (a head or trailers
+  // past max_response_header_bytes or malformed: nghttp2 reset the stream; or a protocol error
+  // that ended the connection).
   virtual void onH2Error(const H2StreamFailure& failure) = 0;
   // Every byte given to writeBody() went to nghttp2 (the request buffer is empty again).
   virtual void onH2RequestDrained() {}

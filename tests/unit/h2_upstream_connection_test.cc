@@ -734,6 +734,24 @@ TEST_SUITE("H2UpstreamConnection") {
     CHECK(f.c().ready());
   }
 
+  TEST_CASE("a malformed response head (a connection-specific field): BadResponse, reset") {
+    Fixture f;
+    f.server.on_request = [](H2Server& s, ServerStream& st) {
+      s.respond(st.id, 200, "x", {}, {{"connection", "keep-alive"}});
+    };
+    Owner owner;
+    f.open(owner, request("GET", "/"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return owner.done(); }));
+    REQUIRE(owner.errors.size() == 1);
+    CHECK((owner.errors[0].error == UpstreamError::BadResponse));
+    CHECK(owner.errors[0].response_started);
+    CHECK_FALSE(owner.errors[0].retryable);
+    CHECK(owner.status == 0);
+    // The connection goes on.
+    CHECK(f.c().ready());
+    CHECK(f.c().canOpenStream());
+  }
+
   TEST_CASE("1xx responses are skipped") {
     Fixture f;
     Owner owner;
