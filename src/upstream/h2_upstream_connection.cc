@@ -71,7 +71,6 @@ struct H2UpstreamConnection::Stream {
   size_t body_offset = 0;
   bool body_ended = false;  // endStream(): nothing more is written
   bool deferred = false;    // the data provider said NGHTTP2_ERR_DEFERRED
-  bool drained = false;     // the buffer just emptied: onH2RequestDrained() is due
   std::vector<http::Header> trailers;
   bool headers_sent = false;   // the request's HEADERS left: the upstream may have seen it
   bool request_ended = false;  // END_STREAM left
@@ -487,12 +486,7 @@ void H2UpstreamConnection::send() {
   }
   // Request bodies that emptied while nghttp2 read them: their owners may write more.
   std::vector<int32_t> drained;
-  for (auto& [id, s] : streams_) {
-    if (s->drained) {
-      s->drained = false;
-      drained.push_back(id);
-    }
-  }
+  drained.swap(drained_);
   for (int32_t id : drained) {
     Stream* s = find(id);
     if (s && s->owner) s->owner->onH2RequestDrained();
@@ -519,7 +513,7 @@ ssize_t H2UpstreamConnection::readBody(nghttp2_session*, int32_t stream_id, uint
     if (s->pending() == 0) {
       s->body.clear();
       s->body_offset = 0;
-      s->drained = true;
+      c->drained_.push_back(stream_id);  // told once send() is through
     } else if (s->body_offset >= kCompactBytes && s->body_offset * 2 >= s->body.size()) {
       // An owner that keeps writing while nghttp2 keeps reading never empties the buffer: the
       // part already read goes, so that the buffer holds only what is pending.

@@ -237,6 +237,7 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   std::string host_;
   nghttp2_session* session_ = nullptr;
   std::unordered_map<int32_t, std::unique_ptr<Stream>> streams_;
+  std::vector<int32_t> drained_;  // streams whose request buffer emptied during send()
   Timer connect_timer_;
   Timer send_later_;
   Timer deferred_;  // close(): the owners are told on the next loop iteration
