@@ -135,10 +135,13 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
               const std::string& host);
 
   // True when a new stream may be opened now: connected, no GOAWAY received or sent, fewer
-  // open streams than the peer's SETTINGS_MAX_CONCURRENT_STREAMS (100 before its SETTINGS
-  // came), and stream ids left.
+  // open streams than the peer's SETTINGS_MAX_CONCURRENT_STREAMS, and stream ids left. Before
+  // the peer's first SETTINGS the limit is 100; SETTINGS that name none lift it (RFC 9113), so
+  // a pool that wants fewer streams per connection keeps its own cap.
   bool canOpenStream() const;
+  // Streams opened and not yet closed by nghttp2 (cancelled ones count until their reset left).
   size_t openStreams() const { return streams_.size(); }
+  // Connected, and neither draining nor closing.
   bool ready() const { return state_ == State::Ready; }
 
   // Submits a request: `fields` are the request's HTTP/2 fields, pseudo-headers first
