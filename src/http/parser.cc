@@ -56,7 +56,10 @@ int Parser::countHeadBytes(size_t len) {
 int Parser::onMessageBegin(llhttp_t* p) noexcept {
   Parser* s = self(p);
   s->head_ = MessageHead{};
-  s->head_.headers.fields().reserve(16);  // one allocation instead of a growing vector
+  // One allocation instead of a growing vector, for the fields of most requests. 12 (768
+  // bytes), not 16: 1 KiB is glibc's first large-chunk size, whose every allocation first
+  // consolidates the fast bins (1.3% of Sluice's CPU on the mix against a cluster).
+  s->head_.headers.fields().reserve(12);
   s->trailers_.clear();
   s->error_status_ = 0;
   s->error_reason_ = "";

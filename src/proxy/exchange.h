@@ -8,7 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -99,9 +99,10 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
     http::HeaderMap request_trailers;   // sent with the last chunk
     http::HeaderMap response_trailers;  // sent after the body, where the client can take them
     // Response bytes of one upstream read, gathered for one write: views into the read buffer,
-    // plus owned heads and chunk headers (out_owned gives them stable addresses).
+    // plus owned heads and chunk headers (out_owned gives them stable addresses; a list, as a
+    // deque allocates its map and a block even when empty, for every request).
     std::vector<std::string_view> out_pieces;
-    std::deque<std::string> out_owned;
+    std::list<std::string> out_owned;
     http::Framing request_framing = http::Framing::None;
     http::Framing response_framing = http::Framing::None;
     std::string id;  // unique id (access log), made when first asked
