@@ -915,6 +915,18 @@ std::shared_ptr<sluice::net::TlsClientContext> tlsClientContextH2() {
 
 }  // namespace
 
+// Closes the TLS server's connections, then the server and the loop.
+static void closeAll(TestLoop& l, sluice::testing::tls::Server& server) {
+  for (auto& e : server.accepted) e->transport->close();
+  runUntil(l.get(), [&] {
+    return std::all_of(server.accepted.begin(), server.accepted.end(),
+                       [](auto& e) { return e->closed == 1; });
+  });
+  server.accepted.clear();
+  server.close();
+  l.close();
+}
+
 TEST_SUITE("H2UpstreamConnection TLS") {
   TEST_CASE("TLS with ALPN h2: ready, and the preface goes over it") {
     TestLoop l;
@@ -930,14 +942,7 @@ TEST_SUITE("H2UpstreamConnection TLS") {
     CHECK(server.accepted[0]->in.rfind("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 0) == 0);
     pool.connection->close();
     REQUIRE(runUntil(l.get(), [&] { return pool.closed == 1; }));
-    for (auto& e : server.accepted) e->transport->close();
-    runUntil(l.get(), [&] {
-      return std::all_of(server.accepted.begin(), server.accepted.end(),
-                         [](auto& e) { return e->closed == 1; });
-    });
-    server.accepted.clear();
-    server.close();
-    l.close();
+    closeAll(l, server);
   }
 
   TEST_CASE("a TLS server that does not select h2: ConnectFailed") {
@@ -951,13 +956,6 @@ TEST_SUITE("H2UpstreamConnection TLS") {
     REQUIRE(pool.failures.size() == 1);
     CHECK((pool.failures[0] == UpstreamError::ConnectFailed));
     CHECK(pool.ready == 0);
-    for (auto& e : server.accepted) e->transport->close();
-    runUntil(l.get(), [&] {
-      return std::all_of(server.accepted.begin(), server.accepted.end(),
-                         [](auto& e) { return e->closed == 1; });
-    });
-    server.accepted.clear();
-    server.close();
-    l.close();
+    closeAll(l, server);
   }
 }
