@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with clang-14 (ASan + UBSan) and runs each for a bounded time
+# Runs each libFuzzer target (clang-14, ASan + UBSan) for a bounded time
 # over its corpus (tests/fuzz/corpus/<target>, copied: the repository is not changed). A crash
 # is copied to tests/fuzz/regressions/<target>/, where the unit tests replay it from then on,
 # and the script fails.
@@ -8,9 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${SLUICE_FUZZ_SECONDS:-60}
 
-CC=clang-14 CXX=clang++-14 cmake -S . -B build-fuzz -DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-cmake --build build-fuzz -j"$(nproc)" --target fuzz_request fuzz_config fuzz_response fuzz_chunked fuzz_admin fuzz_http2
+# The fuzz targets come from the sanitizer build (scripts/build.sh --sanitize: clang-14, ASan +
+# UBSan, libFuzzer's coverage), the same build the sanitizer test stage runs; up to date, this
+# only checks it.
+scripts/build.sh --sanitize >/dev/null
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -21,7 +22,7 @@ for target in "${targets[@]}"; do
   cp tests/fuzz/corpus/"$target"/* "$work/$target"/
   echo "== fuzz_$target for ${seconds}s"
   # The six run side by side: CI time stays about one fuzzing period.
-  ASAN_OPTIONS=detect_leaks=1 build-fuzz/fuzz_"$target" -max_total_time="$seconds" \
+  ASAN_OPTIONS=detect_leaks=1 build-asan/fuzz_"$target" -max_total_time="$seconds" \
     -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$work/artifacts-$target/" "$work/$target" >"$work/$target.log" 2>&1 &
   pids+=($!)

@@ -128,7 +128,6 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   std::string cookie_;  // every cookie field, joined with "; " (RFC 9113 8.2.3)
   size_t header_bytes_ = 0;
   bool header_too_large_ = false;
-  bool bad_request_ = false;  // a field HTTP/1.1 would refuse (a second :authority, say)
   bool begun_ = false;        // the exchange has the request
   bool paused_ = false;       // the exchange stopped taking body: its window stays shut
   bool reset_by_gateway_ = false;

@@ -1052,6 +1052,7 @@ def test_http2_metrics(sluice, upstream):
 # ------------------------------------------------------------------------ 13. slow reader
 
 @pytest.mark.slow
+@pytest.mark.alone  # RSS bounds, measured without other tests beside it
 def test_reader_that_never_opens_its_window(sluice_factory, upstream, asan_small_quarantine):
     """100 MiB from the upstream to a stream whose window stays at 65535: the gateway holds back
     (RSS grows < 64 MiB) and, once the connection window is wide open, a second stream on the

@@ -10,6 +10,9 @@ import pytest
 from conftest import (TIMER_SLACK_S, is_asan_build, metric_sum, rss_tolerance_kb, scaled,
                       settled_rss_kb)
 
+# Latency, memory and descriptor bounds under load: measured without other tests beside them.
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture(autouse=True)
 def _asan_small_quarantine(asan_small_quarantine):

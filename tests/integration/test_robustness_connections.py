@@ -21,6 +21,9 @@ from conftest import (UNAFFECTED_MAX_S, Load, check_unaffected, metric_sum, rais
                       report_figures, rss_tolerance_kb, scaled, settled_rss_kb,
                       wait_connections_open)
 
+# Latency, memory and descriptor bounds under load: measured without other tests beside them.
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture(autouse=True)
 def _asan_small_quarantine(asan_small_quarantine):

@@ -18,6 +18,9 @@ from conftest import (ASAN_RSS_SLACK_KB, UNAFFECTED_MAX_S, Load, check_all_answe
                       report_figures, rss_tolerance_kb, settled_rss_kb, status_counts,
                       wait_connections_open)
 
+# Latency, memory and descriptor bounds under load: measured without other tests beside them.
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture(autouse=True)
 def _asan_small_quarantine(asan_small_quarantine):

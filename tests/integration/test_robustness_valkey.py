@@ -17,6 +17,9 @@ from conftest import (Load, check_all_answered, check_unaffected, latency_summar
                       report_figures, route_cfg, rss_tolerance_kb, scaled, settled_rss_kb,
                       sluice_with_limits, status_counts, wait_admin)
 
+# Latency, memory and descriptor bounds under load: measured without other tests beside them.
+pytestmark = pytest.mark.alone
+
 
 @pytest.fixture(autouse=True)
 def _asan_small_quarantine(asan_small_quarantine):

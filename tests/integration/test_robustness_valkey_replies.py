@@ -163,14 +163,16 @@ def test_a_retry_of_int64_max_ms_says_the_ceiling(sluice_factory, upstream, fake
     assert 'r=0;t=2147483647' in r.header("ratelimit")
 
 
+# Named ids: a reply that holds the time differs between the processes of a parallel run
+# (pytest-xdist), which must all collect the same tests.
 @pytest.mark.parametrize("reply", [
-    b":5\r\n",  # not an array
-    integers(now_us(), 4, 1000),  # a value missing
-    integers(now_us(), 4, 1000, 0, 7),  # one too many
-    b"*4\r\n:1\r\n:4\r\n*1\r\n:1\r\n:0\r\n",  # an array where an integer belongs
-    b"*4\r\n:1\r\n:4\r\n$2\r\n10\r\n:0\r\n",  # a string where an integer belongs
-    integers(-5, 4, 1000, 0),  # a negative time
-    b"*4\r\n:1\r\n:99999999999999999999999\r\n:0\r\n:0\r\n",  # an integer beyond int64
+    pytest.param(b":5\r\n", id="not-an-array"),
+    pytest.param(integers(now_us(), 4, 1000), id="a-value-missing"),
+    pytest.param(integers(now_us(), 4, 1000, 0, 7), id="one-too-many"),
+    pytest.param(b"*4\r\n:1\r\n:4\r\n*1\r\n:1\r\n:0\r\n", id="array-for-integer"),
+    pytest.param(b"*4\r\n:1\r\n:4\r\n$2\r\n10\r\n:0\r\n", id="string-for-integer"),
+    pytest.param(integers(-5, 4, 1000, 0), id="negative-time"),
+    pytest.param(b"*4\r\n:1\r\n:99999999999999999999999\r\n:0\r\n:0\r\n", id="beyond-int64"),
 ])
 def test_a_reply_of_the_wrong_shape_fails_only_its_call(sluice_factory, upstream, fake, reply):
     gw = gateway(sluice_factory, upstream, fake)

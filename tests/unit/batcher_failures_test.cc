@@ -36,7 +36,6 @@ using sluice::testing::applied;
 using sluice::testing::decideReply;
 using sluice::testing::limitConfig;
 using sluice::testing::Recorder;
-constexpr int64_t kTime = sluice::testing::kDecideTime;
 
 Reply errorReply(std::string text) {
   Reply r;
