@@ -128,8 +128,8 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   std::string cookie_;  // every cookie field, joined with "; " (RFC 9113 8.2.3)
   size_t header_bytes_ = 0;
   bool header_too_large_ = false;
-  bool begun_ = false;        // the exchange has the request
-  bool paused_ = false;       // the exchange stopped taking body: its window stays shut
+  bool begun_ = false;   // the exchange has the request
+  bool paused_ = false;  // the exchange stopped taking body: its window stays shut
   bool reset_by_gateway_ = false;
   bool request_ended_ = false;  // END_STREAM came from the client
   size_t unconsumed_ = 0;
