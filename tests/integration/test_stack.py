@@ -65,7 +65,7 @@ def test_dockerfile_builds_like_the_tests():
     assert "scripts/build.sh build" in steps
     # The tests build with the same script and the same arguments.
     test_script = (REPO / "scripts" / "test.sh").read_text()
-    assert re.search(r"^scripts/build.sh build$", test_script, re.M)
+    assert re.search(r'^stage "[^"]*" scripts/build.sh build$', test_script, re.M)
     # And the packages of the build stage are the ones the tests install.
     deps = (REPO / "scripts" / "deps.sh").read_text()
     assert 'all) packages=("${build[@]}" "${test[@]}")' in deps
