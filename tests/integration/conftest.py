@@ -1,6 +1,6 @@
 """Fixtures of Sluice's integration tests: the real binary, real upstreams, loopback only.
 
-- free_port(): a free 127.0.0.1 TCP port (bind to port 0).
+- free_port(): a free 127.0.0.1 TCP port, below the ephemeral range, one block per xdist worker.
 - connection_refused(port, within): True once a connect() there is refused.
 - SilentListener(): a port that accepts and never answers (.port, .accepted, close()).
 - upstream_factory(name=...): starts an in-process upstream.UpstreamServer on a free port;

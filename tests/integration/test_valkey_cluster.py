@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -16,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import (TIMER_SLACK_S, hashed_part, limit_cfg, metric_sum, ratelimit_toml,
-                      route_cfg, wait_admin)
+from conftest import (TIMER_SLACK_S, free_port, hashed_part, limit_cfg, metric_sum,
+                      ratelimit_toml, route_cfg, wait_admin)
 from harness.valkey import module_args
 
 PREFIX = "{rl}:v1"
@@ -41,26 +40,6 @@ def server_and_cli():
     return server, cli
 
 
-def port_pair_free(taken=()):
-    """A port p with p + 10000 (the cluster bus) free too."""
-    for _ in range(200):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        if port + 10000 > 65535 or port in taken or port + 10000 in taken:
-            continue
-        t = socket.socket()
-        try:
-            t.bind(("127.0.0.1", port + 10000))
-            return port
-        except OSError:
-            continue
-        finally:
-            t.close()
-    raise RuntimeError("no port pair free")
-
-
 class Cluster:
     """`primaries` primaries, each with `replicas` replicas, on loopback ports. Only the
     processes it started are signalled (by their PID)."""
@@ -73,15 +52,13 @@ class Cluster:
         extra = []
         if node_timeout_ms:
             extra = ["--cluster-node-timeout", str(node_timeout_ms)]
-        taken = set()
         for i in range(size * (1 + replicas)):
-            port = port_pair_free(taken)
-            taken.update((port, port + 10000))
+            port = free_port()
             d = tmp_path / f"node{i}"
             d.mkdir()
             self.args[port] = [
                 self.server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled",
-                "yes", "--cluster-config-file", str(d / "nodes.conf"), "--dir", str(d),
+                "yes", "--cluster-port", str(free_port()), "--cluster-config-file", str(d / "nodes.conf"), "--dir", str(d),
                 "--save", "", "--appendonly", "no", *extra,
                 *module_args(None if modules is None else modules[i])]
             self.ports.append(port)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -13,7 +14,54 @@ import time
 from typing import Optional
 
 
+def _port_block() -> tuple[int, int]:
+    """The ports this test process hands out: below the kernel's ephemeral range (which
+    bind(port 0) and every outgoing connect() draw from, so no other socket takes a port
+    between our check and the server's bind), split into one block per pytest-xdist worker
+    (so two workers never hand out the same port)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32768
+    low, high = 10000, min(ephemeral_low, 65536)
+    if high - low < 2000:
+        return 0, 0  # no room below the ephemeral range: fall back to port 0
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if not worker.startswith("gw") or not worker[2:].isdigit() or count < 1:
+        return low, high
+    size = (high - low) // count
+    index = int(worker[2:]) % count
+    return low + index * size, low + (index + 1) * size
+
+
+_BLOCK = _port_block()
+_next_port = [0]
+
+
+def _bindable(port: int) -> bool:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind(("127.0.0.1", port))  # no SO_REUSEADDR: a port in TIME_WAIT counts as taken
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 def free_port() -> int:
+    """A 127.0.0.1 TCP port that nothing holds, for a server a test starts next."""
+    low, high = _BLOCK
+    if high > low:
+        if not _next_port[0]:
+            _next_port[0] = low + (os.getpid() * 7919) % (high - low)  # vary between runs
+        for _ in range(high - low):
+            port = _next_port[0]
+            _next_port[0] = port + 1 if port + 1 < high else low
+            if _bindable(port):
+                return port
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.bind(("127.0.0.1", 0))
