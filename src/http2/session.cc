@@ -42,6 +42,14 @@ constexpr double kControlPerData = 2;
 // After the last GOAWAY went out: how long reads are discarded before the socket closes (so
 // that unread client bytes do not turn our FIN into a RST that destroys the GOAWAY).
 constexpr uint64_t kLingerMs = 2000;
+// HPACK bombs: a header block of a few KB can decode to hundreds of MB (one large literal in
+// the dynamic table, then the one-byte reference to it over and over), and nghttp2 checks
+// every decoded value before our callback sees it. Up to max_request_header_bytes +
+// kHeaderBlockOverrun decoded bytes a block is read to its end (the stream gets its 431);
+// past that its decoding stops (nghttp2 resets the stream and skips the rest of the block
+// unchecked), and the kOversizedBlocksForCalm-th such block ends the connection.
+constexpr size_t kHeaderBlockOverrun = 64 * 1024;
+constexpr uint32_t kOversizedBlocksForCalm = 2;
 
 uint64_t nowMs(proxy::WorkerContext& worker) { return uv_now(worker.loop()); }
 
@@ -279,6 +287,21 @@ void Session::countReset(const Stream& stream) {
   }
 }
 
+void Session::oversizedHeaderBlock() {
+  worker_.stats().http2_oversized_header_blocks.inc();
+  if (++oversized_blocks_ >= kOversizedBlocksForCalm) {
+    calm("header blocks that decode far past max_request_header_bytes (an HPACK bomb)");
+  }
+}
+
+void Session::headerBlockOver() {
+  block_stream_ = 0;
+  if (timer_role_ == TimerRole::Header) {
+    timer_role_ = TimerRole::None;
+    timer_.stop();
+  }
+}
+
 void Session::countControlFrame() {
   const uint64_t now = nowMs(worker_);
   control_credit_ =
@@ -334,6 +357,8 @@ void Session::onSendTimeout(void* self) {
 int Session::onBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept {
   auto* s = static_cast<Session*>(user);
   if (frame->hd.type != NGHTTP2_HEADERS) return 0;
+  s->block_bytes_ = 0;
+  s->block_stream_ = frame->hd.stream_id;
   // Every header block has request_header_timeout to end (CONTINUATION frames that stall
   // would hold the connection: nothing else may come before the block ends).
   s->armTimer(
@@ -359,6 +384,14 @@ int Session::onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_
                       void* user) noexcept {
   auto* s = static_cast<Session*>(user);
   if (frame->hd.type != NGHTTP2_HEADERS) return 0;
+  // Counted as the stream counts its header list (RFC 9113 6.5.2), for every block: also
+  // trailers, and blocks that no stream keeps.
+  s->block_bytes_ += namelen + valuelen + 32;
+  if (s->block_bytes_ >
+      s->worker_.snapshot()->config->server.max_request_header_bytes + kHeaderBlockOverrun) {
+    s->oversizedHeaderBlock();
+    return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // no more of this block: its stream is reset
+  }
   Stream* stream = s->stream(frame->hd.stream_id);
   if (!stream) return 0;
   const std::string_view n(reinterpret_cast<const char*>(name), namelen);
@@ -377,10 +410,7 @@ int Session::onFrameRecv(nghttp2_session*, const nghttp2_frame* frame, void* use
   const bool end_stream = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
   switch (frame->hd.type) {
     case NGHTTP2_HEADERS:
-      if (s->timer_role_ == TimerRole::Header) {
-        s->timer_role_ = TimerRole::None;
-        s->timer_.stop();
-      }
+      s->headerBlockOver();
       if (!stream || s->calm_) return 0;
       if (frame->headers.cat == NGHTTP2_HCAT_REQUEST) {
         stream->headersDone(end_stream);
@@ -428,6 +458,10 @@ int Session::onDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, c
 int Session::onStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t error_code,
                            void* user) noexcept {
   auto* s = static_cast<Session*>(user);
+  // A block that nghttp2 refused or stopped decoding (an invalid field, a block far too large)
+  // never reaches onFrameRecv: its stream's reset ends its wait, which must not cut the
+  // connection's other streams at request_header_timeout.
+  if (stream_id == s->block_stream_) s->headerBlockOver();
   auto it = s->streams_.find(stream_id);
   if (it == s->streams_.end()) return 0;
   std::unique_ptr<Stream> stream = std::move(it->second);

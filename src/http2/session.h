@@ -109,6 +109,11 @@ class Session {
   // Budgets: a client past one gets GOAWAY ENHANCE_YOUR_CALM (true: it just did).
   void countReset(const Stream& stream);
   void countControlFrame();
+  // A header block decoded past its bound (kHeaderBlockOverrun): counted, and the second ends
+  // the connection.
+  void oversizedHeaderBlock();
+  // The header block in progress has ended (received, refused or abandoned): its timer stops.
+  void headerBlockOver();
   void calm(const char* why);
   void goaway(uint32_t error_code, size_t reason);
   // Streams are cut (their exchanges let go of everything) and the connection closes after the
@@ -138,6 +143,11 @@ class Session {
   // kEarlyResetMs of opening by the client (RST_STREAM) or by a stream error it caused.
   uint32_t opened_ = 0;
   uint32_t early_resets_ = 0;
+  // The header block being received: its stream, and its decoded size so far (name + value +
+  // 32 per field); blocks decoded past their bound on this connection.
+  int32_t block_stream_ = 0;
+  size_t block_bytes_ = 0;
+  uint32_t oversized_blocks_ = 0;
   // Control frames (PING, SETTINGS, PRIORITY, WINDOW_UPDATE, RST_STREAM, empty DATA): a
   // budget refilled with time.
   double control_credit_;

@@ -366,12 +366,17 @@ enum class Show { Always, Counted };
     "HTTP/2 streams (requests) clients opened.")                                                   \
   M(http2_streams_refused, Counter, "sluice_http2_streams_refused_total", Show::Always,          \
     "HTTP/2 streams refused with REFUSED_STREAM (past max_concurrent_streams).")                   \
+  M(http2_oversized_header_blocks, Counter, "sluice_http2_oversized_header_blocks_total",        \
+    Show::Always,                                                                                  \
+    "HTTP/2 header blocks whose decoding stopped (and their stream reset): they decoded past "      \
+    "max_request_header_bytes + 64 KiB (an HPACK bomb); a connection's second ends it.")           \
   M(http2_streams_reset, Counter, "sluice_http2_streams_reset_total", Show::Always,              \
     "HTTP/2 streams reset before their response ended, by who reset them (client: RST_STREAM; "    \
     "gateway: a stream error the client caused, or a response the upstream cut).", Http2ResetBy)  \
   M(http2_goaways, Counter, "sluice_http2_goaways_total", Show::Always,                          \
     "GOAWAY frames sent, by reason (idle: no stream for idle_timeout; drain; enhance_your_calm: "   \
-    "a flood of resets, stream errors or control frames; protocol_error).", Http2Goaway)          \
+    "a flood of resets, stream errors, control frames or oversized header blocks; "                \
+    "protocol_error).", Http2Goaway)          \
   M(grpc_requests, Counter, "sluice_grpc_requests_total", Show::Counted,                         \
     "gRPC calls (application/grpc on HTTP/2) answered, by route and grpc-status (the upstream's, "  \
     "or the gateway's own answer; \"none\" when no grpc-status came).", Route, GrpcCode)           \
