@@ -376,7 +376,7 @@ enum class Show { Always, Counted };
   M(http2_goaways, Counter, "sluice_http2_goaways_total", Show::Always,                          \
     "GOAWAY frames sent, by reason (idle: no stream for idle_timeout; drain; enhance_your_calm: "   \
     "a flood of resets, stream errors, control frames or oversized header blocks; "                \
-    "protocol_error).", Http2Goaway)          \
+    "protocol_error).", Http2Goaway)                                                               \
   M(grpc_requests, Counter, "sluice_grpc_requests_total", Show::Counted,                         \
     "gRPC calls (application/grpc on HTTP/2) answered, by route and grpc-status (the upstream's, "  \
     "or the gateway's own answer; \"none\" when no grpc-status came).", Route, GrpcCode)           \
