@@ -328,6 +328,11 @@ bool Server::ready(std::string* why) const {
         return false;
       }
     }
+    // The admin's own connection (/limits) too: ready means every Valkey call can be made.
+    if (admin_store_ && admin_store_stats_.valkey_connected.value() != 1) {
+      *why = "valkey is not answering (admin)";
+      return false;
+    }
   }
   return true;
 }
