@@ -3,6 +3,7 @@
 
 #include "config/loader_sections.h"
 #include "http/path.h"
+#include "http/request_line.h"
 
 namespace sluice::config::loader_internal {
 
@@ -166,8 +167,11 @@ void Loader::readMatch(TableReader& m, RouteMatch& match) {
   if (auto items = m.strings("methods")) {
     for (const StringItem& item : *items) {
       std::string method = upperCase(item.value);
-      if (!isToken(method)) {
-        diag_.add(*item.node, item.path, "not a valid HTTP method: " + quoted(item.value));
+      if (!http::knownMethod(method)) {
+        // No request could carry it: HTTP/1.1 and HTTP/2 requests with another method get 400.
+        diag_.add(*item.node, item.path,
+                  "not an HTTP method Sluice accepts (GET, POST, PURGE, M-SEARCH, ...): " +
+                      quoted(item.value));
       } else if (std::find(match.methods.begin(), match.methods.end(), method) !=
                  match.methods.end()) {
         diag_.add(*item.node, item.path, "method " + quoted(method) + " is listed twice");

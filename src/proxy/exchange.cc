@@ -7,6 +7,7 @@
 #include "core/logging.h"
 #include "http/grpc.h"
 #include "http/headers.h"
+#include "http/request_line.h"
 #include "http/responses.h"
 #include "identity/request_facts.h"
 #include "proxy/access_record.h"
@@ -195,7 +196,7 @@ void Exchange::begin(http::MessageHead&& head) {
     req_.grpc = type && http::isGrpcContentType(*type);
     if (req_.grpc) {
       if (const std::string* timeout = req_.head.headers.get("grpc-timeout")) {
-        req_.grpc_timeout_ms = http::parseGrpcTimeout(*timeout).value_or(0);
+        req_.grpc_timeout_ms = http::parseGrpcTimeout(*timeout);  // malformed: none
       }
     }
   }
@@ -210,6 +211,11 @@ void Exchange::begin(http::MessageHead&& head) {
       return;
     }
     if (!req_.head.isHttp10() && req_.head.hasBody()) req_.expect = Continue::Owed;
+  }
+  if (!http::knownMethod(req_.head.method)) {
+    // HTTP/2's :method, held to HTTP/1.1's rule: routes and limits match the exact token.
+    respondLocal(http::problemResponse(400, "not a method HTTP/1.1 knows, in its spelling"));
+    return;
   }
   std::string error;
   auto target = parseTarget(req_.head.target, &error);
@@ -234,6 +240,11 @@ void Exchange::begin(http::MessageHead&& head) {
   req_.route = matchRoute(*req_.snapshot->config, req_.head.method, host, req_.target.match_path);
   if (!req_.route) {
     respondLocal(http::problemResponse(404, "no route matches this request"));
+    return;
+  }
+  if (req_.grpc_timeout_ms == uint64_t{0}) {
+    // grpc-timeout 0S (0m, 0n): the deadline has passed; nothing is charged or called.
+    respondLocal(http::problemResponse(504, "the call's grpc-timeout had expired on arrival"));
     return;
   }
   if (req_.route->limit_indices.empty() &&
@@ -303,8 +314,8 @@ void Exchange::sendRequestHead() {
   // A gRPC call's deadline bounds the wait when it is the shorter one (then 504:
   // DEADLINE_EXCEEDED).
   uint64_t response_timeout_ms = req_.cluster->responseTimeoutMs();
-  if (req_.grpc_timeout_ms > 0 && req_.grpc_timeout_ms < response_timeout_ms)
-    response_timeout_ms = req_.grpc_timeout_ms;
+  if (req_.grpc_timeout_ms && *req_.grpc_timeout_ms < response_timeout_ms)
+    response_timeout_ms = *req_.grpc_timeout_ms;
   req_.upstream->expectResponse(req_.head_method, response_timeout_ms);
   std::string last;
   if (req_.body_complete && req_.request_framing == http::Framing::Chunked)

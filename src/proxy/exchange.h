@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <list>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -113,9 +114,9 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
     uint64_t bytes_out = 0;
     size_t endpoint = SIZE_MAX;  // of cluster, for the log
     const char* error = "";
-    int status = 0;                // of the response, once one started
-    int grpc_status = -1;          // of a gRPC request's answer, once known
-    uint64_t grpc_timeout_ms = 0;  // the client's grpc-timeout (0: none)
+    int status = 0;                           // of the response, once one started
+    int grpc_status = -1;                     // of a gRPC request's answer, once known
+    std::optional<uint64_t> grpc_timeout_ms;  // the client's grpc-timeout (0: expired)
     int attempts = 0;
     Continue expect = Continue::None;
     bool head_method = false;      // HEAD: the response has no body

@@ -5,6 +5,7 @@
 
 #include "http/headers.h"
 #include "http/path.h"
+#include "http/request_line.h"
 
 namespace sluice::proxy {
 
@@ -15,10 +16,15 @@ std::optional<Target> parseTarget(std::string_view target, std::string* error) {
     *error = "empty request-target";
     return std::nullopt;
   }
-  // A fragment is never sent in a request; a NUL never belongs in one. Routing on either
-  // would let the upstream see another path than the one the route and the limits saw.
-  if (rest.find('#') != std::string_view::npos || rest.find('\0') != std::string_view::npos) {
-    *error = "request-target with a fragment or a NUL";
+  // A fragment is never sent in a request; a space, a control or a byte 0x80-0xFF never
+  // belongs in one (HTTP/1.1's parser refuses them; HTTP/2's target comes here unchecked).
+  // Routing on either would let the upstream see another path than the route and the limits.
+  if (!http::visibleAscii(rest)) {
+    *error = "request-target with a byte that is not visible ASCII";
+    return std::nullopt;
+  }
+  if (rest.find('#') != std::string_view::npos) {
+    *error = "request-target with a fragment";
     return std::nullopt;
   }
   if (rest[0] != '/') {

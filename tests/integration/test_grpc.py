@@ -140,6 +140,22 @@ def test_grpc_timeout_bounds_the_upstream_wait(sluice, upstream):
         assert s.status == 200 and s.json()["slept_ms"] == 100, s
 
 
+def test_a_grpc_timeout_of_zero_has_expired_already(sluice, upstream):
+    """grpc-timeout 0S, 0m, 0u or 0n is a deadline that has passed, not "no deadline":
+    DEADLINE_EXCEEDED at once, and the upstream never called."""
+    with open_h2(sluice.port) as c:
+        for value in ("0S", "0m", "0u", "0n", "00000000H"):
+            t0 = time.monotonic()
+            s = c.response(c.request("POST", "/slow/3000", GRPC + [("grpc-timeout", value)],
+                                     b"\x00\x00\x00\x00\x00"), timeout=5)
+            assert_trailers_only(s, 4)
+            assert time.monotonic() - t0 < 1.0, value
+        s = c.response(c.request("POST", "/slow/500", GRPC + [("grpc-timeout", "1n")], b"x"),
+                       timeout=5)  # 1 ns rounds up to 1 ms: the upstream is called
+        assert_trailers_only(s, 4)
+    assert len(upstream.requests) == 1, upstream.requests
+
+
 def test_grpc_status_in_the_access_log_and_metrics(sluice_factory, upstream, tmp_path):
     log_path = tmp_path / "access.jsonl"
     gw = sluice_factory(upstream, log={"access_log": str(log_path)},

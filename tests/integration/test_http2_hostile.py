@@ -152,3 +152,40 @@ def test_a_refused_header_block_does_not_cut_the_other_streams(sluice_factory, u
         s = c.response(c.request("GET", "/echo?next=1"), timeout=3)
         assert s.status == 200, s
     assert not [r for r in upstream.requests if "bad=1" in r["target"]]
+
+
+# One meaning per method and path: what HTTP/1.1 refuses, HTTP/2 refuses alike (one validation).
+BAD_METHODS = ["post", "Post", "pOST", "FOO", "PRI", "QUERY"]
+BAD_PATHS = [b"/login\xa0", b"/login\x80", b"/l\xc3\xa9gin", b"/login\xff?a=1", b"/?q=\xa0"]
+
+
+def h1_status(port: int, request_line: bytes) -> int:
+    with RawClient(port, timeout=5) as c:
+        c.send(request_line + b"\r\nHost: a\r\nContent-Length: 0\r\n\r\n")
+        return c.read_response().status
+
+
+def test_methods_and_targets_mean_one_thing_on_both_protocols(sluice_factory, upstream):
+    """A lowercase, mixed-case or unknown method and a target with bytes 0x80-0xFF get 400 on
+    HTTP/2 as on HTTP/1.1, and never reach the upstream (`:method: post` would miss a
+    methods = ["POST"] route and its limits, and be served as POST upstream)."""
+    gw = sluice_factory(upstream, routes=[
+        {"name": "login", "match": {"path": "/login", "methods": ["POST"]}, "upstream": "app"},
+        {"name": "rest", "match": {"path_prefix": "/"}, "upstream": "app"}])
+    with open_h2(gw.port, timeout=10) as c:
+        for method in BAD_METHODS:
+            assert h1_status(gw.port, method.encode() + b" /login HTTP/1.1") == 400, method
+            s = c.response(c.request(method, "/login"), timeout=3)
+            assert s.status == 400, (method, s)
+        for path in BAD_PATHS:
+            assert h1_status(gw.port, b"GET " + path + b" HTTP/1.1") == 400, path
+            s = c.response(c.request("GET", path), timeout=3)
+            assert s.status == 400, (path, s)
+        assert upstream.requests == [], upstream.requests
+        # The canonical spellings go through, on both.
+        for method in ("POST", "PURGE", "M-SEARCH"):
+            assert h1_status(gw.port, method.encode() + b" /echo HTTP/1.1") == 200, method
+            assert c.response(c.request(method, "/echo"), timeout=3).status == 200, method
+        assert not c.goaways, c.describe()
+    assert [r["method"] for r in upstream.requests] == ["POST", "POST", "PURGE", "PURGE",
+                                                        "M-SEARCH", "M-SEARCH"]

@@ -551,7 +551,7 @@ name = "ténant")") ==
     CHECK(errorsOf(withBase(R"([[route]]
 name = "a"
 upstream = "app"
-match = { path_prefix = "api/", methods = ["get", "GET", "G T", ""] }
+match = { path_prefix = "api/", methods = ["get", "GET", "G T", "", "query"] }
 [[route]]
 name = "b"
 upstream = "app"
@@ -562,8 +562,12 @@ upstream = "app"
 match = { path = "/x", path_prefix = "/" }
 )")) == "t.toml:12:25: route[0].match.path_prefix: must start with '/', got 'api/'\n"
         "t.toml:12:51: route[0].match.methods[1]: method 'GET' is listed twice\n"
-        "t.toml:12:58: route[0].match.methods[2]: not a valid HTTP method: 'G T'\n"
-        "t.toml:12:65: route[0].match.methods[3]: not a valid HTTP method: ''\n"
+        "t.toml:12:58: route[0].match.methods[2]: not an HTTP method Sluice accepts (GET, "
+        "POST, PURGE, M-SEARCH, ...): 'G T'\n"
+        "t.toml:12:65: route[0].match.methods[3]: not an HTTP method Sluice accepts (GET, "
+        "POST, PURGE, M-SEARCH, ...): ''\n"
+        "t.toml:12:69: route[0].match.methods[4]: not an HTTP method Sluice accepts (GET, "
+        "POST, PURGE, M-SEARCH, ...): 'query'\n"
         "t.toml:16:18: route[1].match.path: must be a path without spaces, control "
         "characters, '?' or '#'\n"
         "t.toml:16:35: route[1].match.host: expected a host name without port, got "

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "config/loader.h"
+#include "http/request_line.h"
 
 using sluice::config::Config;
 using sluice::config::RouteConfig;
@@ -245,6 +246,27 @@ TEST_SUITE("router: parseTarget") {
     // llhttp refuses it first on the wire; parseTarget promises it on its own too.
     refused(std::string_view("/a\0b", 4));
     refused(std::string_view("http://h/\0", 10));
+  }
+
+  TEST_CASE("bytes HTTP/1.1 refuses in a target are refused for HTTP/2's :path too") {
+    for (std::string_view t : {"/login\xa0", "/login\x80", "/l\xc3\xa9gin", "/a?q=\xff", "/a b",
+                               "/a\tb", "/a\x7f", "http://h/\xa0"}) {
+      refused(t);
+    }
+    accepted("/a-._~!$&'()*+,;=:@%41?q=[]{}|^`\\\"<>");
+    CHECK(sluice::http::visibleAscii("/!~"));
+    CHECK_FALSE(sluice::http::visibleAscii("/\x20"));
+  }
+
+  TEST_CASE("a method is one of HTTP/1.1's, in its exact spelling") {
+    for (std::string_view m : {"GET", "POST", "DELETE", "PATCH", "PURGE", "M-SEARCH", "SOURCE"}) {
+      CHECK(sluice::http::knownMethod(m));
+    }
+    for (std::string_view m :
+         {"post", "Post", "pOST", "FOO", "PRI", "QUERY", "", "GET ", "MSEARCH"}) {
+      INFO(m);
+      CHECK_FALSE(sluice::http::knownMethod(m));
+    }
   }
 
   TEST_CASE("the last escape of a path is decoded (no off-by-one at the end)") {
