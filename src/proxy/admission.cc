@@ -284,14 +284,15 @@ std::optional<int64_t> reportedCost(const http::MessageHead& response, const std
 
 }  // namespace
 
-void Admission::chargeFromResponse(const http::MessageHead& response) {
+void Admission::chargeFromResponse(const http::MessageHead* response) {
   if (!snapshot_ || !snapshot_->valkey) return;
   for (size_t i = 0; i < applied_.size() && i < results_.size(); ++i) {
     const ratelimit::AppliedLimit& l = applied_[i];
     const std::string& field = l.config->cost_from_header;
     // Charged when Valkey decided the request (a limit it could not ask charges nothing).
     if (field.empty() || !results_[i].known()) continue;
-    const int64_t cost = reportedCost(response, field).value_or(l.config->cost);
+    const int64_t cost =
+        (response ? reportedCost(*response, field) : std::nullopt).value_or(l.config->cost);
     if (cost == 0) continue;
     ratelimit::AppliedLimit charge = l;
     charge.cost = cost;

@@ -50,8 +50,10 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   // Cancels what is pending and forgets the request; frees the concurrency slots it took.
   void reset();
   // The upstream's response head arrived: each cost_from limit is charged the integer in its
-  // header (else its cost), into debt if need be.
-  void chargeFromResponse(const http::MessageHead& response);
+  // header (else its cost), into debt if need be. nullptr: the request went upstream and ended
+  // without a head (the upstream failed, the client left or its deadline passed): each is
+  // charged its cost, as the upstream may have done the work.
+  void chargeFromResponse(const http::MessageHead* response);
   bool pending() const { return state_ != State::Idle && state_ != State::Done; }
   // Waiting for the rest of the body, which it needs to decide.
   bool readsBody() const { return pending() && needs_body_ && !body_complete_; }

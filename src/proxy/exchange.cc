@@ -42,6 +42,10 @@ const std::string& Exchange::requestId() {
 }
 
 void Exchange::detach() {
+  // Sent upstream, and no head came: cost_from limits are charged their cost (once: the
+  // admission forgets the request below).
+  if (req_.upstream_sent_ns != 0 && req_.upstream_head_ns == 0)
+    admission_.chargeFromResponse(nullptr);
   if (req_.upstream) {
     req_.upstream->abort();
     req_.upstream = nullptr;
@@ -404,7 +408,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
       (!req_.wants_upgrade || !http::upgradeAnswers(req_.head.headers, head.headers))) {
     return 502;
   }
-  admission_.chargeFromResponse(head);  // cost_from limits (the field goes on unchanged)
+  admission_.chargeFromResponse(&head);  // cost_from limits (the field goes on unchanged)
   req_.status = head.status;
   req_.state = State::Responding;
   const uint64_t now = uv_hrtime();

@@ -1,14 +1,17 @@
 """cost_from = "response_header:NAME": a request is admitted while its limit has anything left,
 and charged the integer the upstream reports in that response header (missing or malformed:
-`cost`) when the response head arrives. The limit may go into debt; later requests wait until
-it is repaid, and Retry-After says how long."""
+`cost`) when the response head arrives, and `cost` when it went upstream and no head came. The
+limit may go into debt; later requests wait until it is repaid, and Retry-After says how long."""
 
 import math
 import time
 
 import pytest
 
-from conftest import limit_cfg, parse_rl_list, server_time, sluice_with_limits, stored, used
+from conftest import (RawClient, free_port, limit_cfg, parse_rl_list, server_time,
+                      sluice_with_limits, stored, used)
+from harness.gateway import wait_until
+from harness.h2client import open_h2
 
 FIELD = "X-Tokens-Used"
 
@@ -94,15 +97,55 @@ def test_missing_or_malformed_values_charge_the_cost(sluice_factory, upstream, v
         assert wait_used(valkey, key, "fixed_window", 3600, expected) == expected, target
 
 
-def test_no_response_head_charges_nothing(sluice_factory, upstream, valkey):
+def test_a_forwarded_request_without_a_response_head_is_charged_its_cost(sluice_factory,
+                                                                         upstream, valkey):
+    """The upstream did the work, whatever the client does: a request that went upstream and
+    ended with no response head (the upstream closed: 502; the client closed, or reset its
+    HTTP/2 stream, while waiting; its grpc-timeout passed: DEADLINE_EXCEEDED) is charged the
+    limit's `cost`. Cancelling before the head no longer makes a cost_from limit free."""
     gw = sluice_with_limits(sluice_factory, upstream, valkey,
-                            [tokens("llm", "fixed_window", 10, "1h")])
+                            [tokens("llm", "fixed_window", 100, "1h", cost=3)])
     key = "rl:v2:llm:{127.0.0.1}"
+
+    def reached_upstream(n):
+        assert wait_until(lambda: upstream.request_count, lambda c: c >= n, 3) >= n
+
     assert gw.get("/close-now").status == 502
-    assert gw.get(reported(2)).status == 200
-    assert wait_used(valkey, key, "fixed_window", 3600, 2) == 2
-    time.sleep(0.2)
-    assert used(valkey, key, "fixed_window", 3600) == 2
+    assert wait_used(valkey, key, "fixed_window", 3600, 3) == 3, "the upstream closed"
+    with RawClient(gw.port, timeout=5) as c:
+        c.request("GET", "/slow/3000")
+        reached_upstream(2)
+    # (Charged its cost when the gateway sees the close, or when the head comes: 3 either way.)
+    assert wait_used(valkey, key, "fixed_window", 3600, 6, timeout=5) == 6, "the client closed"
+    with open_h2(gw.port, timeout=5) as c:
+        sid = c.request("GET", "/slow/3000")
+        reached_upstream(3)
+        time.sleep(0.1)
+        c.reset_stream(sid)
+        assert wait_used(valkey, key, "fixed_window", 3600, 9) == 9, "RST_STREAM"
+        grpc = [("content-type", "application/grpc"), ("te", "trailers"),
+                ("grpc-timeout", "300m")]
+        s = c.response(c.request("POST", "/slow/3000", grpc, b"\x00" * 5), timeout=5)
+        assert s.header("grpc-status") == "4", s
+    assert wait_used(valkey, key, "fixed_window", 3600, 12) == 12, "the grpc-timeout passed"
+    # A response head: its reported cost, not `cost` on top of it.
+    assert gw.get(reported(5)).status == 200
+    assert wait_used(valkey, key, "fixed_window", 3600, 17) == 17
+    time.sleep(0.3)
+    assert used(valkey, key, "fixed_window", 3600) == 17
+    assert upstream.request_count == 5
+
+
+def test_a_request_that_never_went_upstream_is_charged_nothing(sluice_factory, upstream, valkey):
+    """An upstream that cannot be reached (502 before any byte was sent) did no work."""
+    gw = sluice_with_limits(sluice_factory, upstream, valkey,
+                            [tokens("llm", "fixed_window", 10, "1h")],
+                            upstreams=[{"name": "app", "endpoints": [f"127.0.0.1:{free_port()}"],
+                                        "connect_timeout": "300ms"}])
+    key = "rl:v2:llm:{127.0.0.1}"
+    assert gw.get("/echo").status == 502
+    time.sleep(0.3)
+    assert used(valkey, key, "fixed_window", 3600) == 0
 
 
 def test_cost_from_with_another_limit_all_or_nothing(sluice_factory, upstream, valkey):
