@@ -11,7 +11,8 @@
 namespace sluice::protocol {
 
 // What SLUICE.VERSION answers: a gateway uses the module only when it speaks this version.
-inline constexpr long long kProtocolVersion = 1;
+// 2: a sliding_log's key is a list (it was one string of packed doubles).
+inline constexpr long long kProtocolVersion = 2;
 
 // Fields of one limit definition: algorithm, limit, window_ms, burst, count_denied, shadow,
 // keep.
@@ -39,11 +40,10 @@ inline constexpr long long kMaxWaitMs = 2147483647LL * 1000;
 inline constexpr long long kMaxDebtUs = kMaxWaitMs * 1000;
 // Counts of fixed_window and sliding_window saturate at 2^52 (exact in doubles).
 inline constexpr long long kMaxStoredCount = 1LL << 52;
-// A sliding_log's key holds 8 bytes per entry, at most kMaxLogBytes (a charge that would make
-// it longer fails its request); the configuration keeps a sliding_log's limit at most
-// kMaxLogLimit, whose log (at most 2 * limit + 1 entries) stays far below that.
-inline constexpr size_t kLogEntryBytes = 8;
-inline constexpr size_t kMaxLogBytes = size_t{64} << 20;
+// A sliding_log's key is a list of its entries' times, at most kMaxLogEntries (a charge that
+// would make it longer fails its request); the configuration keeps a sliding_log's limit at
+// most kMaxLogLimit, whose log (at most 2 * limit + 1 entries) stays far below that.
+inline constexpr size_t kMaxLogEntries = size_t{8} << 20;
 inline constexpr long long kMaxLogLimit = 1000000;
 // Window numbers are stored modulo 2^32.
 inline constexpr long long kWindowNumbers = 1LL << 32;

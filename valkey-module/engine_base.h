@@ -40,10 +40,9 @@ constexpr double kMaxStored = 4503599627370496;  // 2^52: fixed/sliding window c
 constexpr double kWindows = 4294967296;          // window numbers modulo 2^32
 constexpr double kMaxDebtUs = 2147483647e6;      // token_bucket MAX_DEBT_US
 constexpr double kSlackUs = 1e-6;                // token_bucket SLACK_US
-constexpr size_t kEntry = proto::kLogEntryBytes;  // sliding_log entry
-// A sliding_log's string never grows past this: a request whose charge would is an error
-// (its own), before anything is charged.
-constexpr size_t kMaxLogBytes = proto::kMaxLogBytes;
+// A sliding_log's list never grows past this: a request whose charge would is an error (its
+// own), before anything is charged.
+constexpr double kMaxLogEntries = static_cast<double>(proto::kMaxLogEntries);
 // The most limits one request's text may name (the Lua has no bound; a gateway sends a few).
 constexpr size_t kMaxLimits = 4096;
 
@@ -126,12 +125,6 @@ char* putDouble(char* out, double d) {
   std::memcpy(&bits, &d, sizeof bits);
   for (int i = 0; i < 8; ++i) *out++ = static_cast<char>((bits >> (8 * i)) & 0xff);
   return out;
-}
-
-void putDouble(std::string& out, double d) {
-  char bytes[8];
-  putDouble(bytes, d);
-  out.append(bytes, sizeof bytes);
 }
 
 // ---------------------------------------------------------------- key access
@@ -409,6 +402,9 @@ class CallState {
     s.handle = nullptr;
     s.open = false;
   }
+
+  // The first position of KEYS[k]'s name (a name given at several positions is one key).
+  int first(int k) { return slot(k).first; }
 
   // SET KEYS[k] (see setString).
   void set(int k, const char* value, size_t len, Expiry how, long long ms) {

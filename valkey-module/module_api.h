@@ -32,6 +32,7 @@ constexpr int kKeyTypeZset = 5;
 constexpr int kReplyString = 0;
 constexpr int kReplyError = 1;
 constexpr int kReplyInteger = 2;
+constexpr int kReplyArray = 3;
 constexpr int kReplyNull = 4;
 constexpr mstime_t kNoExpire = -1;
 constexpr int kNotifyGeneric = 1 << 2;
@@ -137,6 +138,8 @@ using CmdFunc = int (*)(Ctx* ctx, String** argv, int argc);
   X(CallReplyType, int, (CallReply*))                                             \
   X(CallReplyInteger, long long, (CallReply*))                                    \
   X(CallReplyStringPtr, const char*, (CallReply*, size_t*))                       \
+  X(CallReplyLength, size_t, (CallReply*))                                        \
+  X(CallReplyArrayElement, CallReply*, (CallReply*, size_t))                      \
   X(FreeCallReply, void, (CallReply*))                                            \
   X(IsKeysPositionRequest, int, (Ctx*))                                           \
   X(KeyAtPos, void, (Ctx*, int))                                                  \

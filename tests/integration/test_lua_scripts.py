@@ -11,7 +11,7 @@ import time
 import pytest
 
 from conftest import (WINDOW_NUMBERS, avoid_window_boundary, limit_cfg, metric_sum,
-                      ratelimit_toml, route_cfg, server_time, server_time_us,
+                      ratelimit_toml, raw_value, route_cfg, server_time, server_time_us,
                       sleep_until_window_offset, stored, wait_admin)
 from decide_codec import (decide_call, decide_command, decide_keys, decide_library, decide_reply,
                           decided, engine_command, undo_call)
@@ -359,13 +359,13 @@ def test_decide_all_or_nothing(valkey, algorithm_a, count_denied_b):
     for i in range(2):
         allowed, per = decide(c, ["d:A", "d:B"], [a, b])
         assert allowed == 1 and per[0][:2] == (1, 99 - i) and per[1][:2] == (1, 1 - i)
-    before_a = c.get("d:A")
+    before_a = raw_value(valkey, "d:A")
     for _ in range(3):
         allowed, per = decide(c, ["d:A", "d:B"], [a, b])
         assert allowed == 0
         assert per[0][0] == 1 and per[0][1] == 98, "A would allow; its budget is unchanged"
         assert per[1][0] == 0 and per[1][3] > 0
-    assert c.get("d:A") == before_a, "a request refused by B costs A nothing"
+    assert raw_value(valkey, "d:A") == before_a, "a request refused by B costs A nothing"
     assert stored(valkey, "d:B", "fixed_window")[1] == (5 if count_denied_b else 2)
     assert_every_key_has_ttl(c)
 

@@ -235,13 +235,13 @@ def test_a_huge_sliding_log_charge_adds_keep_plus_one_entries_and_refuses_for_th
 
 def test_a_sliding_log_charge_beyond_its_key_s_ceiling_fails_alone(valkey):
     """A limit of 10^15 (the library's range; the configuration keeps a sliding_log's at
-    10^6): a charge of 10^8 entries would be 800 MB. That request fails with its own error,
-    before anything is charged; the call's other requests are decided."""
+    10^6): a charge of 10^8 entries is past its log's 8 Mi entries. That request fails with its
+    own error, before anything is charged; the call's other requests are decided."""
     c = valkey.client
     big = {"algorithm": "sliding_log", "limit": TOP, "window_ms": 60_000, "keep": TOP}
     r = call(c, [[("huge:a", {**big, "cost": 1})], [("huge:a", {**big, "cost": 10**8})],
                  [("huge:b", {**LOG, "cost": 1})], [("huge:a", {**big, "cost": 1})]])
-    assert isinstance(r.results[1], str) and "longer than 67108864 bytes" in r.results[1], \
+    assert isinstance(r.results[1], str) and "longer than 8388608 entries" in r.results[1], \
         r.results
     assert [r.results[i][0] for i in (0, 2, 3)] == [1, 1, 1], r.results
     assert len(stored(valkey, "huge:a", "sliding_log")) == 2

@@ -64,10 +64,8 @@ TEST_SUITE("protocol: one definition for the codec, the module and the Lua libra
     REQUIRE(bucket.count("MAX_DEBT_US"));
     CHECK(bucket.at("MAX_DEBT_US") == static_cast<double>(kMaxDebtUs));
     const auto log = luaConstants(source("lua/sliding_log.lua"));
-    REQUIRE(log.count("MAX_LOG_BYTES"));
-    CHECK(log.at("MAX_LOG_BYTES") == static_cast<double>(kMaxLogBytes));
-    REQUIRE(log.count("ENTRY"));
-    CHECK(log.at("ENTRY") == static_cast<double>(kLogEntryBytes));
+    REQUIRE(log.count("MAX_LOG_ENTRIES"));
+    CHECK(log.at("MAX_LOG_ENTRIES") == static_cast<double>(kMaxLogEntries));
   }
 
   TEST_CASE("decide.lua reads the same markers") {

@@ -18,6 +18,7 @@
 #include "config/address.h"
 #include "fake_valkey.h"
 #include "loop_support.h"
+#include "protocol/decide_protocol.h"
 #include "stats/stats.h"
 #include "valkey/client.h"
 #include "valkey/resp.h"
@@ -319,7 +320,8 @@ TEST_SUITE("valkey: the client against a fake server") {
       CAPTURE(c.node_has_module);
       Fixture f(1000, false, c.engine);
       f.valkey.answer = [&](const Argv& argv, FakePeer::Conn&) -> std::optional<std::string> {
-        if (argv[0] == "SLUICE.VERSION" && c.node_has_module) return std::string(":1\r\n");
+        if (argv[0] == "SLUICE.VERSION" && c.node_has_module)
+          return ":" + std::to_string(sluice::protocol::kProtocolVersion) + "\r\n";
         if (argv[0] == "SLUICE.DECIDE" || argv[0] == "FCALL") return std::string(":7\r\n");
         return std::nullopt;
       };

@@ -220,16 +220,23 @@ WINDOW_NUMBERS = 1 << 32  # fixed_window and sliding_window keep their window nu
 
 
 def raw_value(valkey, key: str) -> Optional[bytes]:
-    """A key's value as bytes (window and log values are binary)."""
+    """A key's value as bytes (window values are binary); a list (a sliding_log) as the tuple
+    of its elements."""
     if getattr(valkey, "_raw_client", None) is None:
         valkey._raw_client = valkey.new_client(decode_responses=False)
-    return valkey._raw_client.get(key)
+    c = valkey._raw_client
+    if c.type(key) == b"list":
+        return tuple(c.lrange(key, 0, -1))
+    return c.get(key)
 
 
 def stored(valkey, key: str, algorithm: str):
     """What a limit's key holds, as the scripts write it (lua/<algorithm>.lua): fixed_window
     (window number mod 2^32, count); sliding_window (window number, current, previous);
     sliding_log [entry times, us]; token_bucket TAT (us). None when the key is absent."""
+    if algorithm == "sliding_log":  # a list of the entries' times, oldest first
+        entries = valkey.client.lrange(key, 0, -1)
+        return [int(t) for t in entries] if entries else None
     raw = raw_value(valkey, key)
     if raw is None:
         return None
@@ -239,8 +246,6 @@ def stored(valkey, key: str, algorithm: str):
     if algorithm == "sliding_window":
         n, current, previous = struct.unpack("<Idd", raw)
         return n, int(current), int(previous)
-    if algorithm == "sliding_log":
-        return [int(t) for t in struct.unpack(f"<{len(raw) // 8}d", raw)]
     assert algorithm == "token_bucket", algorithm
     return int(raw)
 
