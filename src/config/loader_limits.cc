@@ -11,8 +11,8 @@ namespace {
 // A sliding_log's limit beyond kMaxLogLimit: why it is refused.
 std::string logLimitTooLarge(int64_t limit) {
   return "limit " + std::to_string(limit) + " is too large for algorithm = \"sliding_log\", " +
-         "which keeps 8 bytes per request in its window: at most " + std::to_string(kMaxLogLimit) +
-         " (sliding_window counts any limit in 20 bytes)";
+         "which keeps about 10 bytes per request in its window: at most " +
+         std::to_string(kMaxLogLimit) + " (sliding_window counts any limit in 20 bytes)";
 }
 
 }  // namespace

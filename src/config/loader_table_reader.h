@@ -31,7 +31,8 @@ namespace sluice::config::loader_internal {
 // Counts, costs and bursts stay well below 2^53 so that the Lua scripts, whose numbers are
 // doubles, compute them exactly.
 constexpr int64_t kMaxCount = 1'000'000'000'000'000;
-// A sliding_log keeps 8 bytes per request in its window (protocol/decide_protocol.h).
+// A sliding_log keeps about 10 bytes per request in its window, a list
+// (protocol/decide_protocol.h).
 constexpr int64_t kMaxLogLimit = protocol::kMaxLogLimit;
 static_assert(kMaxCount == protocol::kMaxCount);
 constexpr int64_t kNoMax = std::numeric_limits<int64_t>::max();

@@ -168,7 +168,8 @@ by = ["ip"]
 window = "1h"
 )";
     const std::string why =
-        " is too large for algorithm = \"sliding_log\", which keeps 8 bytes per request in its "
+        " is too large for algorithm = \"sliding_log\", which keeps about 10 bytes per request in "
+        "its "
         "window: at most 1000000 (sliding_window counts any limit in 20 bytes)";
     CHECK(errorsOf(log + "limit = 1000001\n") == "t.toml:6:9: limit[0].limit: limit 1000001" + why);
     CHECK(errorsOf(log + "limit = 1000000000000000\n") ==
