@@ -138,8 +138,11 @@ void Loader::readMatch(TableReader& m, RouteMatch& match) {
     std::string decoded, normal, why;
     if (v->empty() || (*v)[0] != '/') {
       m.error(key, "must start with '/', got " + quoted(*v));
-    } else if (hasSpaceOrControl(*v) || v->find_first_of("?#") != std::string::npos) {
-      m.error(key, "must be a path without spaces, control characters, '?' or '#'");
+    } else if (!http::visibleAscii(*v) || v->find_first_of("?#") != std::string::npos) {
+      // (the request targets' rule: a path with other bytes could never match a request)
+      m.error(key,
+              "must be a path of visible ASCII (no spaces, control characters or bytes "
+              "0x80-0xFF: percent-encode them), without '?' or '#'");
     } else if (!http::decodeUnreserved(*v, &decoded, &why) ||
                !http::normalizePath(decoded, true, &normal, &why)) {
       m.error(key, why + ": " + quoted(*v));

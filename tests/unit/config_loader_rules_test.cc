@@ -561,6 +561,10 @@ match = { path = "/x?y=1", host = "Example.com:8080" }
 name = "c"
 upstream = "app"
 match = { path = "/x", path_prefix = "/" }
+[[route]]
+name = "d"
+upstream = "app"
+match = { path_prefix = "/caf\u00e9" }
 )")) == "t.toml:12:25: route[0].match.path_prefix: must start with '/', got 'api/'\n"
         "t.toml:12:51: route[0].match.methods[1]: method 'GET' is listed twice\n"
         "t.toml:12:58: route[0].match.methods[2]: not an HTTP method Sluice accepts (GET, "
@@ -569,11 +573,14 @@ match = { path = "/x", path_prefix = "/" }
         "POST, PURGE, M-SEARCH, ...): ''\n"
         "t.toml:12:69: route[0].match.methods[4]: not an HTTP method Sluice accepts (GET, "
         "POST, PURGE, M-SEARCH, ...): 'query'\n"
-        "t.toml:16:18: route[1].match.path: must be a path without spaces, control "
-        "characters, '?' or '#'\n"
+        "t.toml:16:18: route[1].match.path: must be a path of visible ASCII (no spaces, "
+        "control characters or bytes 0x80-0xFF: percent-encode them), without '?' or '#'\n"
         "t.toml:16:35: route[1].match.host: expected a host name without port, got "
         "'Example.com:8080'\n"
-        "t.toml:20:18: route[2].match.path: set either path (exact) or path_prefix, not both");
+        "t.toml:20:18: route[2].match.path: set either path (exact) or path_prefix, not both\n"
+        "t.toml:24:25: route[3].match.path_prefix: must be a path of visible ASCII (no "
+        "spaces, control characters or bytes 0x80-0xFF: percent-encode them), without '?' or "
+        "'#'");
   }
 
   TEST_CASE("a route after one that takes every request is unreachable") {
