@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "http/forwarding.h"
+#include "http/grpc.h"
 #include "http/headers.h"
 #include "http2/session.h"
 #include "proxy/worker_context.h"
@@ -41,6 +43,13 @@ std::vector<nghttp2_nv> fieldList(std::string_view status,
   if (!status.empty()) nva.push_back(field(":status", status));
   for (const http::Header& f : fields) nva.push_back(field(f.name, f.value));
   return nva;
+}
+
+// What a response's fields count in bytes_out: names and values.
+size_t fieldBytes(const std::vector<http::Header>& fields) {
+  size_t bytes = 0;
+  for (const http::Header& f : fields) bytes += f.name.size() + f.value.size();
+  return bytes;
 }
 
 }  // namespace
@@ -273,8 +282,8 @@ void Stream::cancel(int status, const char* why) {
   if (begun_) exchange_.abort(status, why);
 }
 
-void Stream::write(std::string_view data) {
-  if (response_ == Response::Finished || data.empty()) return;
+size_t Stream::writeBody(std::string_view data) {
+  if (response_ == Response::Finished || data.empty()) return data.size();
   if (out_offset_ >= kCompactBytes && out_offset_ * 2 >= out_.size()) {
     out_.erase(0, out_offset_);
     out_offset_ = 0;
@@ -283,10 +292,7 @@ void Stream::write(std::string_view data) {
   armSendTimer();
   nghttp2_session_resume_data(session_.nghttp2(), id_);
   session_.scheduleSend();
-}
-
-void Stream::writev(const std::string_view* parts, size_t count) {
-  for (size_t i = 0; i < count; ++i) write(parts[i]);
+  return data.size();
 }
 
 long Stream::readBody(uint8_t* buf, size_t length, uint32_t* flags) {
@@ -335,13 +341,35 @@ void Stream::submitResponse(int status, const std::vector<http::Header>& fields,
   session_.scheduleSend();
 }
 
-void Stream::writeHead(int status, std::vector<http::Header> fields) {
-  submitResponse(status, fields, true);
+size_t Stream::writeResponseHead(const http::MessageHead& response, std::string_view extra_headers,
+                                 proxy::ResponseContext&) {
+  // The body goes as it comes, in DATA frames, whatever its framing upstream.
+  const std::vector<http::Header> fields = http::clientResponseFields(response, extra_headers);
+  submitResponse(response.status, fields, true);
+  return fieldBytes(fields);
 }
 
-void Stream::writeTrailers(std::vector<http::Header> fields) {
-  if (response_ != Response::Head) return;
-  response_trailers_ = std::move(fields);
+size_t Stream::endResponseBody(const http::HeaderMap& trailers) {
+  if (trailers.empty()) return 0;
+  std::vector<http::Header> fields = http::trailerFields(trailers);
+  const size_t bytes = fieldBytes(fields);
+  // They end the stream after the last DATA frame (readBody()).
+  if (response_ == Response::Head) response_trailers_ = std::move(fields);
+  return bytes;
+}
+
+size_t Stream::writeLocal(const http::LocalResponse& response,
+                          const proxy::ResponseContext& context) {
+  if (context.grpc_status >= 0) {
+    // gRPC's trailers-only answer: HTTP 200 and the status in grpc-status, one HEADERS frame.
+    const std::vector<http::Header> fields =
+        http::grpcTrailersOnlyFields(response, context.grpc_status);
+    submitResponse(200, fields, false);
+    return fieldBytes(fields);
+  }
+  submitResponse(response.status, http::localResponseFields(response), true);
+  if (context.head_method || response.body.empty()) return 0;
+  return writeBody(response.body);
 }
 
 void Stream::onResponseSent() {
@@ -353,14 +381,11 @@ void Stream::onResponseSent() {
   nghttp2_submit_rst_stream(session_.nghttp2(), NGHTTP2_FLAG_NONE, id_, NGHTTP2_NO_ERROR);
 }
 
-void Stream::writeTrailersOnly(int status, std::vector<http::Header> fields) {
-  submitResponse(status, fields, false);
-}
-
-void Stream::writeContinue() {
+size_t Stream::writeContinue() {
   const nghttp2_nv status = field(":status", "100");
   nghttp2_submit_headers(session_.nghttp2(), NGHTTP2_FLAG_NONE, id_, nullptr, &status, 1, nullptr);
   session_.scheduleSend();
+  return 0;
 }
 
 void Stream::responseFinished(bool) {
@@ -373,7 +398,9 @@ void Stream::responseFinished(bool) {
 
 void Stream::abortResponse() { reset(NGHTTP2_INTERNAL_ERROR); }
 
-std::string Stream::startTunnel() {
+std::string Stream::startTunnel(const http::MessageHead&, const proxy::ResponseContext&,
+                                size_t* head_bytes) {
+  *head_bytes = 0;
   reset(NGHTTP2_INTERNAL_ERROR);
   return {};
 }

@@ -27,7 +27,7 @@ namespace sluice::http2 {
 
 class Session;
 
-class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses {
+class Stream final : public proxy::ExchangeOwner {
  public:
   Stream(Session& session, int32_t id, uint64_t opened_ms);
   ~Stream() override;
@@ -56,7 +56,7 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   void cancel(int status, const char* why);
   // Reads response body into a DATA frame: bytes copied, or 0 with NGHTTP2_DATA_FLAG_EOF in
   // *flags (and NO_END_STREAM when trailers follow: they are submitted then), or -1 when none
-  // is there yet (the stream waits for write() or responseFinished()).
+  // is there yet (the stream waits for writeBody() or responseFinished()).
   long readBody(uint8_t* buf, size_t length, uint32_t* flags);
   // The frame that ends the response (DATA or HEADERS with END_STREAM) went out: a request
   // still being sent is not wanted any more (RST_STREAM NO_ERROR, RFC 9113 8.1).
@@ -81,9 +81,17 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   const std::string& peerText() const override;
   std::string_view scheme() const override;
   std::string_view protocol() const override { return "h2"; }
-  proxy::FramedResponses* framed() override { return this; }
-  void write(std::string_view data) override;
-  void writev(const std::string_view* parts, size_t count) override;
+  size_t writeContinue() override;
+  size_t writeResponseHead(const http::MessageHead& response, std::string_view extra_headers,
+                           proxy::ResponseContext& context) override;
+  size_t writeBody(std::string_view data) override;
+  // Body bytes are copied as they come (readBody() takes them into DATA frames).
+  void flushResponse() override {}
+  size_t endResponseBody(const http::HeaderMap& trailers) override;
+  size_t writeLocal(const http::LocalResponse& response,
+                    const proxy::ResponseContext& context) override;
+  // Never called: HTTP/2 has no Upgrade, so no tunnel starts; its bytes would be DATA.
+  void writeTunnelData(std::string_view data) override { writeBody(data); }
   size_t pendingBytes() const override { return out_.size() - out_offset_; }
   void pauseReading() override { paused_ = true; }
   void resumeReading() override;
@@ -92,16 +100,11 @@ class Stream final : public proxy::ExchangeOwner, public proxy::FramedResponses 
   void abortResponse() override;
   // HTTP/2 has no Upgrade (RFC 9113 8.6): a request never asks for a tunnel, so the exchange
   // never starts one; were it asked, the stream is reset.
-  std::string startTunnel() override;
+  std::string startTunnel(const http::MessageHead& response, const proxy::ResponseContext& context,
+                          size_t* head_bytes) override;
   void tunnelActivity() override {}
   void shutdownWrite() override {}
   void tunnelEnded() override {}
-  // proxy::FramedResponses
-  void writeHead(int status, std::vector<http::Header> fields) override;
-  void writeContinue() override;
-  void writeTrailers(std::vector<http::Header> fields) override;
-  void writeTrailersOnly(int status, std::vector<http::Header> fields) override;
-
   // The response's HEADERS (`fields` after :status); with_body: DATA follows through the
   // provider (readBody), else the HEADERS frame ends the stream.
   void submitResponse(int status, const std::vector<http::Header>& fields, bool with_body);

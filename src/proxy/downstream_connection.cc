@@ -38,6 +38,7 @@ DownstreamConnection::DownstreamConnection(WorkerContext& worker,
       send_timer_(worker.loop(), onSendTimeout, this),
       body_timer_(worker.loop(), onBodyTimeout, this),
       parser_(http::Parser::Type::Request, this, requestLimits(worker.snapshot()->config->server)),
+      encoder_(*transport_),
       exchange_(*this),
       sniffing_(worker.snapshot()->config->server.http2) {
   transport_->setCallbacks(this);
@@ -250,6 +251,7 @@ void DownstreamConnection::afterResponse() {
   const bool complete = request_ == Request::Answered;
   request_ = Request::None;
   exchange_.reset();
+  encoder_.discard();
   if (!keep_alive_ || !complete || draining_ || client_eof_) {
     closeAfterWrites();
     return;
@@ -300,6 +302,7 @@ void DownstreamConnection::closeNow() {
   if (state_ == State::Closed) return;
   state_ = State::Closed;
   exchange_.abort();
+  encoder_.discard();
   timer_.stop();
   send_timer_.stop();
   body_timer_.stop();
@@ -322,7 +325,9 @@ void DownstreamConnection::tunnelActivity() {
   timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
 }
 
-std::string DownstreamConnection::startTunnel() {
+std::string DownstreamConnection::startTunnel(const http::MessageHead& response,
+                                              const ResponseContext& context, size_t* head_bytes) {
+  *head_bytes = sent(encoder_.writeSwitchingProtocols(response, context.client_http10));
   state_ = State::Tunnel;
   tunnelActivity();
   std::string early;

@@ -19,6 +19,7 @@
 #include "core/ip_address.h"
 #include "core/timer.h"
 #include "http/parser.h"
+#include "http1/response_encoder.h"
 #include "net/connection_budget.h"
 #include "net/transport.h"
 #include "proxy/exchange.h"
@@ -76,13 +77,27 @@ class DownstreamConnection final : public ExchangeOwner,
   const std::string& peerText() const override { return peer_text_; }
   std::string_view scheme() const override { return transport_->scheme(); }
   std::string_view protocol() const override { return "http/1.1"; }
-  FramedResponses* framed() override { return nullptr; }
-  void write(std::string_view data) override {
-    transport_->write(data);
+  size_t writeContinue() override { return sent(encoder_.writeContinue()); }
+  size_t writeResponseHead(const http::MessageHead& response, std::string_view extra_headers,
+                           ResponseContext& context) override {
+    return encoder_.writeHead(response, extra_headers, context.head_method, context.client_http10,
+                              context.keep_alive);
+  }
+  size_t writeBody(std::string_view data) override { return encoder_.writeBody(data); }
+  void flushResponse() override {
+    encoder_.flush();
     armSendTimer();
   }
-  void writev(const std::string_view* parts, size_t count) override {
-    transport_->writev(parts, count);
+  size_t endResponseBody(const http::HeaderMap& trailers) override {
+    return sent(encoder_.end(trailers));
+  }
+  // A gRPC call comes over HTTP/2 only: this connection never has one.
+  size_t writeLocal(const http::LocalResponse& response, const ResponseContext& context) override {
+    return sent(encoder_.writeLocal(response, context.keep_alive, context.head_method,
+                                    context.client_http10));
+  }
+  void writeTunnelData(std::string_view data) override {
+    transport_->write(data);
     armSendTimer();
   }
   size_t pendingBytes() const override { return transport_->pendingBytes(); }
@@ -91,7 +106,8 @@ class DownstreamConnection final : public ExchangeOwner,
   bool acceptsNextRequest() const override { return !worker_.draining() && !client_eof_; }
   void responseFinished(bool keep_alive) override;
   void abortResponse() override;
-  std::string startTunnel() override;
+  std::string startTunnel(const http::MessageHead& response, const ResponseContext& context,
+                          size_t* head_bytes) override;
   void tunnelActivity() override;
   void shutdownWrite() override { transport_->shutdownWrite(); }
   void tunnelEnded() override;
@@ -114,6 +130,11 @@ class DownstreamConnection final : public ExchangeOwner,
   static void onDeferred(void* self);
   static void onSendTimeout(void* self);
   static void onBodyTimeout(void* self);
+  // Bytes were written (`bytes`, returned): they may wait for the client.
+  size_t sent(size_t bytes) {
+    armSendTimer();
+    return bytes;
+  }
   // Bytes wait for the client: it has send_timeout to take them (any progress to empty
   // restarts the count).
   void armSendTimer() {
@@ -144,6 +165,7 @@ class DownstreamConnection final : public ExchangeOwner,
   Timer send_timer_;  // send_timeout: bytes unsent since it started
   Timer body_timer_;  // request_body_timeout: from the head to the body's last byte
   http::Parser parser_;
+  http1::ResponseEncoder encoder_;
   Exchange exchange_;
   std::string pending_;  // received, not parsed yet (pipelined requests, tunnel bytes)
   std::optional<IpAddress> peer_ip_;

@@ -135,19 +135,8 @@ void Exchange::complete(int status) {
   snapshot->access_log->write(formatAccessRecord(r));
 }
 
-void Exchange::gatherOwned(std::string piece) {
-  req_.out_owned.push_back(std::move(piece));
-  req_.out_pieces.push_back(req_.out_owned.back());
-}
-
-void Exchange::flushGathered() {
-  if (!req_.out_pieces.empty()) sendv(req_.out_pieces.data(), req_.out_pieces.size());
-  req_.out_pieces.clear();
-  req_.out_owned.clear();
-}
-
 void Exchange::onUpstreamReadDone() {
-  flushGathered();
+  owner_.flushResponse();
   pauseUpstreamIfAbove(owner_.pendingBytes());
 }
 
@@ -172,18 +161,12 @@ void Exchange::pauseUpstreamIfAbove(size_t pending) {
   }
 }
 
-void Exchange::send(std::string_view data) {
-  req_.bytes_out += data.size();
-  owner_.write(data);
-}
-
-void Exchange::countFieldsOut(const std::vector<http::Header>& fields) {
-  for (const http::Header& field : fields) req_.bytes_out += field.name.size() + field.value.size();
-}
-
-void Exchange::sendv(const std::string_view* parts, size_t count) {
-  for (size_t i = 0; i < count; ++i) req_.bytes_out += parts[i].size();
-  owner_.writev(parts, count);
+ResponseContext Exchange::responseContext(bool keep_alive) const {
+  ResponseContext context;
+  context.head_method = req_.head_method;
+  context.client_http10 = req_.head.isHttp10();
+  context.keep_alive = keep_alive;
+  return context;
 }
 
 void Exchange::begin(http::MessageHead&& head) {
@@ -195,7 +178,7 @@ void Exchange::begin(http::MessageHead&& head) {
   resolveClient();
   req_.head_method = req_.head.method == "HEAD";
   req_.wants_upgrade = req_.head.upgrade;
-  if (owner_.framed()) {
+  if (req_.head.version_major == 2) {  // gRPC runs over HTTP/2 only
     const std::string* type = req_.head.headers.get("content-type");
     req_.grpc = type && http::isGrpcContentType(*type);
     if (req_.grpc) {
@@ -268,11 +251,7 @@ void Exchange::onBodyNeeded() { sendContinue(); }
 void Exchange::sendContinue() {
   if (req_.expect != Continue::Owed) return;
   req_.expect = Continue::Sent;
-  if (FramedResponses* framed = owner_.framed()) {
-    framed->writeContinue();
-  } else {
-    send(http::continueResponse());
-  }
+  req_.bytes_out += owner_.writeContinue();
 }
 
 void Exchange::forward() {
@@ -417,50 +396,26 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
     req_.snapshot->upstreamLatency(req_.route->upstream_index)
         .observeMicros((now - req_.upstream_sent_ns) / 1000);
   }
-  http::ClientResponseContext context;
-  context.client_http10 = req_.head.isHttp10();
   if (head.status == 101) {
-    context.tunnel = true;
-    context.keep_alive = true;
-    context.framing = http::Framing::None;
-    send(http::buildClientResponseHead(head, context));
     req_.state = State::Tunnel;
     req_.upstream->startTunnel();
     // Bytes the client sent after its head go first; the owner hands later ones as they come.
-    const std::string early = owner_.startTunnel();
+    size_t head_bytes = 0;
+    const std::string early = owner_.startTunnel(head, responseContext(true), &head_bytes);
+    req_.bytes_out += head_bytes;
     if (!early.empty()) onClientTunnelData(early.data(), early.size());
     return 0;
   }
-  if (FramedResponses* framed = owner_.framed()) {
-    if (req_.grpc) noteGrpcStatus(head.headers);  // a trailers-only answer
-    // HTTP/2: the body goes as it comes, in DATA frames (framing None: no chunk framing).
-    req_.response_framing = http::Framing::None;
-    req_.keep_alive = true;
-    std::vector<http::Header> fields =
-        http::clientResponseFields(head, admission_.rateLimitHeaders());
-    countFieldsOut(fields);
-    framed->writeHead(head.status, std::move(fields));
-    return 0;
-  }
-  req_.response_framing = http::responseFraming(head, req_.head_method, context.client_http10);
-  req_.keep_alive = clientKeepAlive() && !req_.wants_upgrade &&
-                    req_.response_framing != http::Framing::CloseDelimited;
-  context.keep_alive = req_.keep_alive;
-  context.framing = req_.response_framing;
-  context.extra_headers = admission_.rateLimitHeaders();
-  gatherOwned(http::buildClientResponseHead(head, context));
+  if (req_.grpc) noteGrpcStatus(head.headers);  // a trailers-only answer
+  ResponseContext context = responseContext(clientKeepAlive() && !req_.wants_upgrade);
+  req_.bytes_out += owner_.writeResponseHead(head, admission_.rateLimitHeaders(), context);
+  req_.keep_alive = context.keep_alive;
   return 0;
 }
 
 void Exchange::onUpstreamBody(const char* data, size_t len) {
   if (len == 0) return;
-  if (req_.response_framing == http::Framing::Chunked) {
-    gatherOwned(http::chunkHeader(len));
-    gather({data, len});
-    gather(http::kChunkEnd);
-  } else {
-    gather({data, len});
-  }
+  req_.bytes_out += owner_.writeBody({data, len});
 }
 
 void Exchange::onUpstreamTrailers(http::HeaderMap& trailers) {
@@ -475,19 +430,7 @@ void Exchange::noteGrpcStatus(const http::HeaderMap& fields) {
 }
 
 void Exchange::onUpstreamComplete() {
-  if (req_.response_framing == http::Framing::Chunked) {
-    if (req_.response_trailers.empty()) {
-      gather(http::kLastChunk);
-    } else {
-      gatherOwned(http::lastChunk(req_.response_trailers));
-    }
-  }
-  flushGathered();
-  if (FramedResponses* framed = owner_.framed(); framed && !req_.response_trailers.empty()) {
-    std::vector<http::Header> fields = http::trailerFields(req_.response_trailers);
-    countFieldsOut(fields);
-    if (!fields.empty()) framed->writeTrailers(std::move(fields));
-  }
+  req_.bytes_out += owner_.endResponseBody(req_.response_trailers);
   upstream::UpstreamConnection* upstream = req_.upstream;
   req_.upstream = nullptr;
   upstream->release();
@@ -500,7 +443,7 @@ void Exchange::onUpstreamError(upstream::UpstreamError error, bool response_star
   req_.snapshot->upstreamErrors(req_.route->upstream_index, error).inc();
   if (responseStarted()) {
     // The head went out: the only honest signal left is to cut the connection.
-    flushGathered();
+    owner_.flushResponse();
     SLUICE_LOG_WARN("upstream {} failed in the middle of a response: {}", req_.cluster->name(),
                     upstream::toString(error));
     req_.state = State::Done;
@@ -543,22 +486,11 @@ void Exchange::respondLocal(const http::LocalResponse& response) {
 }
 
 int Exchange::sendLocal(const http::LocalResponse& response, bool keep_alive) {
-  FramedResponses* framed = owner_.framed();
-  if (!framed) {
-    send(http::renderLocalResponse(response, keep_alive, req_.head_method, req_.head.isHttp10()));
-    return response.status;
-  }
-  if (req_.grpc) {
-    // gRPC's terms: HTTP 200 and the status in grpc-status, in one HEADERS frame.
-    req_.grpc_status = http::grpcStatusForHttp(response.status);
-    std::vector<http::Header> fields = http::grpcTrailersOnlyFields(response, req_.grpc_status);
-    countFieldsOut(fields);
-    framed->writeTrailersOnly(200, std::move(fields));
-    return 200;
-  }
-  framed->writeHead(response.status, http::localResponseFields(response));
-  if (!req_.head_method && !response.body.empty()) send(response.body);
-  return response.status;
+  ResponseContext context = responseContext(keep_alive);
+  // gRPC's terms: HTTP 200 and the status in grpc-status, in one HEADERS frame.
+  if (req_.grpc) context.grpc_status = req_.grpc_status = http::grpcStatusForHttp(response.status);
+  req_.bytes_out += owner_.writeLocal(response, context);
+  return req_.grpc ? 200 : response.status;
 }
 
 void Exchange::finish(bool keep_alive) {
@@ -576,7 +508,8 @@ void Exchange::onClientTunnelData(const char* data, size_t len) {
 
 void Exchange::onUpstreamTunnelData(const char* data, size_t len) {
   owner_.tunnelActivity();
-  send({data, len});
+  req_.bytes_out += len;
+  owner_.writeTunnelData({data, len});
   pauseUpstreamIfAbove(owner_.pendingBytes());
 }
 

@@ -1,14 +1,14 @@
 #pragma once
 
 // One request and its response: route, (decide,) forward upstream, relay the response, or
-// answer locally. It lives inside its owner (an ExchangeOwner: the HTTP/1.1 connection, later
-// an HTTP/2 stream) and is reset between requests, so no callback can outlive it: reset() and
-// abort() detach the upstream connection and every pending operation. Everything one request
-// owns is one value (Request), replaced as a whole by reset().
+// answer locally. It lives inside its owner (an ExchangeOwner: the HTTP/1.1 connection or an
+// HTTP/2 stream, whose codec frames what the exchange hands it as fields and bytes) and is reset
+// between requests, so no callback can outlive it: reset() and abort() detach the upstream
+// connection and every pending operation. Everything one request owns is one value (Request),
+// replaced as a whole by reset().
 
 #include <cstddef>
 #include <cstdint>
-#include <list>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +20,7 @@
 #include "http/responses.h"
 #include "identity/client_address.h"
 #include "proxy/admission.h"
+#include "proxy/exchange_owner.h"
 #include "proxy/router.h"
 #include "upstream/upstream_connection.h"
 
@@ -33,7 +34,6 @@ class Cluster;
 
 namespace sluice::proxy {
 
-class ExchangeOwner;
 struct Snapshot;
 
 class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCallbacks {
@@ -99,13 +99,7 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
     std::string body_buffer;            // framed request body the upstream could not take yet
     http::HeaderMap request_trailers;   // sent with the last chunk
     http::HeaderMap response_trailers;  // sent after the body, where the client can take them
-    // Response bytes of one upstream read, gathered for one write: views into the read buffer,
-    // plus owned heads and chunk headers (out_owned gives them stable addresses; a list, as a
-    // deque allocates its map and a block even when empty, for every request).
-    std::vector<std::string_view> out_pieces;
-    std::list<std::string> out_owned;
     http::Framing request_framing = http::Framing::None;
-    http::Framing response_framing = http::Framing::None;
     std::string id;  // unique id (access log), made when first asked
     uint64_t start_ns = 0;
     uint64_t upstream_sent_ns = 0;
@@ -165,22 +159,16 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   std::string lastRequestChunk() const;
   void sendContinue();
   void respondLocal(const http::LocalResponse& response);
-  // Writes a response of ours: HTTP/1.1 text, or a head and body through FramedResponses (for
-  // a gRPC request, a trailers-only answer). Returns the HTTP status sent.
+  // Writes a response of ours through the owner (for a gRPC request, a trailers-only answer).
+  // Returns the HTTP status sent.
   int sendLocal(const http::LocalResponse& response, bool keep_alive);
+  ResponseContext responseContext(bool keep_alive) const;
   // A grpc-status from the upstream (its head, for a trailers-only answer, or its trailers).
   void noteGrpcStatus(const http::HeaderMap& fields);
   void finish(bool keep_alive);
   bool clientKeepAlive() const;
   // The exchange ended with `status`: counted, and written to the access log.
   void complete(int status);
-  void send(std::string_view data);
-  // Fields handed to a framing owner (HTTP/2 heads and trailers) count in bytes_out.
-  void countFieldsOut(const std::vector<http::Header>& fields);
-  void sendv(const std::string_view* parts, size_t count);
-  void gather(std::string_view piece) { req_.out_pieces.push_back(piece); }
-  void gatherOwned(std::string piece);
-  void flushGathered();
   // Backpressure: above the high-water mark of unsent bytes towards one side, stop reading the
   // other side (the flag says this exchange did; resume only undoes its own pause).
   void pauseClientIfAbove(size_t pending);

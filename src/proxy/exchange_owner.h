@@ -1,7 +1,7 @@
 #pragma once
 
 // What an Exchange needs from the protocol side that carries it: an HTTP/1.1 connection
-// (DownstreamConnection) today, an HTTP/2 stream later. The exchange decides and relays; its
+// (DownstreamConnection) or an HTTP/2 stream (http2::Stream). The exchange decides and relays; its
 // owner reads the client, writes to it, and decides the fate of the connection.
 //
 // Ownership: the owner owns its exchange and outlives it. The exchange calls these from its
@@ -18,27 +18,22 @@
 
 #include "core/ip_address.h"
 #include "http/headers.h"
+#include "http/message.h"
+#include "http/responses.h"
 
 namespace sluice::proxy {
 
 class WorkerContext;
 
-// What an owner that frames messages itself offers (an HTTP/2 stream): the exchange hands it
-// heads as fields and bodies as bytes, never HTTP/1.1 text. Through write()/writev() the bytes
-// are the body (DATA); responseFinished() ends the stream.
-class FramedResponses {
- public:
-  virtual ~FramedResponses() = default;
-  // The response head (`fields` lower case, no connection-specific field).
-  virtual void writeHead(int status, std::vector<http::Header> fields) = 0;
-  // 100 Continue, an interim head.
-  virtual void writeContinue() = 0;
-  // Trailer fields (lower case, forwardable ones), after the last body byte was written and
-  // before responseFinished(): they end the stream in a HEADERS frame of their own.
-  virtual void writeTrailers(std::vector<http::Header> fields) = 0;
-  // A whole answer in one HEADERS frame with END_STREAM (`status`, `fields`, no body): gRPC's
-  // trailers-only response. responseFinished() follows.
-  virtual void writeTrailersOnly(int status, std::vector<http::Header> fields) = 0;
+// What the request says about the form of its response; a codec frames the response by it.
+struct ResponseContext {
+  bool head_method = false;    // HEAD: the response has no body
+  bool client_http10 = false;  // an HTTP/1.0 client
+  // The client's connection may carry another request after this response (HTTP/1.1; an
+  // HTTP/2 stream carries one). writeResponseHead() clears it when the response's framing
+  // needs the close (a body delimited by it).
+  bool keep_alive = false;
+  int grpc_status = -1;  // a gRPC call's answer: sent trailers-only with this grpc-status
 };
 
 class ExchangeOwner {
@@ -55,12 +50,32 @@ class ExchangeOwner {
   virtual std::string_view scheme() const = 0;
   // "http/1.1" or "h2": what the access log says.
   virtual std::string_view protocol() const = 0;
-  // Null for HTTP/1.1 (the exchange writes HTTP/1.1 text); an HTTP/2 stream returns itself.
-  virtual FramedResponses* framed() = 0;
 
-  // Response bytes, in order; copied when they cannot go out at once.
-  virtual void write(std::string_view data) = 0;
-  virtual void writev(const std::string_view* parts, size_t count) = 0;
+  // The response, as a head of fields and body bytes: the owner's codec frames them (HTTP/1.1
+  // text, HTTP/2 frames). Each call returns the bytes it counts as sent (the access log's
+  // bytes_out: what an HTTP/1.1 client receives; an HTTP/2 stream's field names, values and
+  // body).
+  //
+  // 100 Continue, an interim head.
+  virtual size_t writeContinue() = 0;
+  // The upstream's response head (not a 101), and `extra_headers` ("Name: value\r\n" lines:
+  // the RateLimit fields). Its body follows through writeBody(), then endResponseBody().
+  virtual size_t writeResponseHead(const http::MessageHead& response,
+                                   std::string_view extra_headers, ResponseContext& context) = 0;
+  // A piece of the response body. It may be gathered until flushResponse() (or
+  // endResponseBody()): `data` stays valid until then.
+  virtual size_t writeBody(std::string_view data) = 0;
+  // What was gathered goes out, in one write.
+  virtual void flushResponse() = 0;
+  // The body's end, with the upstream's trailer fields where the client can take them (an
+  // HTTP/2 stream, a chunked HTTP/1.1 body); flushed.
+  virtual size_t endResponseBody(const http::HeaderMap& trailers) = 0;
+  // A whole answer of ours (status, fields, body), or, for a gRPC call (grpc_status >= 0),
+  // gRPC's trailers-only answer (HTTP 200, the status in grpc-status).
+  virtual size_t writeLocal(const http::LocalResponse& response,
+                            const ResponseContext& context) = 0;
+  // Tunnel bytes, in order, after startTunnel(); copied when they cannot go out at once.
+  virtual void writeTunnelData(std::string_view data) = 0;
   // Bytes written that the client has not taken yet (the exchange pauses the upstream above a
   // high-water mark and resumes it from Exchange::onClientDrained()).
   virtual size_t pendingBytes() const = 0;
@@ -79,9 +94,12 @@ class ExchangeOwner {
   // client's side is cut, after this call has returned.
   virtual void abortResponse() = 0;
 
-  // After a 101: bytes flow raw both ways. Returns the bytes the client sent after its request
-  // head (they go upstream first); later ones come through Exchange::onClientTunnelData().
-  virtual std::string startTunnel() = 0;
+  // The upstream's 101 goes to the client, and from then on bytes flow raw both ways. Returns
+  // the bytes the 101 head counts in *head_bytes, and the bytes the client sent after its
+  // request head (they go upstream first); later ones come through
+  // Exchange::onClientTunnelData().
+  virtual std::string startTunnel(const http::MessageHead& response, const ResponseContext& context,
+                                  size_t* head_bytes) = 0;
   // Bytes crossed the tunnel: a tunnel silent both ways for idle_timeout is closed.
   virtual void tunnelActivity() = 0;
   // The upstream's side of the tunnel ended: the client gets FIN after the queued bytes.

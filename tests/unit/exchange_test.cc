@@ -1,7 +1,7 @@
-// Exchange (src/proxy/exchange.h) against a fake ExchangeOwner: the seam a second protocol
-// (an HTTP/2 stream) will implement. Requests answered locally (no route, a bad Expect, a bad
-// target) are written to the owner and finished through it, with keep-alive only when the
-// owner takes another request; reset() between two requests leaves nothing of the first; a
+// Exchange (src/proxy/exchange.h) against a fake ExchangeOwner: the seam both codecs (the
+// HTTP/1.1 connection, an HTTP/2 stream) implement. Requests answered locally (no route, a bad
+// Expect, a bad target) are written to the owner and finished through it, with keep-alive only when
+// the owner takes another request; reset() between two requests leaves nothing of the first; a
 // refusal before any head answers, and one after a response started says only closing is left.
 
 #include "proxy/exchange.h"
@@ -35,8 +35,10 @@ match = { path_prefix = "/api/" }
 upstream = "app"
 )";
 
-// Records what the exchange asks of it. framing: as an HTTP/2 stream, heads come as fields.
-struct FakeOwner final : sluice::proxy::ExchangeOwner, sluice::proxy::FramedResponses {
+// Records what the exchange asks of it, as the exchange hands it over (fields and bytes: the
+// codecs' text and frames have tests of their own). framing: as an HTTP/2 stream, whose
+// requests are HTTP/2 ones (h2()).
+struct FakeOwner final : sluice::proxy::ExchangeOwner {
   explicit FakeOwner(sluice::proxy::WorkerContext& worker) : worker_(worker) {}
 
   sluice::proxy::WorkerContext& worker() const override { return worker_; }
@@ -44,33 +46,48 @@ struct FakeOwner final : sluice::proxy::ExchangeOwner, sluice::proxy::FramedResp
   const std::string& peerText() const override { return text; }
   std::string_view scheme() const override { return "http"; }
   std::string_view protocol() const override { return framing ? "h2" : "http/1.1"; }
-  sluice::proxy::FramedResponses* framed() override { return framing ? this : nullptr; }
-  void writeHead(int status, std::vector<sluice::http::Header> fields) override {
-    head_status = status;
-    head_fields = std::move(fields);
+  size_t writeContinue() override { return ++continues; }
+  size_t writeResponseHead(const sluice::http::MessageHead& response, std::string_view,
+                           sluice::proxy::ResponseContext&) override {
+    head_status = response.status;
+    return 1;
   }
-  void writeContinue() override { ++continues; }
-  void writeTrailers(std::vector<sluice::http::Header> fields) override {
-    trailer_fields = std::move(fields);
+  size_t writeBody(std::string_view data) override {
+    written += data;
+    return data.size();
   }
-  void writeTrailersOnly(int status, std::vector<sluice::http::Header> fields) override {
-    trailers_only_status = status;
-    head_fields = std::move(fields);
+  void flushResponse() override {}
+  size_t endResponseBody(const sluice::http::HeaderMap&) override { return 0; }
+  size_t writeLocal(const sluice::http::LocalResponse& response,
+                    const sluice::proxy::ResponseContext& context) override {
+    local.push_back(response);
+    local_context.push_back(context);
+    return response.body.size();
   }
-  void write(std::string_view data) override { written += data; }
-  void writev(const std::string_view* parts, size_t count) override {
-    for (size_t i = 0; i < count; ++i) written += parts[i];
-  }
+  void writeTunnelData(std::string_view data) override { written += data; }
   size_t pendingBytes() const override { return 0; }
   void pauseReading() override { ++pauses; }
   void resumeReading() override { ++resumes; }
   bool acceptsNextRequest() const override { return accepts_next; }
   void responseFinished(bool keep_alive) override { finished.push_back(keep_alive); }
   void abortResponse() override { ++aborts; }
-  std::string startTunnel() override { return {}; }
+  std::string startTunnel(const sluice::http::MessageHead&, const sluice::proxy::ResponseContext&,
+                          size_t* head_bytes) override {
+    *head_bytes = 0;
+    return {};
+  }
   void tunnelActivity() override {}
   void shutdownWrite() override {}
   void tunnelEnded() override { ++tunnels_ended; }
+
+  // The status of the last answer of ours, 0 if none.
+  int localStatus() const { return local.empty() ? 0 : local.back().status; }
+  const sluice::proxy::ResponseContext& localContext() const { return local_context.back(); }
+  void clear() {
+    local.clear();
+    local_context.clear();
+    written.clear();
+  }
 
   sluice::proxy::WorkerContext& worker_;
   std::optional<sluice::IpAddress> ip = sluice::IpAddress::parse("192.0.2.7");
@@ -78,9 +95,8 @@ struct FakeOwner final : sluice::proxy::ExchangeOwner, sluice::proxy::FramedResp
   bool accepts_next = true;
   bool framing = false;
   int head_status = 0;
-  std::vector<sluice::http::Header> head_fields;
-  std::vector<sluice::http::Header> trailer_fields;
-  int trailers_only_status = 0;
+  std::vector<sluice::http::LocalResponse> local;
+  std::vector<sluice::proxy::ResponseContext> local_context;
   int continues = 0;
   std::string written;
   std::vector<bool> finished;
@@ -95,6 +111,13 @@ sluice::http::MessageHead get(const std::string& target) {
   head.method = "GET";
   head.target = target;
   head.headers.add("Host", "example.test");
+  return head;
+}
+
+// The same request as an HTTP/2 stream hands it over.
+sluice::http::MessageHead h2(sluice::http::MessageHead head) {
+  head.version_major = 2;
+  head.version_minor = 0;
   return head;
 }
 
@@ -131,49 +154,48 @@ TEST_SUITE("proxy: exchange against a fake owner") {
   TEST_CASE("no route: 404 written to the owner and finished with keep-alive, counted") {
     Fixture f;
     f.exchange->begin(get("/nowhere"));
-    CHECK(f.owner.written.rfind("HTTP/1.1 404", 0) == 0);
+    CHECK(f.owner.localStatus() == 404);
+    CHECK(f.owner.localContext().keep_alive);
+    CHECK(f.owner.localContext().grpc_status == -1);
     CHECK(f.owner.finished == std::vector<bool>{true});
     CHECK(f.exchange->responseStarted());
     CHECK(f.requests(404) == 1);
     CHECK(f.owner.aborts == 0);
   }
 
-  TEST_CASE("an owner that frames messages (HTTP/2) gets the local answer as a head and a body") {
+  TEST_CASE("HEAD and HTTP/1.0 requests: the owner is told, to frame the answer by them") {
+    Fixture f;
+    auto head = get("/nowhere");
+    head.method = "HEAD";
+    head.version_minor = 0;
+    f.exchange->begin(std::move(head));
+    CHECK(f.owner.localStatus() == 404);
+    CHECK(f.owner.localContext().head_method);
+    CHECK(f.owner.localContext().client_http10);
+  }
+
+  TEST_CASE("an HTTP/2 stream gets the local answer as a problem, not as gRPC") {
     Fixture f;
     f.owner.framing = true;
-    f.exchange->begin(get("/nowhere"));
-    CHECK(f.owner.head_status == 404);
-    std::string content_type;
-    for (const auto& field : f.owner.head_fields) {
-      CHECK(field.name == sluice::http::toLower(field.name));
-      CHECK(field.name != "connection");
-      if (field.name == "content-type") content_type = field.value;
-    }
-    CHECK(content_type == "application/problem+json");
-    CHECK(f.owner.written.rfind("{", 0) == 0);  // the body alone, no HTTP/1.1 text
-    CHECK(f.owner.written.find("HTTP/1.1") == std::string::npos);
+    f.exchange->begin(h2(get("/nowhere")));
+    CHECK(f.owner.localStatus() == 404);
+    CHECK(f.owner.local.back().content_type == "application/problem+json");
+    CHECK(f.owner.local.back().body.rfind("{", 0) == 0);
+    CHECK(f.owner.localContext().grpc_status == -1);
     CHECK(f.owner.finished.size() == 1);
   }
 
-  TEST_CASE("a gRPC call on a framed owner: the local answer is trailers-only, HTTP 200") {
+  TEST_CASE("a gRPC call on HTTP/2: the local answer is trailers-only, HTTP 200") {
     Fixture f;
     f.owner.framing = true;
-    sluice::http::MessageHead head = get("/pkg.Svc/Method");
+    sluice::http::MessageHead head = h2(get("/pkg.Svc/Method"));
     head.method = "POST";
     head.headers.add("content-type", "application/grpc+proto");
     f.exchange->begin(std::move(head));
-    CHECK(f.owner.trailers_only_status == 200);
+    CHECK(f.owner.localContext().grpc_status == 12);  // UNIMPLEMENTED: no route
+    CHECK(f.owner.local.back().message == "no route matches this request");
     CHECK(f.owner.head_status == 0);  // no head with a body
     CHECK(f.owner.written.empty());
-    std::string grpc_status, grpc_message, content_type;
-    for (const auto& field : f.owner.head_fields) {
-      if (field.name == "grpc-status") grpc_status = field.value;
-      if (field.name == "grpc-message") grpc_message = field.value;
-      if (field.name == "content-type") content_type = field.value;
-    }
-    CHECK(grpc_status == "12");  // UNIMPLEMENTED: no route
-    CHECK(grpc_message == "no route matches this request");
-    CHECK(content_type == "application/grpc");
     CHECK(f.requests(200) == 1);
     CHECK(f.requests(404) == 0);
     CHECK(f.owner.finished.size() == 1);
@@ -184,15 +206,17 @@ TEST_SUITE("proxy: exchange against a fake owner") {
     sluice::http::MessageHead head = get("/nowhere");
     head.headers.add("content-type", "application/grpc");
     f.exchange->begin(std::move(head));
-    CHECK(f.owner.written.rfind("HTTP/1.1 404", 0) == 0);
+    CHECK(f.owner.localStatus() == 404);
+    CHECK(f.owner.localContext().grpc_status == -1);
     f.exchange->reset();
     f.owner.framing = true;
-    f.owner.written.clear();
-    head = get("/nowhere");
+    f.owner.clear();
+    head = h2(get("/nowhere"));
     head.headers.add("content-type", "application/grpc-web+proto");
     f.exchange->begin(std::move(head));
-    CHECK(f.owner.head_status == 404);
-    CHECK(f.owner.trailers_only_status == 0);
+    CHECK(f.owner.localStatus() == 404);
+    CHECK(f.owner.localContext().grpc_status == -1);
+    CHECK(f.requests(404) == 2);
   }
 
   TEST_CASE("an owner that takes no further request: the answer is finished without keep-alive") {
@@ -200,7 +224,7 @@ TEST_SUITE("proxy: exchange against a fake owner") {
     f.owner.accepts_next = false;
     f.exchange->begin(get("/nowhere"));
     CHECK(f.owner.finished == std::vector<bool>{false});
-    CHECK(f.owner.written.find("onnection: close") != std::string::npos);
+    CHECK_FALSE(f.owner.localContext().keep_alive);
   }
 
   TEST_CASE("reset between two requests: the second starts from nothing") {
@@ -208,12 +232,13 @@ TEST_SUITE("proxy: exchange against a fake owner") {
     auto head = get("/api/x");
     head.headers.add("Expect", "something-else");
     f.exchange->begin(std::move(head));
-    CHECK(f.owner.written.rfind("HTTP/1.1 417", 0) == 0);
+    CHECK(f.owner.localStatus() == 417);
     f.exchange->reset();
     CHECK_FALSE(f.exchange->responseStarted());
-    f.owner.written.clear();
+    f.owner.clear();
     f.exchange->begin(get("/api/x#fragment"));
-    CHECK(f.owner.written.rfind("HTTP/1.1 400", 0) == 0);
+    CHECK(f.owner.localStatus() == 400);
+    CHECK(f.owner.local.size() == 1);
     CHECK(f.owner.finished == std::vector<bool>{true, true});
     CHECK(f.requests(417) == 1);
     CHECK(f.requests(400) == 1);
@@ -222,13 +247,15 @@ TEST_SUITE("proxy: exchange against a fake owner") {
   TEST_CASE("refuse: answers before any response, not after one started") {
     Fixture f;
     CHECK(f.exchange->refuse(408, "the request head did not arrive in time"));
-    CHECK(f.owner.written.rfind("HTTP/1.1 408", 0) == 0);
+    CHECK(f.owner.localStatus() == 408);
+    CHECK_FALSE(f.owner.localContext().keep_alive);
     CHECK(f.owner.finished.empty());  // the owner closes the connection itself
     f.exchange->reset();
-    f.owner.written.clear();
+    f.owner.clear();
     f.exchange->begin(get("/nowhere"));
     CHECK_FALSE(f.exchange->refuse(400, "too late"));
-    CHECK(f.owner.written.rfind("HTTP/1.1 404", 0) == 0);  // nothing more was written
+    CHECK(f.owner.localStatus() == 404);  // nothing more was written
+    CHECK(f.owner.local.size() == 1);
     CHECK(f.requests(404) == 1);
   }
 }
