@@ -118,7 +118,7 @@ void Worker::run(Generation generation, std::promise<std::pair<int, std::string>
     return;
   }
   loop_.data = this;
-  context_ = std::make_unique<proxy::WorkerContext>(&loop_, &stats_);
+  context_ = std::make_unique<worker::WorkerContext>(&loop_, &stats_);
   // uv_prepare_init only links the handle into the loop, and uv_prepare_start fails only
   // without a callback: neither can fail.
   SLUICE_UV_CHECK(end_of_iteration_.init(uv_prepare_init, &loop_, this));
@@ -165,7 +165,7 @@ void Worker::onEndOfIteration(uv_prepare_t* handle) noexcept {
   ratelimit::DecisionBatcher& decisions = self->context_->decisions();
   // The snapshot cannot change in here (only mail and the drain change it). A store replaced
   // by a reload was stopped then: only the current one has writes to make.
-  const std::shared_ptr<proxy::Snapshot>& snapshot = self->context_->snapshot();
+  const std::shared_ptr<worker::Snapshot>& snapshot = self->context_->snapshot();
   valkey::Store* store = snapshot ? snapshot->valkey.get() : nullptr;
   do {
     decisions.flush();
@@ -178,10 +178,10 @@ void Worker::onEndOfIteration(uv_prepare_t* handle) noexcept {
 
 void Worker::applyConfig(Generation generation) {
   config::ConfigPtr config = std::move(generation.config);
-  auto snapshot = std::make_shared<proxy::Snapshot>();
+  auto snapshot = std::make_shared<worker::Snapshot>();
   snapshot->access_log = std::move(generation.access_log);
   snapshot->tls = generation.tls.server;
-  const std::shared_ptr<proxy::Snapshot>& old = context_->snapshot();
+  const std::shared_ptr<worker::Snapshot>& old = context_->snapshot();
   for (size_t index = 0; index < config->upstreams.size(); ++index) {
     const config::UpstreamConfig& upstream = config->upstreams[index];
     std::shared_ptr<upstream::Cluster> reuse;
@@ -298,7 +298,7 @@ void Worker::beginDrain() {
   draining_ = true;
   context_->setDraining();
   listener_.reset();
-  for (proxy::DownstreamConnection* connection : context_->connections()) connection->drain();
+  for (worker::ClientConnection* connection : context_->connections()) connection->drain();
   const auto timeout = context_->snapshot()->config->server.drain_timeout.count();
   drain_deadline_ = std::make_unique<Timer>(&loop_, onDrainTimer, this);
   drain_deadline_->start(static_cast<uint64_t>(timeout));
@@ -312,7 +312,7 @@ void Worker::onDrainTimer(void* context) noexcept {
   if (!left.empty()) {
     SLUICE_LOG_WARN("worker {}: drain timeout, closing {} connections", self->index_, left.size());
   }
-  for (proxy::DownstreamConnection* connection : left) connection->forceClose();
+  for (worker::ClientConnection* connection : left) connection->forceClose();
   self->checkDrained();
 }
 

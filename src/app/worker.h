@@ -29,8 +29,8 @@
 #include "core/uv_handle.h"
 #include "net/listener.h"
 #include "net/tls_context.h"
-#include "proxy/worker_context.h"
 #include "stats/stats.h"
+#include "worker/worker_context.h"
 
 namespace sluice::stats {
 class AccessLog;
@@ -98,7 +98,7 @@ class Worker {
   UvHandle<uv_prepare_t> end_of_iteration_;  // data: this
   std::thread thread_;
   stats::WorkerStats stats_;
-  std::unique_ptr<proxy::WorkerContext> context_;
+  std::unique_ptr<worker::WorkerContext> context_;
   std::unique_ptr<net::Listener> listener_;
   std::unique_ptr<Timer> drain_deadline_;
   std::unique_ptr<Timer> drain_poll_;

@@ -27,9 +27,8 @@ size_t ResponseEncoder::writeContinue() {
   return text.size();
 }
 
-size_t ResponseEncoder::writeHead(const http::MessageHead& response,
-                                  std::string_view extra_headers, bool head_request,
-                                  bool client_http10, bool& keep_alive) {
+size_t ResponseEncoder::writeHead(const http::MessageHead& response, std::string_view extra_headers,
+                                  bool head_request, bool client_http10, bool& keep_alive) {
   discard();
   framing_ = http::responseFraming(response, head_request, client_http10);
   keep_alive = keep_alive && framing_ != http::Framing::CloseDelimited;

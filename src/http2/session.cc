@@ -8,8 +8,8 @@
 
 #include "core/logging.h"
 #include "http2/stream.h"
-#include "proxy/worker_context.h"
 #include "stats/stats.h"
+#include "worker/worker_context.h"
 
 namespace sluice::http2 {
 
@@ -51,11 +51,11 @@ constexpr uint64_t kLingerMs = 2000;
 constexpr size_t kHeaderBlockOverrun = 64 * 1024;
 constexpr uint32_t kOversizedBlocksForCalm = 2;
 
-uint64_t nowMs(proxy::WorkerContext& worker) { return uv_now(worker.loop()); }
+uint64_t nowMs(worker::WorkerContext& worker) { return uv_now(worker.loop()); }
 
 }  // namespace
 
-Session::Session(proxy::WorkerContext& worker, net::Transport& transport,
+Session::Session(worker::WorkerContext& worker, net::Transport& transport,
                  const std::optional<IpAddress>& peer_ip, const std::string& peer_text)
     : worker_(worker),
       transport_(transport),

@@ -31,7 +31,7 @@
 #include "core/timer.h"
 #include "net/transport.h"
 
-namespace sluice::proxy {
+namespace sluice::worker {
 class WorkerContext;
 }
 
@@ -44,7 +44,7 @@ inline constexpr std::string_view kClientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n
 
 class Session {
  public:
-  Session(proxy::WorkerContext& worker, net::Transport& transport,
+  Session(worker::WorkerContext& worker, net::Transport& transport,
           const std::optional<IpAddress>& peer_ip, const std::string& peer_text);
   ~Session();
   Session(const Session&) = delete;
@@ -63,7 +63,7 @@ class Session {
   void forceClose();
 
   // For the streams.
-  proxy::WorkerContext& worker() const { return worker_; }
+  worker::WorkerContext& worker() const { return worker_; }
   const std::optional<IpAddress>& peerIp() const { return peer_ip_; }
   const std::string& peerText() const { return peer_text_; }
   std::string_view scheme() const { return transport_.scheme(); }
@@ -124,7 +124,7 @@ class Session {
   void armTimer(TimerRole role, uint64_t ms);
   void afterStreamClosed();
 
-  proxy::WorkerContext& worker_;
+  worker::WorkerContext& worker_;
   net::Transport& transport_;
   const std::optional<IpAddress>& peer_ip_;
   const std::string& peer_text_;

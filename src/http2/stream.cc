@@ -9,8 +9,8 @@
 #include "http/grpc.h"
 #include "http/headers.h"
 #include "http2/session.h"
-#include "proxy/worker_context.h"
 #include "stats/stats.h"
+#include "worker/worker_context.h"
 
 namespace sluice::http2 {
 
@@ -67,7 +67,7 @@ Stream::Stream(Session& session, int32_t id, uint64_t opened_ms)
 
 Stream::~Stream() = default;
 
-proxy::WorkerContext& Stream::worker() const { return session_.worker(); }
+worker::WorkerContext& Stream::worker() const { return session_.worker(); }
 const std::optional<IpAddress>& Stream::peerIp() const { return session_.peerIp(); }
 const std::string& Stream::peerText() const { return session_.peerText(); }
 std::string_view Stream::scheme() const { return session_.scheme(); }

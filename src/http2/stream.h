@@ -76,7 +76,7 @@ class Stream final : public proxy::ExchangeOwner {
   };
 
   // proxy::ExchangeOwner
-  proxy::WorkerContext& worker() const override;
+  worker::WorkerContext& worker() const override;
   const std::optional<IpAddress>& peerIp() const override;
   const std::string& peerText() const override;
   std::string_view scheme() const override;

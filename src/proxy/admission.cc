@@ -35,7 +35,7 @@ http::LocalResponse bodyTooLarge() {
 
 }  // namespace
 
-Admission::Admission(WorkerContext& worker, AdmissionCallbacks& owner)
+Admission::Admission(worker::WorkerContext& worker, AdmissionCallbacks& owner)
     : worker_(worker), owner_(owner) {}
 
 Admission::~Admission() { reset(); }
@@ -65,7 +65,7 @@ void Admission::reset() {
   needs_body_ = body_complete_ = false;
 }
 
-void Admission::start(Snapshot& snapshot, const config::RouteConfig& route,
+void Admission::start(worker::Snapshot& snapshot, const config::RouteConfig& route,
                       const http::MessageHead& head, const Target& target,
                       const identity::ClientAddress& client) {
   state_ = State::Tenant;

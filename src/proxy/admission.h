@@ -17,11 +17,11 @@
 #include "identity/client_address.h"
 #include "identity/request_facts.h"
 #include "proxy/router.h"
-#include "proxy/worker_context.h"
 #include "ratelimit/batcher.h"
 #include "ratelimit/decision.h"
 #include "ratelimit/leases.h"
 #include "valkey/store.h"
+#include "worker/worker_context.h"
 
 namespace sluice::proxy {
 
@@ -38,12 +38,13 @@ class AdmissionCallbacks {
 
 class Admission final : public valkey::CallTarget, public ratelimit::DecisionTarget {
  public:
-  Admission(WorkerContext& worker, AdmissionCallbacks& owner);
+  Admission(worker::WorkerContext& worker, AdmissionCallbacks& owner);
   ~Admission() override;
 
   // The pointers stay valid until reset() (they are the Exchange's own).
-  void start(Snapshot& snapshot, const config::RouteConfig& route, const http::MessageHead& head,
-             const Target& target, const identity::ClientAddress& client);
+  void start(worker::Snapshot& snapshot, const config::RouteConfig& route,
+             const http::MessageHead& head, const Target& target,
+             const identity::ClientAddress& client);
   // Request body bytes, while waiting for them; refuses a body over max_buffered_body_bytes.
   void onBody(const char* data, size_t len);
   void onBodyComplete();
@@ -96,9 +97,9 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   void refuse(const http::LocalResponse& response);
   void admit();
 
-  WorkerContext& worker_;
+  worker::WorkerContext& worker_;
   AdmissionCallbacks& owner_;
-  Snapshot* snapshot_ = nullptr;
+  worker::Snapshot* snapshot_ = nullptr;
   const config::RouteConfig* route_ = nullptr;
   identity::RequestFacts facts_;
   std::vector<ratelimit::AppliedLimit> applied_;

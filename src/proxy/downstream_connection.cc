@@ -27,7 +27,7 @@ http::ParserLimits requestLimits(const config::ServerConfig& server) {
 
 }  // namespace
 
-DownstreamConnection::DownstreamConnection(WorkerContext& worker,
+DownstreamConnection::DownstreamConnection(worker::WorkerContext& worker,
                                            std::unique_ptr<net::Transport> transport,
                                            net::ConnectionBudget::Ticket ticket)
     : worker_(worker),

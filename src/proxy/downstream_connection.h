@@ -24,7 +24,7 @@
 #include "net/transport.h"
 #include "proxy/exchange.h"
 #include "proxy/exchange_owner.h"
-#include "proxy/worker_context.h"
+#include "worker/worker_context.h"
 
 namespace sluice::http2 {
 class Session;
@@ -32,24 +32,24 @@ class Session;
 
 namespace sluice::proxy {
 
-class DownstreamConnection final : public ExchangeOwner,
+class DownstreamConnection final : public worker::ClientConnection,
+                                   public ExchangeOwner,
                                    public net::TransportCallbacks,
                                    public http::ParserCallbacks {
  public:
   // `ticket`: its place in the process's connection budget, given back when it is destroyed.
-  DownstreamConnection(WorkerContext& worker, std::unique_ptr<net::Transport> transport,
+  DownstreamConnection(worker::WorkerContext& worker, std::unique_ptr<net::Transport> transport,
                        net::ConnectionBudget::Ticket ticket = {});
   ~DownstreamConnection() override;
 
   // Starts reading; called once by the listener.
   void start();
-  // The worker drains: close now if idle, else after the response in progress.
-  void drain();
-  // Drain time is over: close at once.
-  void forceClose();
+  // worker::ClientConnection: close now if idle, else after the response in progress; at the
+  // end of drain time, at once.
+  void drain() override;
+  void forceClose() override;
 
  private:
-  friend class WorkerContext;  // intrusive list
   enum class State {
     Reading,        // requests are read and answered, one at a time
     Closing,        // the last response is queued: once the client took it, Lingering (what
@@ -72,7 +72,7 @@ class DownstreamConnection final : public ExchangeOwner,
   };
 
   // ExchangeOwner (exchange_ only)
-  WorkerContext& worker() const override { return worker_; }
+  worker::WorkerContext& worker() const override { return worker_; }
   const std::optional<IpAddress>& peerIp() const override { return peer_ip_; }
   const std::string& peerText() const override { return peer_text_; }
   std::string_view scheme() const override { return transport_->scheme(); }
@@ -157,7 +157,7 @@ class DownstreamConnection final : public ExchangeOwner,
   // http2::Session, anything else is HTTP/1.1.
   void sniff(const char* data, size_t len);
 
-  WorkerContext& worker_;
+  worker::WorkerContext& worker_;
   net::ConnectionBudget::Ticket ticket_;
   std::unique_ptr<net::Transport> transport_;
   Timer timer_;
@@ -170,8 +170,6 @@ class DownstreamConnection final : public ExchangeOwner,
   std::string pending_;  // received, not parsed yet (pipelined requests, tunnel bytes)
   std::optional<IpAddress> peer_ip_;
   std::string peer_text_;
-  DownstreamConnection* list_prev_ = nullptr;
-  DownstreamConnection* list_next_ = nullptr;
   State state_ = State::Reading;
   enum class TimerRole { None, Idle, Header, Body, Resume, Linger, Tunnel };
   TimerRole timer_role_ = TimerRole::None;

@@ -12,11 +12,11 @@
 #include "identity/request_facts.h"
 #include "proxy/access_record.h"
 #include "proxy/exchange_owner.h"
-#include "proxy/worker_context.h"
 #include "ratelimit/keys.h"
 #include "stats/access_log.h"
 #include "stats/stats.h"
 #include "upstream/cluster.h"
+#include "worker/worker_context.h"
 
 namespace sluice::proxy {
 
@@ -98,7 +98,7 @@ void Exchange::resolveClient() {
 
 void Exchange::complete(int status) {
   if (status <= 0) return;
-  const std::shared_ptr<Snapshot>& snapshot =
+  const std::shared_ptr<worker::Snapshot>& snapshot =
       req_.snapshot ? req_.snapshot : owner_.worker().snapshot();
   if (!snapshot) return;
   snapshot->requestCounter(req_.route, status).inc();

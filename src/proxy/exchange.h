@@ -32,9 +32,11 @@ namespace sluice::upstream {
 class Cluster;
 }
 
-namespace sluice::proxy {
-
+namespace sluice::worker {
 struct Snapshot;
+}
+
+namespace sluice::proxy {
 
 class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCallbacks {
  public:
@@ -89,7 +91,7 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   // Everything one request owns, replaced as a whole between requests.
   struct Request {
     State state = State::Idle;
-    std::shared_ptr<Snapshot> snapshot;  // the configuration it started on
+    std::shared_ptr<worker::Snapshot> snapshot;  // the configuration it started on
     const config::RouteConfig* route = nullptr;
     upstream::Cluster* cluster = nullptr;
     upstream::UpstreamConnection* upstream = nullptr;  // held (busy) while not null

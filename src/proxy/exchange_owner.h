@@ -21,9 +21,11 @@
 #include "http/message.h"
 #include "http/responses.h"
 
-namespace sluice::proxy {
-
+namespace sluice::worker {
 class WorkerContext;
+}
+
+namespace sluice::proxy {
 
 // What the request says about the form of its response; a codec frames the response by it.
 struct ResponseContext {
@@ -41,7 +43,7 @@ class ExchangeOwner {
   virtual ~ExchangeOwner() = default;
 
   // The worker's loop-wide state (snapshot, batcher, counters); it outlives every owner.
-  virtual WorkerContext& worker() const = 0;
+  virtual worker::WorkerContext& worker() const = 0;
 
   // Who the client is: the peer address (none when unknown), formatted once per connection,
   // and "http" or "https" (what X-Forwarded-Proto says).

@@ -17,10 +17,10 @@
 #include "identity/request_facts.h"
 #include "net/transport.h"
 #include "proxy/router.h"
-#include "proxy/worker_context.h"
 #include "ratelimit/applied_limits.h"
 #include "ratelimit/keys.h"
 #include "stats/stats.h"
+#include "worker/worker_context.h"
 
 namespace sluice::fuzz {
 
@@ -314,7 +314,7 @@ class FuzzTransport final : public net::Transport {
 
 // Every request is answered by Sluice itself (there is no route: 404), so no socket is
 // ever opened.
-std::shared_ptr<proxy::Snapshot> http2Snapshot(stats::WorkerStats& stats) {
+std::shared_ptr<worker::Snapshot> http2Snapshot(stats::WorkerStats& stats) {
   static const config::ConfigPtr config = [] {
     auto result = config::loadConfigString(R"(
 [server]
@@ -326,7 +326,7 @@ max_concurrent_streams = 8
     if (!result.ok()) std::abort();  // the target's own configuration must load
     return result.config;
   }();
-  auto snapshot = std::make_shared<proxy::Snapshot>();
+  auto snapshot = std::make_shared<worker::Snapshot>();
   snapshot->config = config;
   snapshot->resolveStats(stats);
   return snapshot;
@@ -343,7 +343,7 @@ void http2Frames(const uint8_t* data, size_t size) {
   uv_loop_init(&loop);
   {
     stats::WorkerStats stats;
-    proxy::WorkerContext worker(&loop, &stats);
+    worker::WorkerContext worker(&loop, &stats);
     worker.setSnapshot(http2Snapshot(stats));
     FuzzTransport transport;
     const std::optional<IpAddress> peer = IpAddress::parse("192.0.2.1");

@@ -22,11 +22,11 @@
 #include "identity/tenant_cache.h"
 #include "loop_support.h"
 #include "proxy/router.h"
-#include "proxy/worker_context.h"
 #include "ratelimit/batcher.h"
 #include "ratelimit/deny_cache.h"
 #include "replies.h"
 #include "stats/stats.h"
+#include "worker/worker_context.h"
 
 using sluice::proxy::Admission;
 using sluice::testing::FakeStore;
@@ -118,7 +118,7 @@ struct Fixture {
     REQUIRE(loaded.ok());
     store = std::make_shared<FakeStore>();
     store->digit_slots = false;
-    snapshot = std::make_shared<sluice::proxy::Snapshot>();
+    snapshot = std::make_shared<sluice::worker::Snapshot>();
     snapshot->config = loaded.config;
     snapshot->valkey = store;
     snapshot->deny_cache = std::make_shared<sluice::ratelimit::DenyCache>();
@@ -156,9 +156,9 @@ struct Fixture {
 
   sluice::testing::TestLoop l;
   sluice::stats::WorkerStats stats;
-  sluice::proxy::WorkerContext worker;
+  sluice::worker::WorkerContext worker;
   std::shared_ptr<FakeStore> store;
-  std::shared_ptr<sluice::proxy::Snapshot> snapshot;
+  std::shared_ptr<sluice::worker::Snapshot> snapshot;
   Owner owner;
   std::unique_ptr<Admission> admission;
 };

@@ -19,8 +19,8 @@
 #include "http/message.h"
 #include "loop_support.h"
 #include "proxy/exchange_owner.h"
-#include "proxy/worker_context.h"
 #include "stats/stats.h"
+#include "worker/worker_context.h"
 
 namespace {
 
@@ -39,9 +39,9 @@ upstream = "app"
 // codecs' text and frames have tests of their own). framing: as an HTTP/2 stream, whose
 // requests are HTTP/2 ones (h2()).
 struct FakeOwner final : sluice::proxy::ExchangeOwner {
-  explicit FakeOwner(sluice::proxy::WorkerContext& worker) : worker_(worker) {}
+  explicit FakeOwner(sluice::worker::WorkerContext& worker) : worker_(worker) {}
 
-  sluice::proxy::WorkerContext& worker() const override { return worker_; }
+  sluice::worker::WorkerContext& worker() const override { return worker_; }
   const std::optional<sluice::IpAddress>& peerIp() const override { return ip; }
   const std::string& peerText() const override { return text; }
   std::string_view scheme() const override { return "http"; }
@@ -89,7 +89,7 @@ struct FakeOwner final : sluice::proxy::ExchangeOwner {
     written.clear();
   }
 
-  sluice::proxy::WorkerContext& worker_;
+  sluice::worker::WorkerContext& worker_;
   std::optional<sluice::IpAddress> ip = sluice::IpAddress::parse("192.0.2.7");
   std::string text = "192.0.2.7";
   bool accepts_next = true;
@@ -126,7 +126,7 @@ struct Fixture {
     auto loaded = sluice::config::loadConfigString(kConfig, "exchange_test.toml");
     for (const auto& e : loaded.errors) FAIL_CHECK(e.toString());
     REQUIRE(loaded.ok());
-    auto snapshot = std::make_shared<sluice::proxy::Snapshot>();
+    auto snapshot = std::make_shared<sluice::worker::Snapshot>();
     snapshot->config = loaded.config;
     snapshot->resolveStats(stats);
     worker.setSnapshot(snapshot);
@@ -143,7 +143,7 @@ struct Fixture {
 
   sluice::testing::TestLoop l;
   sluice::stats::WorkerStats stats;
-  sluice::proxy::WorkerContext worker;
+  sluice::worker::WorkerContext worker;
   FakeOwner owner;
   std::unique_ptr<sluice::proxy::Exchange> exchange;
 };

@@ -4,13 +4,12 @@
 // the last chunk with trailers, Sluice's own answers and the 101, each call returning exactly
 // the bytes it put on the wire.
 
-#include "http1/response_encoder.h"
-
 #include <doctest/doctest.h>
 
 #include <string>
 #include <string_view>
 
+#include "http1/response_encoder.h"
 #include "net/transport.h"
 
 namespace {
@@ -47,13 +46,15 @@ sluice::http::MessageHead response(int status) {
 }  // namespace
 
 TEST_SUITE("http1: response encoder") {
-  TEST_CASE("a response of unknown length is re-chunked, with its trailers, in one write per flush") {
+  TEST_CASE(
+      "a response of unknown length is re-chunked, with its trailers, in one write per flush") {
     RecordingTransport t;
     sluice::http1::ResponseEncoder encoder(t);
     auto head = response(200);
     head.chunked = true;
     bool keep_alive = true;
-    size_t bytes = encoder.writeHead(head, "RateLimit-Policy: 10;w=1\r\n", false, false, keep_alive);
+    size_t bytes =
+        encoder.writeHead(head, "RateLimit-Policy: 10;w=1\r\n", false, false, keep_alive);
     CHECK(keep_alive);
     bytes += encoder.writeBody("hello");
     CHECK(t.wire.empty());  // gathered

@@ -1,5 +1,5 @@
 // The metrics table, per-worker counters and histograms (src/stats/stats.h), their resolution
-// when a configuration is loaded (proxy::Snapshot) and their Prometheus text exposition, summed
+// when a configuration is loaded (worker::Snapshot) and their Prometheus text exposition, summed
 // over workers (src/admin/metrics.h).
 
 #include "stats/stats.h"
@@ -19,10 +19,10 @@
 
 #include "admin/metrics.h"
 #include "config/loader.h"
-#include "proxy/worker_context.h"
 #include "ratelimit/decision.h"
 #include "upstream/upstream_connection.h"
 #include "valkey/store.h"
+#include "worker/worker_context.h"
 
 using namespace sluice::stats;
 using sluice::admin::renderMetrics;
@@ -674,7 +674,7 @@ window = "1s"
 TEST_SUITE("stats resolved with the configuration") {
   TEST_CASE("a snapshot resolves its routes, limits and upstreams when it is built") {
     WorkerStats stats;
-    sluice::proxy::Snapshot snapshot;
+    sluice::worker::Snapshot snapshot;
     snapshot.config = loadConfig(R"(
 [[route]]
 name = "api"
@@ -707,7 +707,7 @@ limits = ["per_ip"]
 
   TEST_CASE("a reload: a kept name goes on in its series, a new one gets its own, old ones stay") {
     WorkerStats stats;
-    auto before = std::make_shared<sluice::proxy::Snapshot>();
+    auto before = std::make_shared<sluice::worker::Snapshot>();
     before->config = loadConfig(R"(
 [[route]]
 name = "old"
@@ -720,7 +720,7 @@ match = { path_prefix = "/api/" }
 upstream = "app"
 )");
     before->resolveStats(stats);
-    auto after = std::make_shared<sluice::proxy::Snapshot>();
+    auto after = std::make_shared<sluice::worker::Snapshot>();
     after->config = loadConfig(R"(
 [[route]]
 name = "api"

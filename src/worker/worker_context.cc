@@ -1,15 +1,14 @@
-#include "proxy/worker_context.h"
+#include "worker/worker_context.h"
 
 #include <cstdio>
 #include <random>
 
-#include "proxy/downstream_connection.h"
 #include "ratelimit/batcher.h"
 #include "ratelimit/leases.h"
 #include "ratelimit/resender.h"
 #include "stats/stats.h"
 
-namespace sluice::proxy {
+namespace sluice::worker {
 
 WorkerContext::WorkerContext(uv_loop_t* loop, stats::WorkerStats* stats)
     : loop_(loop),
@@ -69,7 +68,7 @@ std::string WorkerContext::nextRequestId() {
   return request_id_prefix_ + "-" + std::to_string(++request_counter_);
 }
 
-void WorkerContext::add(DownstreamConnection* connection) {
+void WorkerContext::add(ClientConnection* connection) {
   connection->list_prev_ = nullptr;
   connection->list_next_ = head_;
   if (head_) head_->list_prev_ = connection;
@@ -77,7 +76,7 @@ void WorkerContext::add(DownstreamConnection* connection) {
   ++count_;
 }
 
-void WorkerContext::remove(DownstreamConnection* connection) {
+void WorkerContext::remove(ClientConnection* connection) {
   if (connection->list_prev_) {
     connection->list_prev_->list_next_ = connection->list_next_;
   } else if (head_ == connection) {
@@ -90,11 +89,11 @@ void WorkerContext::remove(DownstreamConnection* connection) {
   --count_;
 }
 
-std::vector<DownstreamConnection*> WorkerContext::connections() const {
-  std::vector<DownstreamConnection*> out;
+std::vector<ClientConnection*> WorkerContext::connections() const {
+  std::vector<ClientConnection*> out;
   out.reserve(count_);
-  for (DownstreamConnection* c = head_; c; c = c->list_next_) out.push_back(c);
+  for (ClientConnection* c = head_; c; c = c->list_next_) out.push_back(c);
   return out;
 }
 
-}  // namespace sluice::proxy
+}  // namespace sluice::worker

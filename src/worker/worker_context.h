@@ -43,9 +43,24 @@ namespace sluice::net {
 class TlsServerContext;
 }
 
-namespace sluice::proxy {
+namespace sluice::worker {
 
-class DownstreamConnection;
+// A client connection as the worker's drain sees it: the worker lists every one it has.
+class ClientConnection {
+ public:
+  // The worker drains: close now if idle, else after what is in progress.
+  virtual void drain() = 0;
+  // Drain time is over: close at once.
+  virtual void forceClose() = 0;
+
+ protected:
+  ~ClientConnection() = default;
+
+ private:
+  friend class WorkerContext;  // intrusive list
+  ClientConnection* list_prev_ = nullptr;
+  ClientConnection* list_next_ = nullptr;
+};
 
 // One configuration generation as a worker runs it. Requests keep the snapshot they started
 // on, so a reload never changes a request in flight.
@@ -105,11 +120,11 @@ class WorkerContext {
   void setDraining() { draining_ = true; }
 
   // Connections register themselves so that a drain can reach every one of them.
-  void add(DownstreamConnection* connection);
-  void remove(DownstreamConnection* connection);
+  void add(ClientConnection* connection);
+  void remove(ClientConnection* connection);
   size_t connectionCount() const { return count_; }
   // A copy of the list, so that the caller may close connections while walking it.
-  std::vector<DownstreamConnection*> connections() const;
+  std::vector<ClientConnection*> connections() const;
 
  private:
   uv_loop_t* loop_;
@@ -122,8 +137,8 @@ class WorkerContext {
   bool draining_ = false;
   std::string request_id_prefix_;
   uint64_t request_counter_ = 0;
-  DownstreamConnection* head_ = nullptr;
+  ClientConnection* head_ = nullptr;
   size_t count_ = 0;
 };
 
-}  // namespace sluice::proxy
+}  // namespace sluice::worker
