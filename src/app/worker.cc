@@ -6,10 +6,10 @@
 
 #include "core/ip_address.h"
 #include "core/logging.h"
+#include "downstream/connection.h"
 #include "identity/tenant_cache.h"
 #include "net/connection_budget.h"
 #include "net/tls_transport.h"
-#include "proxy/downstream_connection.h"
 #include "ratelimit/batcher.h"
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/leases.h"
@@ -290,7 +290,7 @@ void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport) {
   } else {
     t = std::move(transport);
   }
-  auto* connection = new proxy::DownstreamConnection(*context_, std::move(t), std::move(ticket));
+  auto* connection = new downstream::Connection(*context_, std::move(t), std::move(ticket));
   connection->start();
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 
 // One HTTP/2 client connection (RFC 9113) on libnghttp2: h2 after ALPN on a TLS listener, h2c
-// with prior knowledge on a plain one. The DownstreamConnection that read the client preface
+// with prior knowledge on a plain one. The downstream::Connection that read the client preface
 // hands its transport over and keeps owning it (and this session): it forwards the transport's
 // callbacks here.
 //

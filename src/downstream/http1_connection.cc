@@ -1,13 +1,10 @@
-#include "proxy/downstream_connection.h"
-
-#include <algorithm>
+#include "downstream/http1_connection.h"
 
 #include "core/logging.h"
 #include "http/headers.h"
-#include "http2/session.h"
 #include "stats/stats.h"
 
-namespace sluice::proxy {
+namespace sluice::downstream {
 
 namespace {
 
@@ -27,61 +24,38 @@ http::ParserLimits requestLimits(const config::ServerConfig& server) {
 
 }  // namespace
 
-DownstreamConnection::DownstreamConnection(worker::WorkerContext& worker,
-                                           std::unique_ptr<net::Transport> transport,
-                                           net::ConnectionBudget::Ticket ticket)
+Http1Connection::Http1Connection(worker::WorkerContext& worker, net::Transport& transport,
+                                 const std::optional<IpAddress>& peer_ip,
+                                 const std::string& peer_text)
     : worker_(worker),
-      ticket_(std::move(ticket)),
-      transport_(std::move(transport)),
+      transport_(transport),
+      peer_ip_(peer_ip),
+      peer_text_(peer_text),
       timer_(worker.loop(), onTimer, this),
       deferred_(worker.loop(), onDeferred, this),
       send_timer_(worker.loop(), onSendTimeout, this),
       body_timer_(worker.loop(), onBodyTimeout, this),
       parser_(http::Parser::Type::Request, this, requestLimits(worker.snapshot()->config->server)),
-      encoder_(*transport_),
-      exchange_(*this),
-      sniffing_(worker.snapshot()->config->server.http2) {
-  transport_->setCallbacks(this);
-  if (const sockaddr* peer = transport_->peerAddress()) {
-    peer_ip_ = IpAddress::fromSockaddr(peer);
-    if (peer_ip_) {
-      peer_ip_ = peer_ip_->unmapped();
-      peer_text_ = peer_ip_->toString();
-    }
-  }
-  worker_.add(this);
-  worker_.stats().connections_open.add(1);
-  worker_.stats().connections_total.inc();
-}
+      encoder_(transport),
+      exchange_(*this) {}
 
-DownstreamConnection::~DownstreamConnection() {
-  worker_.remove(this);
-  worker_.stats().connections_open.add(-1);
-}
+Http1Connection::~Http1Connection() = default;
 
-void DownstreamConnection::start() {
-  transport_->readStart();
+void Http1Connection::start() {
   timer_role_ = TimerRole::Header;
   timer_.start(
       static_cast<uint64_t>(worker_.snapshot()->config->server.request_header_timeout.count()));
 }
 
-void DownstreamConnection::armIdleTimer() {
+void Http1Connection::armIdleTimer() {
   timer_role_ = TimerRole::Idle;
   timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
 }
 
-void DownstreamConnection::onRead(const char* data, size_t len) {
+void Http1Connection::onRead(const char* data, size_t len) {
   switch (state_) {
     case State::Reading:
-      if (sniffing_) {
-        sniff(data, len);
-        return;
-      }
       break;
-    case State::Http2:
-      h2_->onRead(data, len);
-      return;
     case State::Tunnel:
       tunnelActivity();
       exchange_.onClientTunnelData(data, len);
@@ -90,6 +64,7 @@ void DownstreamConnection::onRead(const char* data, size_t len) {
     case State::TunnelClosing:
     case State::Lingering:
     case State::Aborting:
+    case State::HandedOver:
     case State::Closed:
       return;
   }
@@ -99,38 +74,23 @@ void DownstreamConnection::onRead(const char* data, size_t len) {
     pending_.append(data, len);
     if (pending_.size() > kMaxPendingBytes && !paused_full_) {
       paused_full_ = true;
-      transport_->readStop();
+      transport_.readStop();
     }
     return;
   }
   process(data, len);
 }
 
-void DownstreamConnection::sniff(const char* data, size_t len) {
-  pending_.append(data, len);
-  const std::string_view preface = http2::kClientPreface;
-  const size_t n = std::min(pending_.size(), preface.size());
-  if (pending_.compare(0, n, preface.substr(0, n)) != 0) {
-    sniffing_ = false;  // HTTP/1.1
-    std::string received;
-    received.swap(pending_);
-    process(received.data(), received.size());
-    return;
-  }
-  if (pending_.size() < preface.size()) return;  // a part of the preface: wait for the rest
-  state_ = State::Http2;
+void Http1Connection::handOver() {
+  state_ = State::HandedOver;
   timer_role_ = TimerRole::None;
   timer_.stop();
   send_timer_.stop();
   body_timer_.stop();
   deferred_.stop();
-  std::string received;
-  received.swap(pending_);
-  h2_ = std::make_unique<http2::Session>(worker_, *transport_, peer_ip_, peer_text_);
-  h2_->start(received);
 }
 
-void DownstreamConnection::process(const char* data, size_t len) {
+void Http1Connection::process(const char* data, size_t len) {
   if (request_ == Request::None && !parser_.inMessage() && timer_role_ != TimerRole::Header) {
     // The first byte of a new request: from now on the head has request_header_timeout.
     timer_role_ = TimerRole::Header;
@@ -149,7 +109,7 @@ void DownstreamConnection::process(const char* data, size_t len) {
       pending_.append(data + result.consumed, len - result.consumed);
       if (pending_.size() > kMaxPendingBytes && !paused_full_) {
         paused_full_ = true;
-        transport_->readStop();
+        transport_.readStop();
       }
       break;
     case http::Parser::Status::Error:
@@ -159,7 +119,7 @@ void DownstreamConnection::process(const char* data, size_t len) {
   if (answered()) afterResponse();
 }
 
-int DownstreamConnection::onMessageHead(http::MessageHead& head) {
+int Http1Connection::onMessageHead(http::MessageHead& head) {
   request_ = Request::Receiving;
   keep_alive_ = head.keep_alive;
   if (head.version_major != 1) return 505;
@@ -180,18 +140,18 @@ int DownstreamConnection::onMessageHead(http::MessageHead& head) {
   return 0;
 }
 
-void DownstreamConnection::onMessageBody(const char* data, size_t len) {
+void Http1Connection::onMessageBody(const char* data, size_t len) {
   if (timer_role_ == TimerRole::Body) {
     timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
   }
   exchange_.onRequestBody(data, len);
 }
 
-void DownstreamConnection::onMessageTrailers(http::HeaderMap& trailers) {
+void Http1Connection::onMessageTrailers(http::HeaderMap& trailers) {
   exchange_.onRequestTrailers(trailers);
 }
 
-void DownstreamConnection::onMessageComplete() {
+void Http1Connection::onMessageComplete() {
   body_timer_.stop();
   if (request_ == Request::Receiving) request_ = Request::Received;
   if (request_ == Request::AnsweredEarly) request_ = Request::Answered;
@@ -202,7 +162,7 @@ void DownstreamConnection::onMessageComplete() {
   exchange_.onRequestComplete();
 }
 
-void DownstreamConnection::responseFinished(bool keep_alive) {
+void Http1Connection::responseFinished(bool keep_alive) {
   if (request_ == Request::Receiving) request_ = Request::AnsweredEarly;
   if (request_ == Request::Received) request_ = Request::Answered;
   keep_alive_ = keep_alive_ && keep_alive;
@@ -212,7 +172,7 @@ void DownstreamConnection::responseFinished(bool keep_alive) {
   if (!in_parser_) deferred_.start(0);
 }
 
-void DownstreamConnection::abortResponse() {
+void Http1Connection::abortResponse() {
   if (state_ == State::Aborting || state_ == State::Closed) return;
   // The exchange is inside one of its methods (an upstream callback): it is reset, and the
   // connection closed, once that returned. Until then nothing more is read or timed.
@@ -224,14 +184,14 @@ void DownstreamConnection::abortResponse() {
   deferred_.start(0);
 }
 
-void DownstreamConnection::onDeferred(void* self) {
-  auto* conn = static_cast<DownstreamConnection*>(self);
+void Http1Connection::onDeferred(void* self) {
+  auto* conn = static_cast<Http1Connection*>(self);
   switch (conn->state_) {
     case State::Reading:
       if (conn->answered()) conn->afterResponse();
       return;
     case State::TunnelClosing:
-      if (conn->transport_->pendingBytes() == 0) conn->closeNow();
+      if (conn->transport_.pendingBytes() == 0) conn->closeNow();
       return;
     case State::Aborting:
       conn->closeNow();
@@ -239,13 +199,13 @@ void DownstreamConnection::onDeferred(void* self) {
     case State::Closing:
     case State::Tunnel:
     case State::Lingering:
-    case State::Http2:
+    case State::HandedOver:
     case State::Closed:
       return;
   }
 }
 
-void DownstreamConnection::afterResponse() {
+void Http1Connection::afterResponse() {
   deferred_.stop();
   body_timer_.stop();
   const bool complete = request_ == Request::Answered;
@@ -257,13 +217,13 @@ void DownstreamConnection::afterResponse() {
     return;
   }
   parser_.resume();
-  if (!pending_.empty() && transport_->pendingBytes() > kMaxPendingBytes) {
+  if (!pending_.empty() && transport_.pendingBytes() > kMaxPendingBytes) {
     // A pipelined request is waiting, and so are this connection's unsent answers: it is
     // parsed once the client has read them (onWriteDrained), as forwarded answers wait.
     resume_on_drain_ = true;
     timer_role_ = TimerRole::None;
     timer_.stop();
-    transport_->readStop();
+    transport_.readStop();
     paused_full_ = true;
   } else if (!pending_.empty()) {
     // A pipelined request is waiting. Parse it from the loop, not from inside the callback
@@ -275,7 +235,7 @@ void DownstreamConnection::afterResponse() {
   }
 }
 
-void DownstreamConnection::failRequest(int status, const char* reason) {
+void Http1Connection::failRequest(int status, const char* reason) {
   SLUICE_LOG_DEBUG("client request refused: {} {}", status, logging::sanitize(reason));
   request_ = Request::None;
   if (exchange_.refuse(status, reason)) {
@@ -285,11 +245,11 @@ void DownstreamConnection::failRequest(int status, const char* reason) {
   }
 }
 
-void DownstreamConnection::closeAfterWrites() {
+void Http1Connection::closeAfterWrites() {
   if (state_ != State::Reading) return;
   state_ = State::Closing;
   exchange_.abort();
-  if (transport_->pendingBytes() == 0) {
+  if (transport_.pendingBytes() == 0) {
     onWriteDrained();
     return;
   }
@@ -298,8 +258,8 @@ void DownstreamConnection::closeAfterWrites() {
   timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
 }
 
-void DownstreamConnection::closeNow() {
-  if (state_ == State::Closed) return;
+void Http1Connection::closeNow() {
+  if (state_ == State::Closed || state_ == State::HandedOver) return;
   state_ = State::Closed;
   exchange_.abort();
   encoder_.discard();
@@ -307,26 +267,27 @@ void DownstreamConnection::closeNow() {
   send_timer_.stop();
   body_timer_.stop();
   deferred_.stop();
-  transport_->close();
+  transport_.close();
 }
 
-void DownstreamConnection::pauseReading() {
+void Http1Connection::pauseReading() {
   paused_by_exchange_ = true;
-  transport_->readStop();
+  transport_.readStop();
 }
 
-void DownstreamConnection::resumeReading() {
+void Http1Connection::resumeReading() {
   paused_by_exchange_ = false;
-  if (!paused_full_ && state_ != State::Closed) transport_->readStart();
+  if (!paused_full_ && state_ != State::Closed) transport_.readStart();
 }
 
-void DownstreamConnection::tunnelActivity() {
+void Http1Connection::tunnelActivity() {
   timer_role_ = TimerRole::Tunnel;
   timer_.start(static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
 }
 
-std::string DownstreamConnection::startTunnel(const http::MessageHead& response,
-                                              const ResponseContext& context, size_t* head_bytes) {
+std::string Http1Connection::startTunnel(const http::MessageHead& response,
+                                         const proxy::ResponseContext& context,
+                                         size_t* head_bytes) {
   *head_bytes = sent(encoder_.writeSwitchingProtocols(response, context.client_http10));
   state_ = State::Tunnel;
   tunnelActivity();
@@ -334,40 +295,32 @@ std::string DownstreamConnection::startTunnel(const http::MessageHead& response,
   early.swap(pending_);
   paused_full_ = false;
   // The exchange writes `early` upstream on return (and may pause reading again then).
-  if (!paused_by_exchange_) transport_->readStart();
+  if (!paused_by_exchange_) transport_.readStart();
   return early;
 }
 
-void DownstreamConnection::tunnelEnded() {
+void Http1Connection::tunnelEnded() {
   if (state_ != State::Tunnel) return;
   state_ = State::TunnelClosing;
   // Closed once the last bytes went out: by onWriteDrained(), or, when none wait, on the next
   // loop iteration (the exchange that said so is still inside its call).
-  if (transport_->pendingBytes() == 0) deferred_.start(0);
+  if (transport_.pendingBytes() == 0) deferred_.start(0);
 }
 
-void DownstreamConnection::drain() {
+void Http1Connection::drain() {
   draining_ = true;
-  if (state_ == State::Http2) {
-    h2_->drain();
-    return;
-  }
   // A connection closing after its last response is closed at once too, as when it reads.
   if (state_ != State::Reading && state_ != State::Closing) return;
   if (request_ == Request::None && !parser_.inMessage()) closeNow();
 }
 
-void DownstreamConnection::forceClose() {
-  if (state_ == State::Http2) {
-    h2_->forceClose();
-    return;
-  }
+void Http1Connection::forceClose() {
   exchange_.abort(503, "cut at the end of drain_timeout");
   closeNow();
 }
 
-void DownstreamConnection::onTimer(void* context) {
-  auto* self = static_cast<DownstreamConnection*>(context);
+void Http1Connection::onTimer(void* context) {
+  auto* self = static_cast<Http1Connection*>(context);
   const TimerRole role = self->timer_role_;
   self->timer_role_ = TimerRole::None;
   switch (role) {
@@ -387,7 +340,7 @@ void DownstreamConnection::onTimer(void* context) {
       buffered.swap(self->pending_);
       if (self->paused_full_) {
         self->paused_full_ = false;
-        if (!self->paused_by_exchange_) self->transport_->readStart();
+        if (!self->paused_by_exchange_) self->transport_.readStart();
       }
       self->process(buffered.data(), buffered.size());
       return;
@@ -397,25 +350,21 @@ void DownstreamConnection::onTimer(void* context) {
   }
 }
 
-void DownstreamConnection::onSendTimeout(void* context) {
-  auto* self = static_cast<DownstreamConnection*>(context);
+void Http1Connection::onSendTimeout(void* context) {
+  auto* self = static_cast<Http1Connection*>(context);
   SLUICE_LOG_DEBUG("client {} took no byte for send_timeout: closed", self->peer_text_);
   self->worker_.stats().client_timeouts[stats::ClientTimeout::Send].inc();
   self->exchange_.abort(499, "the client stopped reading (send_timeout)");
   self->closeNow();
 }
 
-void DownstreamConnection::onBodyTimeout(void* context) {
-  auto* self = static_cast<DownstreamConnection*>(context);
+void Http1Connection::onBodyTimeout(void* context) {
+  auto* self = static_cast<Http1Connection*>(context);
   self->worker_.stats().client_timeouts[stats::ClientTimeout::Body].inc();
   self->failRequest(408, "the request body did not arrive within request_body_timeout");
 }
 
-void DownstreamConnection::onReadEnd(int status) {
-  if (state_ == State::Http2) {
-    h2_->onReadEnd(status);
-    return;
-  }
+void Http1Connection::onReadEnd(int status) {
   if (state_ == State::Tunnel || state_ == State::TunnelClosing) {
     exchange_.onClientTunnelEnd();
     return;
@@ -435,7 +384,7 @@ void DownstreamConnection::onReadEnd(int status) {
   closeNow();
 }
 
-void DownstreamConnection::onWriteDrained() {
+void Http1Connection::onWriteDrained() {
   send_timer_.stop();
   switch (state_) {
     case State::Reading:
@@ -448,8 +397,8 @@ void DownstreamConnection::onWriteDrained() {
       return;
     case State::Closing:
       state_ = State::Lingering;
-      transport_->shutdownWrite();
-      transport_->readStart();
+      transport_.shutdownWrite();
+      transport_.readStart();
       timer_role_ = TimerRole::Linger;
       timer_.start(kLingerMs);
       return;
@@ -459,24 +408,14 @@ void DownstreamConnection::onWriteDrained() {
     case State::TunnelClosing:
       closeNow();
       return;
-    case State::Http2:
-      h2_->onWriteDrained();
-      return;
     case State::Lingering:
     case State::Aborting:
+    case State::HandedOver:
     case State::Closed:
       return;
   }
 }
 
-void DownstreamConnection::onWriteError(int status) {
-  if (state_ == State::Http2) {
-    h2_->onWriteError(status);
-    return;
-  }
-  closeNow();
-}
+void Http1Connection::onWriteError(int) { closeNow(); }
 
-void DownstreamConnection::onClosed() { delete this; }
-
-}  // namespace sluice::proxy
+}  // namespace sluice::downstream

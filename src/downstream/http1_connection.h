@@ -1,18 +1,19 @@
 #pragma once
 
-// One client connection: reads and parses requests, one exchange at a time (pipelined requests
-// wait, unparsed, until the response before them is complete), writes responses, enforces the
+// The HTTP/1.1 side of a client connection (downstream::Connection, which owns it and the
+// transport, and hands it the transport's events): reads and parses requests, one exchange at
+// a time (pipelined requests wait, unparsed, until the response before them is complete),
+// writes responses through the HTTP/1.1 codec (http1::ResponseEncoder), enforces the
 // client-side timeouts, and closes without losing the last response (lingering close).
 //
-// Lifetime: created by the listener, destroyed in the transport's onClosed(), never earlier.
-// It is the HTTP/1.1 ExchangeOwner: the exchange is reset by the connection only, from its own
+// Lifetime: that of its Connection, destroyed once the transport closed. It is the HTTP/1.1
+// ExchangeOwner: the exchange is reset by the connection only, from its own
 // callbacks. What the exchange asks from inside one of its methods (inside an upstream or
 // Valkey callback, or inside the parser) takes effect once that call has returned: the reset
 // after a finished response (after the parser, or on the next loop iteration, through
 // deferred_), and every close it asks for (on the next loop iteration), so no object is reset
 // while one of its methods runs.
 
-#include <memory>
 #include <optional>
 #include <string>
 
@@ -20,34 +21,36 @@
 #include "core/timer.h"
 #include "http/parser.h"
 #include "http1/response_encoder.h"
-#include "net/connection_budget.h"
 #include "net/transport.h"
 #include "proxy/exchange.h"
 #include "proxy/exchange_owner.h"
 #include "worker/worker_context.h"
 
-namespace sluice::http2 {
-class Session;
-}
+namespace sluice::downstream {
 
-namespace sluice::proxy {
-
-class DownstreamConnection final : public worker::ClientConnection,
-                                   public ExchangeOwner,
-                                   public net::TransportCallbacks,
-                                   public http::ParserCallbacks {
+class Http1Connection final : public proxy::ExchangeOwner, public http::ParserCallbacks {
  public:
-  // `ticket`: its place in the process's connection budget, given back when it is destroyed.
-  DownstreamConnection(worker::WorkerContext& worker, std::unique_ptr<net::Transport> transport,
-                       net::ConnectionBudget::Ticket ticket = {});
-  ~DownstreamConnection() override;
+  // `peer_ip`, `peer_text`: the Connection's, which outlive this.
+  Http1Connection(worker::WorkerContext& worker, net::Transport& transport,
+                  const std::optional<IpAddress>& peer_ip, const std::string& peer_text);
+  ~Http1Connection() override;
 
-  // Starts reading; called once by the listener.
+  // The first request's head has request_header_timeout from now.
   void start();
-  // worker::ClientConnection: close now if idle, else after the response in progress; at the
-  // end of drain time, at once.
-  void drain() override;
-  void forceClose() override;
+  // Requests are read and answered (not closing, not a tunnel): the first bytes may still
+  // turn the connection into HTTP/2.
+  bool reading() const { return state_ == State::Reading; }
+  // The client preface came: HTTP/2 takes the connection; nothing here runs any more.
+  void handOver();
+  // Close now if idle, else after the response in progress; at the end of drain time, at once.
+  void drain();
+  void forceClose();
+
+  // The transport's events, through the Connection.
+  void onRead(const char* data, size_t len);
+  void onReadEnd(int status);
+  void onWriteDrained();
+  void onWriteError(int status);
 
  private:
   enum class State {
@@ -58,7 +61,7 @@ class DownstreamConnection final : public worker::ClientConnection,
     TunnelClosing,  // both sides of the tunnel ended: closed once the last bytes went out
     Lingering,      // FIN sent: reads are discarded until the client closes, or kLingerMs
     Aborting,       // the exchange cut its response: closed on the next loop iteration
-    Http2,          // the client sent the HTTP/2 preface: the session has the connection
+    HandedOver,     // the client sent the HTTP/2 preface: an http2::Session has the connection
     Closed,
   };
   // The request being answered, while State::Reading.
@@ -71,15 +74,15 @@ class DownstreamConnection final : public worker::ClientConnection,
     Answered,       // both are done: the exchange is reset, then the next request may come
   };
 
-  // ExchangeOwner (exchange_ only)
+  // proxy::ExchangeOwner (exchange_ only)
   worker::WorkerContext& worker() const override { return worker_; }
   const std::optional<IpAddress>& peerIp() const override { return peer_ip_; }
   const std::string& peerText() const override { return peer_text_; }
-  std::string_view scheme() const override { return transport_->scheme(); }
+  std::string_view scheme() const override { return transport_.scheme(); }
   std::string_view protocol() const override { return "http/1.1"; }
   size_t writeContinue() override { return sent(encoder_.writeContinue()); }
   size_t writeResponseHead(const http::MessageHead& response, std::string_view extra_headers,
-                           ResponseContext& context) override {
+                           proxy::ResponseContext& context) override {
     return encoder_.writeHead(response, extra_headers, context.head_method, context.client_http10,
                               context.keep_alive);
   }
@@ -92,32 +95,27 @@ class DownstreamConnection final : public worker::ClientConnection,
     return sent(encoder_.end(trailers));
   }
   // A gRPC call comes over HTTP/2 only: this connection never has one.
-  size_t writeLocal(const http::LocalResponse& response, const ResponseContext& context) override {
+  size_t writeLocal(const http::LocalResponse& response,
+                    const proxy::ResponseContext& context) override {
     return sent(encoder_.writeLocal(response, context.keep_alive, context.head_method,
                                     context.client_http10));
   }
   void writeTunnelData(std::string_view data) override {
-    transport_->write(data);
+    transport_.write(data);
     armSendTimer();
   }
-  size_t pendingBytes() const override { return transport_->pendingBytes(); }
+  size_t pendingBytes() const override { return transport_.pendingBytes(); }
   void pauseReading() override;
   void resumeReading() override;
   bool acceptsNextRequest() const override { return !worker_.draining() && !client_eof_; }
   void responseFinished(bool keep_alive) override;
   void abortResponse() override;
-  std::string startTunnel(const http::MessageHead& response, const ResponseContext& context,
+  std::string startTunnel(const http::MessageHead& response, const proxy::ResponseContext& context,
                           size_t* head_bytes) override;
   void tunnelActivity() override;
-  void shutdownWrite() override { transport_->shutdownWrite(); }
+  void shutdownWrite() override { transport_.shutdownWrite(); }
   void tunnelEnded() override;
 
-  // net::TransportCallbacks
-  void onRead(const char* data, size_t len) override;
-  void onReadEnd(int status) override;
-  void onWriteDrained() override;
-  void onWriteError(int status) override;
-  void onClosed() override;
   // http::ParserCallbacks
   int onMessageHead(http::MessageHead& head) override;
   void onMessageBody(const char* data, size_t len) override;
@@ -138,7 +136,7 @@ class DownstreamConnection final : public worker::ClientConnection,
   // Bytes wait for the client: it has send_timeout to take them (any progress to empty
   // restarts the count).
   void armSendTimer() {
-    if (transport_->pendingBytes() > 0 && !send_timer_.active()) {
+    if (transport_.pendingBytes() > 0 && !send_timer_.active()) {
       send_timer_.start(
           static_cast<uint64_t>(worker_.snapshot()->config->server.sendTimeout().count()));
     }
@@ -153,23 +151,19 @@ class DownstreamConnection final : public worker::ClientConnection,
   void closeAfterWrites();
   void closeNow();
   void armIdleTimer();
-  // The first bytes decide: the HTTP/2 client preface (or a part of it so far) goes to an
-  // http2::Session, anything else is HTTP/1.1.
-  void sniff(const char* data, size_t len);
 
   worker::WorkerContext& worker_;
-  net::ConnectionBudget::Ticket ticket_;
-  std::unique_ptr<net::Transport> transport_;
+  net::Transport& transport_;
+  const std::optional<IpAddress>& peer_ip_;
+  const std::string& peer_text_;
   Timer timer_;
   Timer deferred_;    // runs onDeferred() on the next loop iteration
   Timer send_timer_;  // send_timeout: bytes unsent since it started
   Timer body_timer_;  // request_body_timeout: from the head to the body's last byte
   http::Parser parser_;
   http1::ResponseEncoder encoder_;
-  Exchange exchange_;
+  proxy::Exchange exchange_;
   std::string pending_;  // received, not parsed yet (pipelined requests, tunnel bytes)
-  std::optional<IpAddress> peer_ip_;
-  std::string peer_text_;
   State state_ = State::Reading;
   enum class TimerRole { None, Idle, Header, Body, Resume, Linger, Tunnel };
   TimerRole timer_role_ = TimerRole::None;
@@ -183,9 +177,6 @@ class DownstreamConnection final : public worker::ClientConnection,
   bool resume_on_drain_ = false;
   bool client_eof_ = false;
   bool draining_ = false;
-  bool sniffing_;  // no byte decided the protocol yet (only when [server] http2 is on)
-  // Last: destroyed first, while the transport and peer it refers to still live.
-  std::unique_ptr<http2::Session> h2_;
 };
 
-}  // namespace sluice::proxy
+}  // namespace sluice::downstream
