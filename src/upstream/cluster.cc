@@ -4,7 +4,6 @@
 
 #include "core/logging.h"
 #include "http/forwarding.h"
-#include "upstream/upstream_connection.h"
 
 namespace sluice::upstream {
 

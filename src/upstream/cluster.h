@@ -19,6 +19,7 @@
 
 #include "config/config.h"
 #include "core/timer.h"
+#include "upstream/upstream_connection.h"
 
 namespace sluice::net {
 class TlsClientContext;
@@ -26,19 +27,16 @@ class TlsClientContext;
 
 namespace sluice::upstream {
 
-class UpstreamCallbacks;
-class UpstreamConnection;
-
-class Cluster : public std::enable_shared_from_this<Cluster> {
+class Cluster final : public ConnectionPool, public std::enable_shared_from_this<Cluster> {
  public:
   // `tls`: the upstream's TLS client context, or null for plain TCP.
   Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
           std::shared_ptr<const net::TlsClientContext> tls);
-  ~Cluster();
+  ~Cluster() override;
 
-  const std::string& name() const { return name_; }
+  const std::string& name() const override { return name_; }
   size_t endpointCount() const { return endpoints_.size(); }
-  const std::string& endpointName(size_t index) const { return endpoints_[index].name; }
+  const std::string& endpointName(size_t index) const override { return endpoints_[index].name; }
   // The Host of a request whose client sent none: "127.0.0.1:9000", "api.internal" (port 80).
   const std::string& endpointAuthority(size_t index) const { return endpoints_[index].authority; }
 
@@ -51,15 +49,15 @@ class Cluster : public std::enable_shared_from_this<Cluster> {
   Acquired acquire(UpstreamCallbacks* owner, bool fresh);
 
   // The endpoint refused or timed out: skip it for fail_timeout.
-  void reportFailure(size_t endpoint);
+  void reportFailure(size_t endpoint) override;
 
   // Closes every idle connection; released connections close instead of pooling from now.
   void retire();
-  bool retired() const { return retired_; }
+  bool retired() const override { return retired_; }
 
   // UpstreamConnection use.
-  void returnIdle(UpstreamConnection* connection);
-  void removeIdle(UpstreamConnection* connection);
+  void returnIdle(UpstreamConnection* connection) override;
+  void removeIdle(UpstreamConnection* connection) override;
 
   uint64_t responseTimeoutMs() const { return response_timeout_ms_; }
 

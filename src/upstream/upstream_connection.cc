@@ -3,7 +3,6 @@
 #include "core/logging.h"
 #include "net/tls_context.h"
 #include "net/tls_transport.h"
-#include "upstream/cluster.h"
 
 namespace sluice::upstream {
 
@@ -31,9 +30,9 @@ const char* toString(UpstreamError error) {
   return "unknown";
 }
 
-UpstreamConnection::UpstreamConnection(std::shared_ptr<Cluster> cluster, size_t endpoint,
+UpstreamConnection::UpstreamConnection(std::shared_ptr<ConnectionPool> pool, size_t endpoint,
                                        uv_loop_t* loop)
-    : cluster_(std::move(cluster)),
+    : pool_(std::move(pool)),
       endpoint_(endpoint),
       loop_(loop),
       tcp_(new net::TcpTransport(loop)),
@@ -73,8 +72,8 @@ void UpstreamConnection::onTcpConnected(int status) {
   tls->setCallbacks(this);
   tls->startHandshake([this, tls](int handshake) {
     if (handshake < 0) {
-      SLUICE_LOG_WARN("upstream {}: {} ({})", cluster_->name(), tls->failure(),
-                      cluster_->endpointName(endpoint_));
+      SLUICE_LOG_WARN("upstream {}: {} ({})", pool_->name(), tls->failure(),
+                      pool_->endpointName(endpoint_));
     }
     onConnected(handshake);
   });
@@ -83,7 +82,7 @@ void UpstreamConnection::onTcpConnected(int status) {
 void UpstreamConnection::onConnected(int status) {
   timer_.stop();
   if (status < 0) {
-    cluster_->reportFailure(endpoint_);
+    pool_->reportFailure(endpoint_);
     fail(UpstreamError::ConnectFailed);
     return;
   }
@@ -142,10 +141,10 @@ void UpstreamConnection::startTunnel() {
 void UpstreamConnection::release() {
   owner_ = nullptr;
   if (state_ == State::Busy && response_complete_ && request_complete_ && keep_alive_ &&
-      !cluster_->retired()) {
+      !pool_->retired()) {
     timer_.stop();
     parser_.resume();
-    cluster_->returnIdle(this);  // may close it when the pool is full
+    pool_->returnIdle(this);  // may close it when the pool is full
     return;
   }
   close();
@@ -158,7 +157,7 @@ void UpstreamConnection::abort() {
 
 void UpstreamConnection::close() {
   if (state_ == State::Closed) return;
-  if (state_ == State::Idle) cluster_->removeIdle(this);
+  if (state_ == State::Idle) pool_->removeIdle(this);
   state_ = State::Closed;
   owner_ = nullptr;
   timer_.stop();
@@ -176,7 +175,7 @@ void UpstreamConnection::onTimer(void* context) noexcept {
   auto* self = static_cast<UpstreamConnection*>(context);
   switch (self->state_) {
     case State::Connecting:
-      self->cluster_->reportFailure(self->endpoint_);
+      self->pool_->reportFailure(self->endpoint_);
       self->fail(UpstreamError::ConnectTimeout);
       break;
     case State::Busy:

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "core/timer.h"
@@ -18,7 +19,7 @@ class TlsClientContext;
 
 namespace sluice::upstream {
 
-class Cluster;
+class UpstreamConnection;
 
 enum class UpstreamError {
   ConnectFailed,    // refused, unreachable: nothing was sent
@@ -56,9 +57,26 @@ class UpstreamCallbacks {
   virtual void onUpstreamReadDone() = 0;
 };
 
+// What a connection needs from the pool it belongs to (its Cluster).
+class ConnectionPool {
+ public:
+  virtual ~ConnectionPool() = default;
+  virtual const std::string& name() const = 0;
+  virtual const std::string& endpointName(size_t endpoint) const = 0;
+  // The endpoint refused or timed out: skip it for fail_timeout.
+  virtual void reportFailure(size_t endpoint) = 0;
+  // Retired by a reload: a released connection closes instead of pooling.
+  virtual bool retired() const = 0;
+  // A connection whose response ended cleanly; the pool may close it instead.
+  virtual void returnIdle(UpstreamConnection* connection) = 0;
+  // An idle connection closes (or is handed out): off the idle list.
+  virtual void removeIdle(UpstreamConnection* connection) = 0;
+};
+
 class UpstreamConnection final : public net::TransportCallbacks, public http::ParserCallbacks {
  public:
-  UpstreamConnection(std::shared_ptr<Cluster> cluster, size_t endpoint, uv_loop_t* loop);
+  // `pool` is kept alive while the connection lives (a retired cluster's connections finish).
+  UpstreamConnection(std::shared_ptr<ConnectionPool> pool, size_t endpoint, uv_loop_t* loop);
   ~UpstreamConnection() override;
 
   size_t endpoint() const { return endpoint_; }
@@ -115,7 +133,7 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
   void fail(UpstreamError error);
   void close();
 
-  std::shared_ptr<Cluster> cluster_;  // keeps a retired cluster alive while this lives
+  std::shared_ptr<ConnectionPool> pool_;
   size_t endpoint_;
   uv_loop_t* loop_;
   net::TcpTransport* tcp_;     // the socket; owned by transport_
