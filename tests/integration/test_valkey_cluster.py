@@ -72,7 +72,11 @@ class Cluster:
             assert out.returncode == 0, out.stdout + out.stderr
             deadline = time.monotonic() + 20
             while time.monotonic() < deadline:
+                # Every node must also know every replica (replica_of() asks one of them):
+                # a replica's role reaches the others by gossip, after cluster_state:ok.
                 if all("cluster_state:ok" in self.cli(p, "CLUSTER", "INFO") for p in self.ports) \
+                        and all(sum("slave" in n["flags"] for n in self.nodes(p)) == size * replicas
+                                for p in self.ports) \
                         and all(self.in_sync(p) for p in self.replicas()):
                     return
                 time.sleep(0.1)
