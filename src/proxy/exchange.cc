@@ -293,26 +293,18 @@ void Exchange::sendRequestHead() {
   context.tunnel = req_.wants_upgrade;
   context.body = req_.request_framing;
   context.default_host = req_.cluster->endpointAuthority(req_.upstream->endpoint());
-  const std::string head = http::buildUpstreamRequestHead(req_.head, context);
   // A gRPC call's deadline bounds the wait when it is the shorter one (then 504:
   // DEADLINE_EXCEEDED).
   uint64_t response_timeout_ms = req_.cluster->responseTimeoutMs();
   if (req_.grpc_timeout_ms && *req_.grpc_timeout_ms < response_timeout_ms)
     response_timeout_ms = *req_.grpc_timeout_ms;
-  req_.upstream->expectResponse(req_.head_method, response_timeout_ms);
-  std::string last;
-  if (req_.body_complete && req_.request_framing == http::Framing::Chunked)
-    last = lastRequestChunk();
-  std::string_view parts[3] = {head, req_.body_buffer, last};
-  const size_t count = last.empty() ? 2 : 3;
-  req_.upstream->writev(parts, count);
+  const upstream::OutgoingRequest request{req_.head,           context,
+                                          response_timeout_ms, req_.body_buffer,
+                                          req_.body_complete,  req_.request_trailers};
+  req_.upstream->start(request);
   std::string().swap(req_.body_buffer);
   req_.upstream_sent_ns = uv_hrtime();
-  if (req_.body_complete) {
-    req_.upstream->requestComplete();
-  } else {
-    sendContinue();
-  }
+  if (!req_.body_complete) sendContinue();
   if (req_.upstream->pendingBytes() < kHighWater) resumeClient();
 }
 
@@ -323,29 +315,15 @@ void Exchange::onRequestBody(const char* data, size_t len) {
     admission_.onBody(data, len);
     if (req_.state == State::Done) return;  // refused: too large
   }
-  const bool chunked = req_.request_framing == http::Framing::Chunked;
   if (headSent() && req_.upstream) {
-    if (chunked) {
-      const std::string header = http::chunkHeader(len);
-      std::string_view parts[3] = {header, {data, len}, http::kChunkEnd};
-      req_.upstream->writev(parts, 3);
-    } else {
-      req_.upstream->write({data, len});
-    }
+    req_.upstream->sendBody({data, len});
     pauseClientIfAbove(req_.upstream->pendingBytes());
     return;
   }
-  if (chunked) req_.body_buffer += http::chunkHeader(len);
   req_.body_buffer.append(data, len);
-  if (chunked) req_.body_buffer += http::kChunkEnd;
   // While the admission reads the body it must get all of it (max_buffered_body_bytes bounds
   // that); otherwise the client waits until the upstream takes what is buffered.
   if (!admission_.readsBody()) pauseClientIfAbove(req_.body_buffer.size());
-}
-
-std::string Exchange::lastRequestChunk() const {
-  if (req_.request_trailers.empty()) return std::string(http::kLastChunk);
-  return http::lastChunk(req_.request_trailers);
 }
 
 void Exchange::onRequestTrailers(http::HeaderMap& trailers) {
@@ -362,10 +340,7 @@ void Exchange::onRequestComplete() {
     admission_.onBodyComplete();
     return;
   }
-  if (headSent() && req_.upstream) {
-    if (req_.request_framing == http::Framing::Chunked) req_.upstream->write(lastRequestChunk());
-    req_.upstream->requestComplete();
-  }
+  if (headSent() && req_.upstream) req_.upstream->endRequest(req_.request_trailers);
 }
 
 void Exchange::onUpstreamDrained() { resumeClient(); }
@@ -431,7 +406,7 @@ void Exchange::noteGrpcStatus(const http::HeaderMap& fields) {
 
 void Exchange::onUpstreamComplete() {
   req_.bytes_out += owner_.endResponseBody(req_.response_trailers);
-  upstream::UpstreamConnection* upstream = req_.upstream;
+  upstream::UpstreamRequest* upstream = req_.upstream;
   req_.upstream = nullptr;
   upstream->release();
   finish(req_.keep_alive);
@@ -502,7 +477,7 @@ void Exchange::finish(bool keep_alive) {
 
 void Exchange::onClientTunnelData(const char* data, size_t len) {
   if (!req_.upstream) return;
-  req_.upstream->write({data, len});
+  req_.upstream->writeTunnelData({data, len});
   pauseClientIfAbove(req_.upstream->pendingBytes());
 }
 

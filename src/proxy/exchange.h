@@ -22,7 +22,7 @@
 #include "proxy/admission.h"
 #include "proxy/exchange_owner.h"
 #include "proxy/router.h"
-#include "upstream/upstream_connection.h"
+#include "upstream/upstream_request.h"
 
 namespace sluice::config {
 struct RouteConfig;
@@ -94,11 +94,11 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
     std::shared_ptr<worker::Snapshot> snapshot;  // the configuration it started on
     const config::RouteConfig* route = nullptr;
     upstream::Cluster* cluster = nullptr;
-    upstream::UpstreamConnection* upstream = nullptr;  // held (busy) while not null
+    upstream::UpstreamRequest* upstream = nullptr;  // held (busy) while not null
     http::MessageHead head;
     Target target;
     identity::ClientAddress client;
-    std::string body_buffer;            // framed request body the upstream could not take yet
+    std::string body_buffer;            // request body that came before its head could go
     http::HeaderMap request_trailers;   // sent with the last chunk
     http::HeaderMap response_trailers;  // sent after the body, where the client can take them
     http::Framing request_framing = http::Framing::None;
@@ -157,8 +157,6 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void forward();
   void connectUpstream(bool fresh);
   void sendRequestHead();
-  // The end of a chunked request body, with its trailers.
-  std::string lastRequestChunk() const;
   void sendContinue();
   void respondLocal(const http::LocalResponse& response);
   // Writes a response of ours through the owner (for a gRPC request, a trailers-only answer).

@@ -1,6 +1,7 @@
 #include "upstream/upstream_connection.h"
 
 #include "core/logging.h"
+#include "http/forwarding.h"
 #include "net/tls_context.h"
 #include "net/tls_transport.h"
 
@@ -109,6 +110,48 @@ void UpstreamConnection::expectResponse(bool head_request, uint64_t timeout_ms) 
   response_complete_ = false;
   request_complete_ = false;
   keep_alive_ = false;
+}
+
+void UpstreamConnection::start(const OutgoingRequest& request) {
+  chunked_ = request.context.body == http::Framing::Chunked;
+  expectResponse(request.head.method == "HEAD", request.response_timeout_ms);
+  // The head, the body so far and its end go in one write.
+  const std::string head = http::buildUpstreamRequestHead(request.head, request.context);
+  std::string chunk_header;
+  std::string last;
+  std::string_view parts[5];
+  size_t count = 0;
+  parts[count++] = head;
+  if (!request.body.empty()) {
+    if (chunked_) {
+      chunk_header = http::chunkHeader(request.body.size());
+      parts[count++] = chunk_header;
+    }
+    parts[count++] = request.body;
+    if (chunked_) parts[count++] = http::kChunkEnd;
+  }
+  if (request.complete && chunked_) {
+    last = http::lastChunk(request.trailers);
+    parts[count++] = last;
+  }
+  transport_->writev(parts, count);
+  if (request.complete) requestComplete();
+}
+
+void UpstreamConnection::sendBody(std::string_view data) {
+  if (data.empty()) return;
+  if (!chunked_) {
+    transport_->write(data);
+    return;
+  }
+  const std::string header = http::chunkHeader(data.size());
+  const std::string_view parts[3] = {header, data, http::kChunkEnd};
+  transport_->writev(parts, 3);
+}
+
+void UpstreamConnection::endRequest(const http::HeaderMap& trailers) {
+  if (chunked_) transport_->write(http::lastChunk(trailers));
+  requestComplete();
 }
 
 void UpstreamConnection::requestComplete() {

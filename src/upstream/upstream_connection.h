@@ -12,6 +12,7 @@
 #include "core/timer.h"
 #include "http/parser.h"
 #include "net/tcp_transport.h"
+#include "upstream/upstream_request.h"
 
 namespace sluice::net {
 class TlsClientContext;
@@ -20,42 +21,6 @@ class TlsClientContext;
 namespace sluice::upstream {
 
 class UpstreamConnection;
-
-enum class UpstreamError {
-  ConnectFailed,    // refused, unreachable: nothing was sent
-  ConnectTimeout,   // nothing was sent
-  Reset,            // closed or reset before the response ended
-  ResponseTimeout,  // no byte of the response within the response timeout
-  BadResponse,      // malformed response
-};
-
-const char* toString(UpstreamError error);
-
-class UpstreamCallbacks {
- public:
-  virtual ~UpstreamCallbacks() = default;
-  // A new connection is established; never called for a pooled one.
-  virtual void onUpstreamReady() = 0;
-  // Response head. Return 0, or a status to treat the response as bad.
-  virtual int onUpstreamHead(http::MessageHead& head) = 0;
-  virtual void onUpstreamBody(const char* data, size_t len) = 0;
-  // The trailer fields of a chunked response, right before onUpstreamComplete() (the owner may
-  // move them out).
-  virtual void onUpstreamTrailers(http::HeaderMap& trailers) = 0;
-  // The whole response arrived. The owner calls release() (it may do so later).
-  virtual void onUpstreamComplete() = 0;
-  // After startTunnel(): raw bytes from the upstream, and the end of them.
-  virtual void onUpstreamTunnelData(const char* data, size_t len) = 0;
-  virtual void onUpstreamTunnelEnd() = 0;
-  // The connection failed and is closing; the owner must forget it. `response_started` says
-  // whether any byte of the response head had been received.
-  virtual void onUpstreamError(UpstreamError error, bool response_started) = 0;
-  // Every byte written so far went to the kernel.
-  virtual void onUpstreamDrained() = 0;
-  // The callbacks of one read from the upstream are over: what the owner gathered for the
-  // client can go out in one write.
-  virtual void onUpstreamReadDone() = 0;
-};
 
 // What a connection needs from the pool it belongs to (its Cluster).
 class ConnectionPool {
@@ -73,13 +38,17 @@ class ConnectionPool {
   virtual void removeIdle(UpstreamConnection* connection) = 0;
 };
 
-class UpstreamConnection final : public net::TransportCallbacks, public http::ParserCallbacks {
+// The HTTP/1.1 UpstreamRequest: the request's head as HTTP/1.1 text, its body as it came or
+// chunked (the context's framing), trailers after a chunked body only.
+class UpstreamConnection final : public UpstreamRequest,
+                                 public net::TransportCallbacks,
+                                 public http::ParserCallbacks {
  public:
   // `pool` is kept alive while the connection lives (a retired cluster's connections finish).
   UpstreamConnection(std::shared_ptr<ConnectionPool> pool, size_t endpoint, uv_loop_t* loop);
   ~UpstreamConnection() override;
 
-  size_t endpoint() const { return endpoint_; }
+  size_t endpoint() const override { return endpoint_; }
   // True when it already carried a request: a failure before the response may be a pooled
   // connection that the upstream closed meanwhile (safe to retry a request without a body).
   bool reused() const { return requests_ > 1; }
@@ -91,26 +60,18 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
   void attach(UpstreamCallbacks* owner) { owner_ = owner; }
   void makeIdle(uint64_t idle_timeout_ms);
 
-  // Owner use.
-  void write(std::string_view data) { transport_->write(data); }
-  void writev(const std::string_view* parts, size_t count) { transport_->writev(parts, count); }
-  size_t pendingBytes() const { return transport_->pendingBytes(); }
-  // The request head is on its way: parse the response. Once the request is complete, the
-  // upstream has `timeout_ms` to start its response and then between two reads (time spent
-  // paused by pauseReading() does not count).
-  void expectResponse(bool head_request, uint64_t timeout_ms);
-  // The whole request was queued: the response timeout starts now, and the connection can go
-  // back to the pool after the response.
-  void requestComplete();
-  void pauseReading();
-  void resumeReading();
-  // After a 101 response: every following byte is tunnelled both ways.
-  void startTunnel();
-  void shutdownWrite() { transport_->shutdownWrite(); }
-  // The owner is done. The connection returns to the pool when the exchange ended cleanly,
-  // else it closes. The owner must not touch it afterwards.
-  void release();
-  void abort();
+  // UpstreamRequest
+  void start(const OutgoingRequest& request) override;
+  void sendBody(std::string_view data) override;
+  void endRequest(const http::HeaderMap& trailers) override;
+  size_t pendingBytes() const override { return transport_->pendingBytes(); }
+  void pauseReading() override;
+  void resumeReading() override;
+  void startTunnel() override;
+  void writeTunnelData(std::string_view data) override { transport_->write(data); }
+  void shutdownWrite() override { transport_->shutdownWrite(); }
+  void release() override;
+  void abort() override;
 
  private:
   enum class State { Connecting, Busy, Idle, Tunnel, Closed };
@@ -131,6 +92,11 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
   void onTcpConnected(int status);
   void onConnected(int status);
   void fail(UpstreamError error);
+  // The response is expected (parsed) from now; `head_request`: it has no body.
+  void expectResponse(bool head_request, uint64_t timeout_ms);
+  // The whole request was queued: the response timeout starts now, and the connection can go
+  // back to the pool after the response.
+  void requestComplete();
   void close();
 
   std::shared_ptr<ConnectionPool> pool_;
@@ -152,6 +118,7 @@ class UpstreamConnection final : public net::TransportCallbacks, public http::Pa
   bool request_complete_ = false;
   bool keep_alive_ = false;
   bool reading_paused_ = false;
+  bool chunked_ = false;  // the request body goes chunked
 };
 
 }  // namespace sluice::upstream
