@@ -288,6 +288,42 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
   return out;
 }
 
+std::vector<Header> upstreamRequestFields(const MessageHead& request,
+                                          const UpstreamRequestContext& context,
+                                          std::string_view upstream_scheme) {
+  // One set of rules for what goes upstream: the HTTP/1.1 head's, read back as fields.
+  UpstreamRequestContext h2 = context;
+  h2.tunnel = false;
+  if (h2.body == Framing::Chunked) h2.body = Framing::None;
+  const std::string head = buildUpstreamRequestHead(request, h2);
+  std::vector<Header> out;
+  out.reserve(request.headers.size() + 12);
+  out.push_back({":method", request.method});
+  out.push_back({":scheme", std::string(upstream_scheme)});
+  out.push_back({":authority", std::string()});
+  out.push_back({":path", std::string(context.target)});
+  const size_t fields = head.find("\r\n") + 2;  // after the request line
+  appendFieldLines(out, std::string_view(head).substr(fields, head.size() - fields - 2));
+  // Host becomes :authority (RFC 9113 8.3.1); buildUpstreamRequestHead() always writes one
+  // when it has one.
+  for (auto it = out.begin() + 4; it != out.end(); ++it) {
+    if (it->name == "host") {
+      out[2].value = std::move(it->value);
+      out.erase(it);
+      break;
+    }
+  }
+  bool te_trailers = false;
+  for (const auto& field : request.headers) {
+    if (classify(field.name) != Field::Te) continue;
+    forEachListElement(field.value, [&](std::string_view coding) {
+      te_trailers = te_trailers || iequals(coding, "trailers");
+    });
+  }
+  if (te_trailers) out.push_back({"te", "trailers"});
+  return out;
+}
+
 std::string upstreamAuthority(std::string_view host, uint16_t port, bool tls) {
   const bool ipv6 = host.find(':') != std::string_view::npos;
   std::string out;

@@ -60,6 +60,16 @@ struct UpstreamRequestContext {
   std::string_view default_host;
 };
 
+// The same request as the fields of an HTTP/2 HEADERS frame to an upstream: the pseudo-fields
+// (:method, :scheme `upstream_scheme`, :authority from the Host sent, :path the context's
+// target), then the fields buildUpstreamRequestHead() sends, lower case, without Host and
+// without any connection-specific one (RFC 9113 8.2.2): a body of unknown length needs no
+// Transfer-Encoding (DATA frames carry it, END_STREAM ends it), and there is no tunnel. TE
+// goes as "trailers" when the client's TE named it (gRPC servers require it).
+std::vector<Header> upstreamRequestFields(const MessageHead& request,
+                                          const UpstreamRequestContext& context,
+                                          std::string_view upstream_scheme);
+
 // The authority of an upstream endpoint for a Host field, as nginx's $proxy_host: the host as
 // configured ("[v6]" in brackets), with ":port" unless it is the scheme's default (80, or 443
 // over TLS).

@@ -498,6 +498,83 @@ TEST_SUITE("http forwarding: upstream request head") {
   }
 }
 
+TEST_SUITE("http forwarding: upstream request fields (HTTP/2)") {
+  // The fields as a Serialized head, to ask them as the HTTP/1.1 tests do.
+  Serialized asHead(const std::vector<Header>& fields) {
+    Serialized s;
+    s.fields = fields;
+    return s;
+  }
+
+  TEST_CASE("pseudo-fields first, Host as :authority, the HTTP/1.1 head's other fields") {
+    auto head = requestHead({{"Host", "api.example"},
+                             {"Content-Type", "application/grpc"},
+                             {"X-Forwarded-For", "1.2.3.4"},
+                             {"X-Custom", "a"}});
+    head.content_length = 5;
+    auto context = upstreamContext();
+    context.body = Framing::ContentLength;
+    const std::vector<Header> fields = upstreamRequestFields(head, context, "https");
+    REQUIRE(fields.size() >= 4);
+    CHECK(fields[0].name == ":method");
+    CHECK(fields[0].value == "POST");
+    CHECK(fields[1].name == ":scheme");
+    CHECK(fields[1].value == "https");
+    CHECK(fields[2].name == ":authority");
+    CHECK(fields[2].value == "api.example");
+    CHECK(fields[3].name == ":path");
+    CHECK(fields[3].value == "/target?x");
+    const Serialized s = asHead(fields);
+    CHECK(values(s, "host") == kNone);
+    CHECK(values(s, "content-type") == one("application/grpc"));
+    CHECK(values(s, "x-custom") == one("a"));
+    CHECK(values(s, "x-forwarded-for") == one("203.0.113.7"));  // the context's, as HTTP/1.1
+    CHECK(values(s, "x-forwarded-host") == one("api.example"));
+    CHECK(values(s, "content-length") == one("5"));
+    CHECK(values(s, "via") == one("1.1 sluice"));
+    for (size_t i = 4; i < fields.size(); ++i) {
+      CHECK(fields[i].name == toLower(fields[i].name));
+      CHECK(fields[i].name[0] != ':');
+    }
+  }
+
+  TEST_CASE("no connection-specific field: a body of unknown length has no Transfer-Encoding") {
+    auto head = requestHead({{"Host", "h"},
+                             {"Connection", "keep-alive, x-drop"},
+                             {"Keep-Alive", "timeout=5"},
+                             {"X-Drop", "1"},
+                             {"Transfer-Encoding", "chunked"},
+                             {"Upgrade", "websocket"},
+                             {"Proxy-Connection", "keep-alive"}});
+    head.chunked = true;
+    auto context = upstreamContext();
+    context.body = Framing::Chunked;
+    context.tunnel = true;  // never on HTTP/2
+    const Serialized s = asHead(upstreamRequestFields(head, context, "http"));
+    for (const char* name : {"connection", "keep-alive", "x-drop", "transfer-encoding", "upgrade",
+                             "proxy-connection", "te"}) {
+      CHECK_MESSAGE(values(s, name) == kNone, name);
+    }
+  }
+
+  TEST_CASE("TE goes as trailers when the client named it, never anything else") {
+    auto with = requestHead({{"Host", "h"}, {"TE", "gzip, trailers"}});
+    CHECK(values(asHead(upstreamRequestFields(with, upstreamContext(), "http")), "te") ==
+          one("trailers"));
+    auto without = requestHead({{"Host", "h"}, {"TE", "gzip"}});
+    CHECK(values(asHead(upstreamRequestFields(without, upstreamContext(), "http")), "te") == kNone);
+  }
+
+  TEST_CASE("an HTTP/1.0 request without Host: the endpoint's authority") {
+    auto head = requestHead({}, 0);
+    auto context = upstreamContext();
+    context.default_host = "127.0.0.1:9000";
+    const std::vector<Header> fields = upstreamRequestFields(head, context, "http");
+    CHECK(fields[2].value == "127.0.0.1:9000");
+    CHECK(values(asHead(fields), "host") == kNone);
+  }
+}
+
 TEST_SUITE("http forwarding: Forwarded and upgrades") {
   TEST_CASE("Forwarded: an untrusted peer's is dropped, a trusted one's kept; ours appended") {
     const MessageHead req = requestHead(
