@@ -111,8 +111,13 @@ struct UpstreamTlsConfig {
   std::string client_key;
 };
 
+// What an upstream speaks: HTTP/1.1, HTTP/2 in clear with prior knowledge, HTTP/2 over TLS
+// (ALPN h2).
+enum class UpstreamProtocol { Http1, H2c, H2 };
+
 struct UpstreamConfig {
   std::string name;
+  UpstreamProtocol protocol = UpstreamProtocol::Http1;
   std::vector<SocketAddress> endpoints;
   Duration connect_timeout{Duration(1000)};
   Duration response_timeout{Duration(30000)};

@@ -56,15 +56,16 @@ void Loader::loadUpstream(TableReader& r) {
   tls.client_key = key.value_or("");
   if (tls_on) u.tls = std::move(tls);
 
-  // The contract's protocols: HTTP/1.1 is what upstreams speak in this build; HTTP/2 to an
-  // upstream (h2c in clear, h2 over TLS) is refused with why, never taken as HTTP/1.1.
+  // HTTP/1.1, HTTP/2 in clear with prior knowledge (h2c), HTTP/2 over TLS chosen by ALPN (h2).
   if (auto v = r.string("protocol")) {
     if (*v == "h2" && !tls_on) {
       r.error("protocol", "'h2' is HTTP/2 over TLS and needs tls = true ('h2c': in clear)");
-    } else if (*v == "h2" || *v == "h2c") {
-      r.error("protocol", quoted(*v) +
-                              " is not available in this build: upstreams speak HTTP/1.1 "
-                              "('http1')");
+    } else if (*v == "h2c" && tls_on) {
+      r.error("protocol", "'h2c' is HTTP/2 in clear; over TLS it is 'h2'");
+    } else if (*v == "h2") {
+      u.protocol = UpstreamProtocol::H2;
+    } else if (*v == "h2c") {
+      u.protocol = UpstreamProtocol::H2c;
     } else if (*v != "http1") {
       r.error("protocol", "expected 'http1', 'h2c' or 'h2', got " + quoted(*v));
     }

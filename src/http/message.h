@@ -27,6 +27,9 @@ struct MessageHead {
   bool chunked = false;
   bool keep_alive = true;  // the sender allows another message on this connection
   bool upgrade = false;    // Upgrade/CONNECT: after this message the bytes are a tunnel
+  // HTTP/2: the HEADERS frame of this head ended the stream (no body, no trailers follow: a
+  // gRPC trailers-only answer, say), and a hop that can say so passes it on that way.
+  bool end_stream = false;
 
   bool isHttp10() const { return version_major == 1 && version_minor == 0; }
   // The request or response carries a body of its own (chunked or Content-Length > 0).

@@ -345,7 +345,9 @@ size_t Stream::writeResponseHead(const http::MessageHead& response, std::string_
                                  proxy::ResponseContext&) {
   // The body goes as it comes, in DATA frames, whatever its framing upstream.
   const std::vector<http::Header> fields = http::clientResponseFields(response, extra_headers);
-  submitResponse(response.status, fields, true);
+  // A head that ended its stream upstream ends it here too, in the same HEADERS frame: a gRPC
+  // client reads a trailers-only answer only so.
+  submitResponse(response.status, fields, !response.end_stream);
   return fieldBytes(fields);
 }
 

@@ -227,7 +227,10 @@ bool buildTlsContexts(const config::Config& config, TlsContexts* out, std::strin
   for (const auto& upstream : config.upstreams) {
     std::shared_ptr<TlsClientContext> client;
     if (upstream.tls) {
-      client = TlsClientContext::create(upstream, error);
+      client = TlsClientContext::create(upstream, error,
+                                        upstream.protocol == config::UpstreamProtocol::H2
+                                            ? TlsClientContext::Alpn::H2
+                                            : TlsClientContext::Alpn::Http11);
       if (!client) return false;
     }
     out->upstreams.push_back(std::move(client));

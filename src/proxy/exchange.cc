@@ -263,7 +263,7 @@ void Exchange::connectUpstream(bool fresh) {
   ++req_.attempts;
   req_.state = State::Connecting;
   const upstream::Cluster::Acquired acquired = req_.cluster->acquire(this, fresh);
-  if (!acquired.connection) {
+  if (!acquired.request) {
     if (req_.attempts < static_cast<int>(req_.cluster->endpointCount())) {
       connectUpstream(fresh);
       return;
@@ -271,7 +271,7 @@ void Exchange::connectUpstream(bool fresh) {
     respondLocal(http::problemResponse(502, "the upstream is unreachable"));
     return;
   }
-  req_.upstream = acquired.connection;
+  req_.upstream = acquired.request;
   req_.upstream_reused = acquired.ready;
   req_.endpoint = req_.upstream->endpoint();
   if (acquired.ready) sendRequestHead();

@@ -26,6 +26,16 @@ Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
                                                       config.endpoints[i].port, tls_ != nullptr);
     if (i < config.resolved.size()) endpoints_[i].address = config.resolved[i];
   }
+  if (config.protocol != config::UpstreamProtocol::Http1) {
+    H2UpstreamOptions options;
+    options.connect_timeout_ms = connect_timeout_ms_;
+    options.response_timeout_ms = response_timeout_ms_;
+    options.idle_timeout_ms = idle_timeout_ms_;
+    // An idle connection is checked every half idle_timeout: a peer gone silently is found
+    // before a request is sent into it.
+    options.ping_interval_ms = idle_timeout_ms_ / 2;
+    h2_ = std::make_unique<H2Pool>(loop, *this, options, tls_);
+  }
 }
 
 Cluster::~Cluster() { retire(); }
@@ -49,11 +59,20 @@ Cluster::Acquired Cluster::acquire(UpstreamCallbacks* owner, bool fresh) {
   if (endpoints_.empty()) return out;
   const size_t index = pickEndpoint();
   Endpoint& endpoint = endpoints_[index];
+  if (h2_) {
+    const H2Pool::Acquired h2 =
+        h2_->acquire(shared_from_this(), index,
+                     reinterpret_cast<const sockaddr*>(&endpoint.address), endpoint.host, owner);
+    if (!h2.request) reportFailure(index);
+    out.request = h2.request;
+    out.ready = h2.ready;
+    return out;
+  }
   if (!fresh && !endpoint.idle.empty()) {
     UpstreamConnection* connection = endpoint.idle.back().connection;
     endpoint.idle.pop_back();
     connection->attach(owner);
-    out.connection = connection;
+    out.request = connection;
     out.ready = true;
     return out;
   }
@@ -67,7 +86,7 @@ Cluster::Acquired Cluster::acquire(UpstreamCallbacks* owner, bool fresh) {
     connection->abort();
     return out;
   }
-  out.connection = connection;
+  out.request = connection;
   return out;
 }
 
@@ -115,6 +134,7 @@ void Cluster::onTrim(void* context) noexcept {
 void Cluster::retire() {
   retired_ = true;
   trim_timer_.stop();
+  if (h2_) h2_->drain();
   for (auto& endpoint : endpoints_) {
     // abort() calls removeIdle(), which edits the list: take it first.
     std::vector<Endpoint::Idle> idle;

@@ -19,6 +19,7 @@
 
 #include "config/config.h"
 #include "core/timer.h"
+#include "upstream/h2_pool.h"
 #include "upstream/upstream_connection.h"
 
 namespace sluice::net {
@@ -41,11 +42,12 @@ class Cluster final : public ConnectionPool, public std::enable_shared_from_this
   const std::string& endpointAuthority(size_t index) const { return endpoints_[index].authority; }
 
   struct Acquired {
-    UpstreamConnection* connection = nullptr;  // null: could not even start connecting
-    bool ready = false;  // pooled: usable now; else wait for onUpstreamReady / onUpstreamError
+    UpstreamRequest* request = nullptr;  // null: could not even start connecting
+    bool ready = false;  // usable now; else wait for onUpstreamReady / onUpstreamError
   };
-  // Picks the next endpoint and hands out a pooled connection to it, or starts a new one
-  // (always a new one when `fresh`). Never calls `owner` inline.
+  // Picks the next endpoint and hands out a request to it: HTTP/1.1, on a pooled connection or
+  // a new one (always a new one when `fresh`); HTTP/2, a stream on a connection that can take
+  // one, or on a new one. Never calls `owner` inline.
   Acquired acquire(UpstreamCallbacks* owner, bool fresh);
 
   // The endpoint refused or timed out: skip it for fail_timeout.
@@ -94,6 +96,7 @@ class Cluster final : public ConnectionPool, public std::enable_shared_from_this
   size_t max_idle_;
   bool retired_ = false;
   Timer trim_timer_;
+  std::unique_ptr<H2Pool> h2_;  // protocol = "h2c" | "h2"
 };
 
 }  // namespace sluice::upstream

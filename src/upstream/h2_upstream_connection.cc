@@ -84,6 +84,7 @@ struct H2UpstreamConnection::Stream {
   bool reset_sent = false;
   std::optional<H2StreamFailure> failure;  // decided here (bad response), told at close
   size_t unconsumed = 0;                   // DATA bytes the owner has not consume()d
+  uint64_t response_timeout_ms = 0;        // from END_STREAM sent to the head; 0: none
   Timer response_timer;
 
   size_t pending() const { return body.size() - body_offset; }
@@ -239,7 +240,8 @@ H2UpstreamConnection::Stream* H2UpstreamConnection::find(int32_t id) const {
 }
 
 int32_t H2UpstreamConnection::openStream(const std::vector<http::Header>& fields,
-                                         H2StreamCallbacks* owner, bool end_stream) {
+                                         H2StreamCallbacks* owner, bool end_stream,
+                                         uint64_t response_timeout_ms) {
   if (state_ != State::Ready || goaway_received_) return NGHTTP2_ERR_INVALID_STATE;
   const std::vector<nghttp2_nv> nva = fieldList(fields);
   nghttp2_data_provider provider{};
@@ -249,6 +251,8 @@ int32_t H2UpstreamConnection::openStream(const std::vector<http::Header>& fields
   if (id < 0) return id;
   auto stream = std::make_unique<Stream>(*this, id, owner);
   stream->body_ended = end_stream;
+  stream->response_timeout_ms =
+      response_timeout_ms > 0 ? response_timeout_ms : options_.response_timeout_ms;
   streams_.emplace(id, std::move(stream));
   idle_timer_.stop();
   // The last stream id was taken: the connection ends once its streams did.
@@ -629,7 +633,7 @@ void H2UpstreamConnection::headBlockDone(Stream& s, bool end_stream) {
     s.head_received = true;
     s.response_timer.stop();
     if (end_stream) s.response_complete = true;
-    if (s.owner) s.owner->onH2Head(s.status, s.fields);
+    if (s.owner) s.owner->onH2Head(s.status, s.fields, end_stream);
     return;
   }
   // nghttp2 lets a HEADERS frame after the head through only with END_STREAM: trailers.
@@ -733,8 +737,8 @@ int H2UpstreamConnection::onFrameSend(nghttp2_session*, const nghttp2_frame* fra
   if (frame->hd.type == NGHTTP2_HEADERS) s->headers_sent = true;
   if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0) return 0;
   s->request_ended = true;
-  if (!s->head_received && s->owner && c->options_.response_timeout_ms > 0) {
-    s->response_timer.start(c->options_.response_timeout_ms);
+  if (!s->head_received && s->owner && s->response_timeout_ms > 0) {
+    s->response_timer.start(s->response_timeout_ms);
   }
   return 0;
 }

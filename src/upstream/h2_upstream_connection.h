@@ -68,8 +68,8 @@ class H2StreamCallbacks {
  public:
   virtual ~H2StreamCallbacks() = default;
   // The final response head (1xx responses are skipped): status and fields, pseudo-headers
-  // left out.
-  virtual void onH2Head(int status, std::vector<http::Header>& fields) = 0;
+  // left out. end_stream: its HEADERS frame ended the response (onH2Complete() follows).
+  virtual void onH2Head(int status, std::vector<http::Header>& fields, bool end_stream) = 0;
   // Response body bytes, valid during the call. They stay counted against the upstream's
   // windows until the owner calls consume() for them.
   virtual void onH2Data(const char* data, size_t len) = 0;
@@ -146,10 +146,11 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
 
   // Submits a request: `fields` are the request's HTTP/2 fields, pseudo-headers first
   // (:method, :scheme, :authority, :path), names in lower case. `end_stream`: the request has
-  // no body (else writeBody() and endStream() follow). Returns the stream id, or a negative
-  // nghttp2 error (nothing is called back then).
+  // no body (else writeBody() and endStream() follow). `response_timeout_ms`: this stream's
+  // (a gRPC call's shorter deadline, say); 0: the connection's. Returns the stream id, or a
+  // negative nghttp2 error (nothing is called back then).
   int32_t openStream(const std::vector<http::Header>& fields, H2StreamCallbacks* owner,
-                     bool end_stream);
+                     bool end_stream, uint64_t response_timeout_ms = 0);
   // Request body bytes (copied); sent as the peer's windows allow.
   void writeBody(int32_t stream, const char* data, size_t len);
   // The request is complete after the bytes written so far, with `trailers` (none: empty)

@@ -627,16 +627,11 @@ match = { path_prefix = "/api/" })")) ==
                                             missing + "': No such file or directory");
   }
 
-  TEST_CASE("upstream protocol: http1 taken; h2 needs tls = true; HTTP/2 refused with why") {
-    CHECK(load(R"([[upstream]]
+  TEST_CASE("upstream protocol: http1, h2c in clear, h2 over TLS; anything else refused") {
+    const auto config = load(R"([[upstream]]
 name = "a"
 endpoints = ["h:1"]
-protocol = "http1")")
-              ->upstreams.size() == 1);
-    CHECK(errorsOf(R"([[upstream]]
-name = "a"
-endpoints = ["h:1"]
-protocol = "h2"
+protocol = "http1"
 [[upstream]]
 name = "b"
 endpoints = ["h:1"]
@@ -644,12 +639,33 @@ protocol = "h2c"
 [[upstream]]
 name = "c"
 endpoints = ["h:1"]
+tls = true
+protocol = "h2"
+[[upstream]]
+name = "d"
+endpoints = ["h:1"])");
+    REQUIRE(config->upstreams.size() == 4);
+    CHECK(config->upstreams[0].protocol == sluice::config::UpstreamProtocol::Http1);
+    CHECK(config->upstreams[1].protocol == sluice::config::UpstreamProtocol::H2c);
+    CHECK(config->upstreams[2].protocol == sluice::config::UpstreamProtocol::H2);
+    CHECK(config->upstreams[3].protocol == sluice::config::UpstreamProtocol::Http1);
+    CHECK(errorsOf(R"([[upstream]]
+name = "a"
+endpoints = ["h:1"]
+protocol = "h2"
+[[upstream]]
+name = "b"
+endpoints = ["h:1"]
+tls = true
+protocol = "h2c"
+[[upstream]]
+name = "c"
+endpoints = ["h:1"]
 protocol = "HTTP/1.1")") ==
           "t.toml:4:12: upstream[0].protocol: 'h2' is HTTP/2 over TLS and needs tls = true "
           "('h2c': in clear)\n"
-          "t.toml:8:12: upstream[1].protocol: 'h2c' is not available in this build: upstreams "
-          "speak HTTP/1.1 ('http1')\n"
-          "t.toml:12:12: upstream[2].protocol: expected 'http1', 'h2c' or 'h2', got 'HTTP/1.1'");
+          "t.toml:9:12: upstream[1].protocol: 'h2c' is HTTP/2 in clear; over TLS it is 'h2'\n"
+          "t.toml:13:12: upstream[2].protocol: expected 'http1', 'h2c' or 'h2', got 'HTTP/1.1'");
   }
 
   TEST_CASE("upstream TLS keys need tls = true, and client cert and key go together") {

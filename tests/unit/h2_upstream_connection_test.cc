@@ -126,6 +126,15 @@ class H2Server {
     nghttp2_submit_response(session_, id, nva.data(), nva.size(), &provider);
     flush();
   }
+  // A head that ends the stream (gRPC's trailers-only answer): one HEADERS frame.
+  void respondHeadOnly(int32_t id, int status, std::vector<Header> fields) {
+    std::vector<Header> head = {{":status", std::to_string(status)}};
+    head.insert(head.end(), fields.begin(), fields.end());
+    std::vector<nghttp2_nv> nva;
+    for (const auto& h : head) nva.push_back(nv(h));
+    nghttp2_submit_response(session_, id, nva.data(), nva.size(), nullptr);
+    flush();
+  }
   // Bytes that bypass nghttp2 (frames it would never send).
   void sendRaw(std::string_view bytes) {
     if (conn_) conn_->send(bytes);
@@ -311,8 +320,9 @@ struct Pool final : H2ConnectionCallbacks {
 };
 
 struct Owner final : H2StreamCallbacks {
-  void onH2Head(int s, std::vector<Header>& f) override {
+  void onH2Head(int s, std::vector<Header>& f, bool end_stream) override {
     ++calls;
+    head_ended = end_stream;
     status = s;
     fields = std::move(f);
   }
@@ -346,6 +356,7 @@ struct Owner final : H2StreamCallbacks {
   std::function<void(Owner&)> on_end;
   int calls = 0;
   int status = 0;
+  bool head_ended = false;  // the head's HEADERS frame ended the stream
   std::vector<Header> fields;
   std::string body;
   std::vector<Header> trailers;
@@ -407,6 +418,7 @@ TEST_SUITE("H2UpstreamConnection") {
     CHECK(owner.status == 200);
     CHECK(fieldValue(owner.fields, "x-up") == "1");
     CHECK(owner.body == "hello");
+    CHECK_FALSE(owner.head_ended);
     CHECK(owner.complete == 1);
     CHECK(owner.errors.empty());
     const ServerStream& st = *f.server.streams.begin()->second;
@@ -415,6 +427,21 @@ TEST_SUITE("H2UpstreamConnection") {
     CHECK(fieldValue(st.fields, ":authority") == "up");
     CHECK(f.c().openStreams() == 0);
     CHECK(f.c().canOpenStream());
+  }
+
+  TEST_CASE("a head that ends the stream says so (gRPC's trailers-only answer)") {
+    Fixture f;
+    f.server.on_request = [](H2Server& s, ServerStream& st) {
+      s.respondHeadOnly(st.id, 200, {{"grpc-status", "5"}, {"grpc-message", "no"}});
+    };
+    Owner owner;
+    f.open(owner, request("POST", "/pkg.Svc/M"), true);
+    REQUIRE(runUntil(f.loop(), [&] { return owner.done(); }));
+    CHECK(owner.status == 200);
+    CHECK(owner.head_ended);
+    CHECK(fieldValue(owner.fields, "grpc-status") == "5");
+    CHECK(owner.body.empty());
+    CHECK(owner.complete == 1);
   }
 
   TEST_CASE("POST with 1 MiB both ways: every byte intact") {

@@ -113,12 +113,12 @@ struct Fixture {
   // A new connection for `owner`, connected.
   UpstreamConnection* connect(Owner& owner) {
     Cluster::Acquired a = cluster->acquire(&owner, false);
-    REQUIRE(a.connection);
+    REQUIRE(static_cast<UpstreamConnection*>(a.request));
     CHECK_FALSE(a.ready);
     CHECK(owner.ready == 0);  // never inline
     REQUIRE(runUntil(loop(), [&] { return owner.ready == 1 || !owner.errors.empty(); }));
     REQUIRE(owner.ready == 1);
-    return a.connection;
+    return static_cast<UpstreamConnection*>(a.request);
   }
   void send(UpstreamConnection* c) { sendRequest(c, cluster->responseTimeoutMs()); }
 
@@ -154,15 +154,16 @@ TEST_SUITE("upstream: a connection against a fake upstream") {
     Owner second;
     Cluster::Acquired again = f.cluster->acquire(&second, false);
     CHECK(again.ready);
-    CHECK(again.connection == c);
-    CHECK(again.connection->reused() == false);  // one request so far
+    CHECK(static_cast<UpstreamConnection*>(again.request) == c);
+    CHECK(static_cast<UpstreamConnection*>(again.request)->reused() ==
+          false);  // one request so far
     f.on_request = [](FakePeer::Conn& c) { c.send("HTTP/1.1 204 No Content\r\n\r\n"); };
-    f.send(again.connection);
+    f.send(static_cast<UpstreamConnection*>(again.request));
     REQUIRE(runUntil(f.loop(), [&] { return second.complete == 1; }));
     CHECK(second.status == 204);
-    CHECK(again.connection->reused());
+    CHECK(static_cast<UpstreamConnection*>(again.request)->reused());
     CHECK(f.upstream.accepted() == 1);
-    again.connection->release();
+    static_cast<UpstreamConnection*>(again.request)->release();
     CHECK(second.ready == 0);  // a pooled connection is never "ready" again
   }
 
@@ -232,11 +233,11 @@ TEST_SUITE("upstream: a connection against a fake upstream") {
     c->release();  // closes it: the next request needs a new connection
     Owner next;
     Cluster::Acquired again = f.cluster->acquire(&next, false);
-    REQUIRE(again.connection);
+    REQUIRE(static_cast<UpstreamConnection*>(again.request));
     CHECK_FALSE(again.ready);
     REQUIRE(runUntil(f.loop(), [&] { return next.ready == 1; }));
     CHECK(f.upstream.accepted() == 2);
-    again.connection->abort();
+    static_cast<UpstreamConnection*>(again.request)->abort();
   }
 
   TEST_CASE("no response within the response timeout: ResponseTimeout") {
@@ -314,7 +315,7 @@ TEST_SUITE("upstream: a connection against a fake upstream") {
           l.get(), upstreamConfig(sluice::testing::refusedPort(), 1000), nullptr);
       Owner owner;
       Cluster::Acquired a = cluster->acquire(&owner, false);
-      REQUIRE(a.connection);
+      REQUIRE(static_cast<UpstreamConnection*>(a.request));
       CHECK(owner.errors.empty());  // never inline
       REQUIRE(runUntil(l.get(), [&] { return !owner.errors.empty(); }));
       runFor(l.get(), 10);
@@ -345,16 +346,16 @@ TEST_SUITE("upstream: a connection against a fake upstream") {
           std::make_shared<Cluster>(l.get(), config, sluice::testing::tls::clientContext());
       Owner owner;
       Cluster::Acquired a = cluster->acquire(&owner, false);
-      REQUIRE(a.connection);
+      REQUIRE(static_cast<UpstreamConnection*>(a.request));
       REQUIRE(runUntil(l.get(), [&] { return owner.ready + owner.errors.size() > 0; }));
       REQUIRE(owner.ready == 1);
       REQUIRE(server.accepted.size() == 1);
-      sendRequest(a.connection, 1000);
+      sendRequest(static_cast<UpstreamConnection*>(a.request), 1000);
       REQUIRE(runUntil(l.get(), [&] { return owner.complete == 1; }));
       CHECK(owner.status == 200);
       CHECK(owner.body == "secret");
-      a.connection->release();  // pooled
-      cluster->retire();        // closes it
+      static_cast<UpstreamConnection*>(a.request)->release();  // pooled
+      cluster->retire();                                       // closes it
       auto& e = *server.accepted[0];
       REQUIRE(runUntil(l.get(), [&] { return !e.read_ends.empty(); }));
       e.transport->close();
@@ -376,7 +377,7 @@ TEST_SUITE("upstream: a connection against a fake upstream") {
                                                sluice::testing::tls::clientContext("api.internal"));
       Owner owner;
       Cluster::Acquired a = cluster->acquire(&owner, false);
-      REQUIRE(a.connection);
+      REQUIRE(static_cast<UpstreamConnection*>(a.request));
       REQUIRE(runUntil(l.get(), [&] { return !owner.errors.empty(); }));
       runFor(l.get(), 20);
       REQUIRE(owner.errors.size() == 1);

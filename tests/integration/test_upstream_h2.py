@@ -1,0 +1,184 @@
+"""HTTP/2 to upstreams ([[upstream]] protocol = "h2c" | "h2"): plain HTTP traffic from HTTP/1.1
+and HTTP/2 clients reaches a python3-h2 server (harness/h2server.py) in clear with prior
+knowledge, and over TLS chosen by ALPN. Heads, bodies (byte for byte, both ways), HEAD, 204 and
+304, trailers both ways on HTTP/2 clients, many streams multiplexed over few upstream
+connections, an upstream RST_STREAM as a 502 for that stream only, a stream that never answers
+as a 504 while its connection serves others, a dead endpoint as a 502, a GOAWAY that moves new
+requests to a new connection. Run time: some 10 s."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from harness.h2client import open_h2
+from harness.h2server import H2Server, pattern_bytes, wait_for
+
+
+@pytest.fixture
+def h2_upstream():
+    servers = []
+
+    def make(**kw) -> H2Server:
+        s = H2Server(**kw)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def gateway(sluice_factory, server, protocol="h2c", **options):
+    up = {"name": "app", "endpoints": [f"127.0.0.1:{server.port}"], "protocol": protocol,
+          **options}
+    return sluice_factory(upstreams=[up])
+
+
+def test_http11_clients_to_an_h2c_upstream(sluice_factory, h2_upstream):
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv)
+    r = gw.get("/status/200")
+    assert r.status == 200 and r.body == b"status 200", r
+    assert r.header("via") is not None and "sluice" in r.header("via"), r
+    r = gw.request("HEAD", "/status/200")
+    assert r.status == 200 and r.body == b"" and r.header("content-length") == "10", r
+    for status in (204, 304):
+        r = gw.get(f"/status/{status}")
+        assert r.status == status and r.body == b"", r
+    body = pattern_bytes(1 << 20)
+    r = gw.request("POST", "/echo", [("Content-Type", "application/octet-stream")], body)
+    assert r.status == 200 and r.body == body, (r.status, len(r.body))
+    assert r.header("content-type") == "application/octet-stream"
+    r = gw.get(f"/bytes/{3 << 20}")
+    assert r.status == 200 and r.body == pattern_bytes(3 << 20), (r.status, len(r.body))
+    # What went upstream: HTTP/2 pseudo-fields, the forwarding fields, no connection field.
+    r = gw.get("/headers", [("Host", "api.example"), ("Connection", "keep-alive")])
+    fields = dict(tuple(f) for f in r.json())
+    assert fields[":authority"] == "api.example" and fields[":scheme"] == "http", fields
+    assert fields[":path"] == "/headers" and fields[":method"] == "GET", fields
+    assert "connection" not in fields and "host" not in fields, fields
+    assert fields["x-forwarded-for"] == "127.0.0.1", fields
+    assert srv.connections == 1, srv.connections  # every request on one connection
+
+
+def test_http2_clients_with_trailers_both_ways(sluice_factory, h2_upstream):
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv)
+    with open_h2(gw.port) as c:
+        sid = c.request("GET", "/trailers")
+        s = c.response(sid)
+        assert s.status == 200 and s.body == b"ok", s
+        assert ("grpc-status", "0") in s.trailers and ("x-checksum", "42") in s.trailers, s
+        # A request with trailers: they reach the upstream, which sends them back.
+        sid = c.request("POST", "/echo", [("content-type", "text/plain"), ("te", "trailers")],
+                        end_stream=False)
+        c.send_data(sid, b"hello ", end_stream=False)
+        c.send_data(sid, b"world", end_stream=False)
+        c.send_headers(sid, [("x-sum", "11")], end_stream=True)
+        s = c.response(sid)
+        assert s.status == 200 and s.body == b"hello world", s
+        assert s.header("x-request-trailers") == "yes", s
+        assert ("x-sum", "11") in s.trailers, s
+        body = pattern_bytes(2 << 20)
+        sid = c.request("POST", "/echo", body=body)
+        s = c.response(sid, timeout=20)
+        assert s.status == 200 and s.body == body, (s.status, len(s.body))
+    te = [h for (m, p, h) in srv.seen if p == "/echo"][0]
+    assert ("te", "trailers") in te, te
+
+
+def test_many_streams_share_few_upstream_connections(sluice_factory, h2_upstream):
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv)
+    assert gw.get("/status/200").status == 200  # the connection is up
+    clients = [open_h2(gw.port) for _ in range(2)]
+    try:
+        sids = [c.send_requests([("GET", "/slow/300")] * 100) for c in clients]
+        for c, ids in zip(clients, sids):
+            for s in c.responses(ids, timeout=20):
+                assert s.status == 200 and s.body == b"status 200", s
+    finally:
+        for c in clients:
+            c.close()
+    assert srv.streams == 201, srv.streams
+    # 100 streams is the python server's limit per connection: 200 at once need two.
+    assert srv.connections <= 2, srv.connections
+
+
+def test_a_reset_stream_is_a_502_and_a_silent_one_a_504_the_connection_goes_on(
+        sluice_factory, h2_upstream):
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv, response_timeout="500ms")
+    with open_h2(gw.port) as c:
+        never = c.request("GET", "/never")
+        reset = c.request("GET", "/reset")
+        s = c.response(reset)
+        assert s.status == 502, s
+        ok = c.request("GET", "/status/200")
+        assert c.response(ok).status == 200
+        s = c.response(never, timeout=5)
+        assert s.status == 504, s
+        ok = c.request("GET", "/status/201")
+        assert c.response(ok).status == 201
+    assert srv.connections == 1, srv.connections
+
+
+def test_a_dead_endpoint_is_a_502(sluice_factory, h2_upstream):
+    srv = h2_upstream()
+    port = srv.port
+    srv.stop()
+    gw = sluice_factory(upstreams=[{"name": "app", "endpoints": [f"127.0.0.1:{port}"],
+                                    "protocol": "h2c"}])
+    r = gw.get("/status/200")
+    assert r.status == 502, r
+    with open_h2(gw.port) as c:
+        assert c.response(c.request("GET", "/status/200")).status == 502
+
+
+def test_a_goaway_moves_new_requests_to_a_new_connection(sluice_factory, h2_upstream):
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv)
+    assert gw.get("/status/200").status == 200
+    r = gw.get("/goaway")
+    assert r.status == 200 and r.body == b"bye", r
+    assert wait_for(lambda: srv.goaways_sent == 1)
+    for _ in range(5):
+        r = gw.get("/status/200")
+        assert r.status == 200, r
+    assert srv.connections == 2, srv.connections
+
+
+def test_concurrent_http11_clients_to_an_h2c_upstream(sluice_factory, h2_upstream):
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv)
+    results = []
+
+    def one(i):
+        body = pattern_bytes(1000 + i)
+        r = gw.request("POST", f"/echo?i={i}", [("Content-Type", "a/b")], body)
+        results.append(r.status == 200 and r.body == body)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [True] * 50
+
+
+def test_h2_over_tls_with_alpn(sluice_factory, h2_upstream, tls_pki):
+    cert = tls_pki.certs["upstream"]
+    srv = h2_upstream(tls=(cert.cert, cert.key))
+    gw = gateway(sluice_factory, srv, protocol="h2", tls=True, tls_server_name="upstream.test",
+                 tls_ca_file=str(tls_pki.certs["root"].cert))
+    r = gw.get("/headers")
+    assert r.status == 200, r
+    fields = dict(tuple(f) for f in r.json())
+    assert fields[":scheme"] == "https", fields
+    body = pattern_bytes(1 << 20)
+    with open_h2(gw.port) as c:
+        s = c.response(c.request("POST", "/echo", body=body), timeout=20)
+        assert s.status == 200 and s.body == body, (s.status, len(s.body))
+    assert srv.connections == 1, srv.connections
