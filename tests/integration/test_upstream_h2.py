@@ -182,3 +182,22 @@ def test_h2_over_tls_with_alpn(sluice_factory, h2_upstream, tls_pki):
         s = c.response(c.request("POST", "/echo", body=body), timeout=20)
         assert s.status == 200 and s.body == body, (s.status, len(s.body))
     assert srv.connections == 1, srv.connections
+
+
+def test_a_client_that_goes_away_cancels_its_upstream_stream(sluice_factory, h2_upstream):
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv)
+    with open_h2(gw.port) as c:
+        sid = c.request("GET", "/never")
+        assert wait_for(lambda: any(p == "/never" for (_, p, _) in srv.seen))
+        c.reset_stream(sid)
+        assert wait_for(lambda: srv.resets_received == 1), srv.resets_received
+        assert c.response(c.request("GET", "/status/200")).status == 200
+    # An HTTP/1.1 client that resets its connection: the same. (One that only closes its side
+    # still gets its response, README "HTTP behaviour".)
+    client = gw.client()
+    client.send(b"GET /never HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert wait_for(lambda: sum(p == "/never" for (_, p, _) in srv.seen) == 2)
+    client.reset()
+    assert wait_for(lambda: srv.resets_received == 2), srv.resets_received
+    assert srv.connections == 1, srv.connections
