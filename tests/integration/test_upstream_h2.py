@@ -201,3 +201,37 @@ def test_a_client_that_goes_away_cancels_its_upstream_stream(sluice_factory, h2_
     client.reset()
     assert wait_for(lambda: srv.resets_received == 2), srv.resets_received
     assert srv.connections == 1, srv.connections
+
+
+def test_a_slow_client_does_not_stall_other_streams_of_its_upstream_connection(
+        sluice_factory, h2_upstream):
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv)
+    # A client that reads nothing past its first window: its stream's DATA stops at the
+    # gateway, and the upstream's window for that stream stays shut.
+    with open_h2(gw.port, auto_window=False) as slow, open_h2(gw.port) as fast:
+        stuck = slow.request("GET", f"/bytes/{64 << 20}")
+        assert slow.wait(lambda: len(slow.streams[stuck].data) >= 65535, timeout=5)
+        body = pattern_bytes(4 << 20)
+        sid = fast.request("POST", "/echo", body=body)
+        s = fast.response(sid, timeout=10)
+        assert s.status == 200 and s.body == body, (s.status, len(s.body))
+        sids = fast.send_requests([("GET", "/status/200")] * 20)
+        assert all(r.status == 200 for r in fast.responses(sids, timeout=10))
+        assert not slow.streams[stuck].done
+    assert srv.connections == 1, srv.connections
+
+
+def test_an_upstream_goaway_mid_load_loses_no_request(sluice_factory, h2_upstream):
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv)
+    with open_h2(gw.port) as c:
+        slow = c.send_requests([("GET", "/slow/300")] * 30)
+        assert wait_for(lambda: srv.streams >= 30)
+        # A GOAWAY while 30 streams are in flight: they finish on the old connection.
+        bye = c.request("GET", "/goaway")
+        late = c.send_requests([("GET", "/status/200")] * 30)
+        responses = c.responses(slow + [bye] + late, timeout=10)
+    assert [r.status for r in responses] == [200] * 61, responses
+    assert srv.goaways_sent == 1
+    assert srv.connections == 2, srv.connections

@@ -12,7 +12,8 @@ Paths:
   /slow/MS          the answer after MS milliseconds (the others go on meanwhile)
   /never            no answer at all
   /reset            RST_STREAM INTERNAL_ERROR, no answer
-  /goaway           GOAWAY (last stream: this one) after the answer; the connection closes
+  /goaway           GOAWAY (last stream: this one) after the answer; the streams in flight
+                    finish
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import hyperframe.frame
 
 
 def pattern_bytes(n: int) -> bytes:
@@ -167,9 +169,18 @@ class _Conn:
             self.pending[stream_id] = [body, trailers]
         self.requests.pop(stream_id, None)
         if path == "/goaway":
+            # A graceful GOAWAY (RFC 9113 6.8): the streams up to this one finish. Written as
+            # a frame of its own: python-h2's close_connection() would end them too.
             self.server.goaways_sent += 1
             self.flush()
-            self.h2.close_connection(last_stream_id=stream_id)
+            self.send()
+            frame = hyperframe.frame.GoAwayFrame(0)
+            frame.last_stream_id = stream_id
+            frame.error_code = 0
+            try:
+                self.sock.sendall(frame.serialize())
+            except OSError:
+                self.closed = True
 
     def flush(self) -> None:
         """Sends what the windows allow of every pending body, then the trailers."""
