@@ -4,7 +4,9 @@ knowledge, and over TLS chosen by ALPN. Heads, bodies (byte for byte, both ways)
 304, trailers both ways on HTTP/2 clients, many streams multiplexed over few upstream
 connections, an upstream RST_STREAM as a 502 for that stream only, a stream that never answers
 as a 504 while its connection serves others, a dead endpoint as a 502, a GOAWAY that moves new
-requests to a new connection. Run time: some 10 s."""
+requests to a new connection (mid-load too), a slow client that stalls no other stream, a
+client that goes away cancelling its stream; limits, concurrency slots and cost_from over it.
+Run time: some 6 s."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import threading
 
 import pytest
 
+from conftest import limit_cfg, parse_rl_list, route_cfg, sluice_with_limits
 from harness.h2client import open_h2
 from harness.h2server import H2Server, pattern_bytes, wait_for
 
@@ -235,3 +238,39 @@ def test_an_upstream_goaway_mid_load_loses_no_request(sluice_factory, h2_upstrea
     assert [r.status for r in responses] == [200] * 61, responses
     assert srv.goaways_sent == 1
     assert srv.connections == 2, srv.connections
+
+
+def test_limits_over_an_h2c_upstream(sluice_factory, h2_upstream, valkey):
+    """Every per-request feature over HTTP/2 to the upstream: a limit with its RateLimit fields
+    on the upstream's response and a 429 past it, a concurrency slot held for the stream's
+    life, cost_from read from the response head."""
+    srv = h2_upstream()
+    limits = [limit_cfg("per_ip", "fixed_window", 4, "1h"),
+              {"name": "one_at_a_time", "algorithm": "concurrency", "by": ["ip"], "limit": 1},
+              limit_cfg("tokens", "fixed_window", 100, "1h",
+                        cost_from="response_header:X-Tokens-Used")]
+    routes = [route_cfg("slow", ["one_at_a_time"], {"path_prefix": "/slow/"}),
+              route_cfg("tokens", ["tokens"], {"path_prefix": "/response-headers"}),
+              route_cfg("api", ["per_ip"])]
+    gw = sluice_with_limits(sluice_factory, None, valkey, limits, routes,
+                            upstreams=[{"name": "app", "endpoints": [f"127.0.0.1:{srv.port}"],
+                                        "protocol": "h2c"}])
+    r = gw.get("/status/200")
+    assert r.status == 200 and parse_rl_list(r.header("ratelimit"))["per_ip"]["r"] == 3, r
+    with open_h2(gw.port) as c:
+        s = c.response(c.request("GET", "/status/200"))
+        assert s.status == 200 and parse_rl_list(s.header("ratelimit"))["per_ip"]["r"] == 2, s
+        sids = c.send_requests([("GET", "/status/200")] * 3)
+        statuses = sorted(r.status for r in c.responses(sids))
+        assert statuses == [200, 200, 429], statuses
+        # The slot is held while the first stream lasts, and free once it ended.
+        first = c.request("GET", "/slow/500")
+        assert wait_for(lambda: any(p == "/slow/500" for (_, p, _) in srv.seen))
+        assert c.response(c.request("GET", "/slow/1")).status == 429
+        assert c.response(first, timeout=5).status == 200
+        assert wait_for(lambda: c.response(c.request("GET", "/slow/1")).status == 200)
+        # cost_from: the response head's count is charged.
+        s = c.response(c.request("GET", "/response-headers?X-Tokens-Used=60"))
+        assert s.status == 200 and s.header("x-tokens-used") == "60", s
+        s = c.response(c.request("GET", "/response-headers?X-Tokens-Used=1"))
+        assert s.status == 200 and parse_rl_list(s.header("ratelimit"))["tokens"]["r"] == 40, s

@@ -9,6 +9,7 @@ Paths:
   /headers          the request's fields as JSON (pseudo-fields included)
   /bytes/N          N bytes of a repeating pattern (pattern_bytes)
   /trailers         body "ok", then trailers grpc-status: 0 and x-checksum: 42
+  /response-headers?NAME=VALUE&...   those fields in the response, body "ok"
   /slow/MS          the answer after MS milliseconds (the others go on meanwhile)
   /never            no answer at all
   /reset            RST_STREAM INTERNAL_ERROR, no answer
@@ -151,6 +152,11 @@ class _Conn:
             headers.append(("content-type", "application/json"))
         elif path.startswith("/bytes/"):
             body = pattern_bytes(int(path.split("/")[2]))
+        elif path.startswith("/response-headers?"):
+            for pair in path.split("?", 1)[1].split("&"):
+                name, _, value = pair.partition("=")
+                headers.append((name.lower(), value))
+            body = b"ok"
         elif path == "/trailers":
             body = b"ok"
             trailers = [("grpc-status", "0"), ("x-checksum", "42")]
