@@ -5,8 +5,8 @@ knowledge, and over TLS chosen by ALPN. Heads, bodies (byte for byte, both ways)
 connections, an upstream RST_STREAM as a 502 for that stream only, a stream that never answers
 as a 504 while its connection serves others, a dead endpoint as a 502, a GOAWAY that moves new
 requests to a new connection (mid-load too), a slow client that stalls no other stream, a
-client that goes away cancelling its stream; limits, concurrency slots and cost_from over it.
-Run time: some 6 s."""
+client that goes away cancelling its stream; limits, concurrency slots and cost_from over it;
+100 MiB down and up (once). Run time: some 9 s."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ def h2_upstream():
         s.stop()
 
 
-def gateway(sluice_factory, server, protocol="h2c", **options):
+def gateway(sluice_factory, server, protocol="h2c", *, server_options=None, **options):
     up = {"name": "app", "endpoints": [f"127.0.0.1:{server.port}"], "protocol": protocol,
           **options}
-    return sluice_factory(upstreams=[up])
+    return sluice_factory(upstreams=[up], server=server_options)
 
 
 def test_http11_clients_to_an_h2c_upstream(sluice_factory, h2_upstream):
@@ -274,3 +274,25 @@ def test_limits_over_an_h2c_upstream(sluice_factory, h2_upstream, valkey):
         assert s.status == 200 and s.header("x-tokens-used") == "60", s
         s = c.response(c.request("GET", "/response-headers?X-Tokens-Used=1"))
         assert s.status == 200 and parse_rl_list(s.header("ratelimit"))["tokens"]["r"] == 40, s
+
+
+@pytest.mark.once
+def test_100_mib_down_and_up_through_an_h2c_upstream(sluice_factory, h2_upstream):
+    """100 MiB down and 100 MiB up, byte for byte, for an HTTP/1.1 client (chunked up) and an
+    HTTP/2 one. (once: it moves 500 MiB through a Python server.)"""
+    srv = h2_upstream()
+    size = 100 << 20
+    gw = gateway(sluice_factory, srv, server_options={"max_request_body_bytes": 2 * size})
+    body = pattern_bytes(size)
+    r = gw.get(f"/bytes/{size}", timeout=120)
+    assert r.status == 200 and len(r.body) == size and r.body == body, (r.status, len(r.body))
+    with gw.client(timeout=120) as client:
+        client.send(b"POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(0, size, 1 << 20):
+            client.send(b"%x\r\n" % (1 << 20) + body[i:i + (1 << 20)] + b"\r\n")
+        client.send(b"0\r\n\r\n")
+        r = client.read_response()
+    assert r.status == 200 and len(r.body) == size and r.body == body, (r.status, len(r.body))
+    with open_h2(gw.port, timeout=120) as c:
+        s = c.response(c.request("POST", "/echo", body=body), timeout=120)
+        assert s.status == 200 and len(s.body) == size and s.body == body, (s.status, len(s.body))

@@ -90,8 +90,8 @@ class _Conn:
     def on_event(self, event) -> None:
         if isinstance(event, h2.events.RequestReceived):
             self.server.streams += 1
-            self.requests[event.stream_id] = {"headers": list(event.headers), "body": b"",
-                                              "trailers": []}
+            self.requests[event.stream_id] = {"headers": list(event.headers),
+                                              "body": bytearray(), "trailers": []}
         elif isinstance(event, h2.events.DataReceived):
             req = self.requests.get(event.stream_id)
             if req is not None:
@@ -140,7 +140,7 @@ class _Conn:
             status = int(path.split("/")[2])
             body = b"" if status in (204, 304) else f"status {status}".encode()
         elif path.startswith("/echo"):
-            body = req["body"]
+            body = bytes(req["body"])
             ctype = dict(req["headers"]).get("content-type")
             if ctype:
                 headers.append(("content-type", ctype))
@@ -172,7 +172,7 @@ class _Conn:
         end_now = not body and trailers is None
         self.h2.send_headers(stream_id, [(":status", str(status)), *headers], end_stream=end_now)
         if not end_now:
-            self.pending[stream_id] = [body, trailers]
+            self.pending[stream_id] = [memoryview(body), trailers]
         self.requests.pop(stream_id, None)
         if path == "/goaway":
             # A graceful GOAWAY (RFC 9113 6.8): the streams up to this one finish. Written as
@@ -198,8 +198,8 @@ class _Conn:
                                  self.h2.max_outbound_frame_size)
                     if window <= 0:
                         break
-                    self.h2.send_data(stream_id, body[:window])
-                    body = body[window:]
+                    self.h2.send_data(stream_id, bytes(body[:window]))
+                    body = body[window:]  # a memoryview: no copy of the rest
                 self.pending[stream_id][0] = body
                 if body:
                     continue
