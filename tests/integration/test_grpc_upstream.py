@@ -2,17 +2,21 @@
 "h2c"), a real gRPC client in front: unary, server-streaming (1,000 messages),
 client-streaming and bidirectional calls pass with their metadata and trailers; an upstream's
 error status and message reach the client (a trailers-only answer stays one); the access log
-carries each call's grpc-status. Run time: some 3 s."""
+carries each call's grpc-status; limits keyed on metadata and a concurrency limit on a
+streaming method answer in gRPC's terms; 400 concurrent calls; TLS to the server (h2, ALPN).
+Run time: some 5 s."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent import futures
 
 import grpc
 import pytest
 
-from conftest import free_port
+from conftest import free_port, limit_cfg, route_cfg, sluice_with_limits
 from harness.gateway import wait_until
 
 
@@ -26,6 +30,12 @@ def _echo(request, context):
 
 
 def _stream(request, context):
+    # "slow:N": N messages, 50 ms apart (a call that holds its stream open a while).
+    if request.startswith(b"slow:"):
+        for i in range(int(request[5:])):
+            time.sleep(0.05)
+            yield b"s%d" % i
+        return
     for i in range(1000):
         yield b"m%d" % i
 
@@ -39,21 +49,33 @@ def _upper(requests, context):
         yield message.upper()
 
 
-@pytest.fixture
-def grpc_upstream():
+def _server(credentials=None):
     handler = grpc.method_handlers_generic_handler("pkg.Svc", {
         "Echo": grpc.unary_unary_rpc_method_handler(_echo),
         "Stream": grpc.unary_stream_rpc_method_handler(_stream),
         "Collect": grpc.stream_unary_rpc_method_handler(_collect),
         "Upper": grpc.stream_stream_rpc_method_handler(_upper),
     })
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     server.add_generic_rpc_handlers((handler,))
     port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
+    if credentials is None:
+        server.add_insecure_port(f"127.0.0.1:{port}")
+    else:
+        server.add_secure_port(f"127.0.0.1:{port}", credentials)
     server.start()
+    return server, port
+
+
+@pytest.fixture
+def grpc_upstream():
+    server, port = _server()
     yield port
     server.stop(0)
+
+
+def h2c(port):
+    return [{"name": "grpc", "endpoints": [f"127.0.0.1:{port}"], "protocol": "h2c"}]
 
 
 def test_grpc_calls_through_an_h2c_upstream(sluice_factory, grpc_upstream, tmp_path):
@@ -90,3 +112,77 @@ def test_grpc_calls_through_an_h2c_upstream(sluice_factory, grpc_upstream, tmp_p
     assert statuses == [("/pkg.Svc/Echo", 0), ("/pkg.Svc/Echo", 5), ("/pkg.Svc/Stream", 0),
                         ("/pkg.Svc/Collect", 0), ("/pkg.Svc/Upper", 0)], statuses
     assert all(r["status"] == 200 and r["protocol"] == "h2" for r in records())
+
+
+def test_limits_on_calls_to_a_real_server(sluice_factory, grpc_upstream, valkey):
+    """A limit keyed on metadata refuses with RESOURCE_EXHAUSTED; a concurrency limit on a
+    streaming method holds its slot while the stream lasts."""
+    limits = [limit_cfg("per_user", "fixed_window", 2, "1h", by=["header:x-user"]),
+              {"name": "one_stream", "algorithm": "concurrency", "by": ["ip"], "limit": 1}]
+    routes = [route_cfg("stream", ["one_stream"], {"path": "/pkg.Svc/Stream"}, upstream="grpc"),
+              route_cfg("echo", ["per_user"], {"path_prefix": "/pkg.Svc/"}, upstream="grpc")]
+    gw = sluice_with_limits(sluice_factory, None, valkey, limits, routes,
+                            upstreams=h2c(grpc_upstream))
+    with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
+        echo = channel.unary_unary("/pkg.Svc/Echo")
+        for _ in range(2):
+            assert echo(b"hi", metadata=(("x-user", "ann"),), timeout=5) == b"hi"
+        with pytest.raises(grpc.RpcError) as info:
+            echo(b"hi", metadata=(("x-user", "ann"),), timeout=5)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert dict(info.value.trailing_metadata())["retry-after"].isdigit()
+        assert echo(b"hi", metadata=(("x-user", "bob"),), timeout=5) == b"hi"
+
+        stream = channel.unary_stream("/pkg.Svc/Stream")
+        first = stream(b"slow:10", timeout=10)
+        assert next(first) == b"s0"  # the stream is open: its slot is held
+        with pytest.raises(grpc.RpcError) as info:
+            list(stream(b"slow:1", timeout=5))
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert [m for m in first][-1] == b"s9"  # the first ends; its slot is free again
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                assert list(stream(b"slow:1", timeout=5)) == [b"s0"]
+                break
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+                assert time.monotonic() < deadline, "the slot was not freed"
+                time.sleep(0.05)
+
+
+def test_many_concurrent_calls(sluice_factory, grpc_upstream):
+    gw = sluice_factory(upstreams=h2c(grpc_upstream))
+    failures = []
+
+    def caller(i):
+        with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
+            echo = channel.unary_unary("/pkg.Svc/Echo")
+            for j in range(20):
+                payload = b"%d-%d" % (i, j)
+                if echo(payload, timeout=10) != payload:
+                    failures.append(payload)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def test_grpc_over_tls_to_the_upstream(sluice_factory, tls_pki):
+    cert = tls_pki.certs["upstream"]
+    credentials = grpc.ssl_server_credentials(
+        [(cert.key.read_bytes(), cert.cert.read_bytes())])
+    server, port = _server(credentials)
+    try:
+        gw = sluice_factory(upstreams=[{
+            "name": "grpc", "endpoints": [f"127.0.0.1:{port}"], "protocol": "h2", "tls": True,
+            "tls_server_name": "upstream.test", "tls_ca_file": str(tls_pki.certs["root"].cert)}])
+        with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
+            reply, call = channel.unary_unary("/pkg.Svc/Echo").with_call(b"secret", timeout=5)
+            assert reply == b"secret"
+            assert dict(call.trailing_metadata())["x-trail"] == "t1"
+    finally:
+        server.stop(0)
