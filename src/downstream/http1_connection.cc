@@ -2,6 +2,7 @@
 
 #include "core/logging.h"
 #include "http/headers.h"
+#include "http/request_line.h"
 #include "stats/stats.h"
 
 namespace sluice::downstream {
@@ -122,11 +123,14 @@ void Http1Connection::process(const char* data, size_t len) {
 int Http1Connection::onMessageHead(http::MessageHead& head) {
   request_ = Request::Receiving;
   keep_alive_ = head.keep_alive;
-  if (head.version_major != 1) return 505;
-  if (head.method == "CONNECT") return 405;
-  const size_t hosts = head.headers.count("host");
-  if (hosts > 1 || (hosts == 0 && !head.isHttp10())) return 400;
-  if (hosts == 1 && !http::validAuthority(*head.headers.get("host"))) return 400;
+  if (head.version_major != 1) {
+    parser_.refusalReason("only HTTP/1.x is read here (HTTP/2 opens with its preface)");
+    return 505;
+  }
+  if (const std::optional<http::Refusal> refusal = http::checkRequestHead(head)) {
+    parser_.refusalReason(refusal->why);
+    return refusal->status;
+  }
   if (head.hasBody()) {
     const config::ServerConfig& server = worker_.snapshot()->config->server;
     timer_role_ = TimerRole::Body;

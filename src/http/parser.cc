@@ -63,6 +63,7 @@ int Parser::onMessageBegin(llhttp_t* p) noexcept {
   s->trailers_.clear();
   s->error_status_ = 0;
   s->error_reason_ = "";
+  s->refusal_reason_ = nullptr;
   s->head_bytes_ = 0;
   s->body_bytes_ = 0;
   s->in_field_ = false;
@@ -193,7 +194,7 @@ int Parser::onHeadersComplete(llhttp_t* p) noexcept {
     return s->fail(413, "request body too large");
   }
   if (int status = s->callbacks_->onMessageHead(head)) {
-    return s->fail(status, "refused");
+    return s->fail(status, s->refusal_reason_ ? s->refusal_reason_ : "refused");
   }
   // No body, whatever Content-Length says: a response to HEAD, a 204 or a 304.
   if (s->type_ == Type::Response &&

@@ -63,6 +63,9 @@ class Parser {
   void setExpectNoBody(bool value) { expect_no_body_ = value; }
   // True between the first byte of a message and its end.
   bool inMessage() const { return in_message_; }
+  // From inside onMessageHead(), before it returns its status: why (the error's reason;
+  // "refused" when none is given).
+  void refusalReason(const char* why) { refusal_reason_ = why; }
   bool headComplete() const { return head_complete_; }
   void setLimits(ParserLimits limits) { limits_ = limits; }
 
@@ -109,6 +112,7 @@ class Parser {
   uint64_t body_bytes_ = 0;
   int error_status_ = 0;
   const char* error_reason_ = "";
+  const char* refusal_reason_ = nullptr;
   bool in_field_ = false;
   bool in_message_ = false;
   bool head_complete_ = false;

@@ -4,7 +4,10 @@
 // refuses, an HTTP/2 request is refused for too, so that a method or a target means one thing
 // to the routes, the limits and the upstream whichever protocol carried it.
 
+#include <optional>
 #include <string_view>
+
+#include "http/message.h"
 
 namespace sluice::http {
 
@@ -17,5 +20,16 @@ bool knownMethod(std::string_view method);
 // byte 0x80-0xFF (which an upstream that decodes UTF-8 and splits on Unicode whitespace
 // would read as another path than the routes saw).
 bool visibleAscii(std::string_view target);
+
+// Why a request is refused before it is routed: the status to answer and why.
+struct Refusal {
+  int status;
+  const char* why;
+};
+
+// The checks both codecs make of a request head once its Host is known (an HTTP/2 stream's
+// :authority is its Host): CONNECT is not proxied (405); one Host field, which an HTTP/1.0
+// request may leave out, and a host[:port] in it (400).
+std::optional<Refusal> checkRequestHead(const MessageHead& head);
 
 }  // namespace sluice::http

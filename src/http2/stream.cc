@@ -8,6 +8,7 @@
 #include "http/forwarding.h"
 #include "http/grpc.h"
 #include "http/headers.h"
+#include "http/request_line.h"
 #include "http2/session.h"
 #include "stats/stats.h"
 #include "worker/worker_context.h"
@@ -117,19 +118,10 @@ void Stream::headersDone(bool end_stream) {
     refuse(413, "the request body is larger than max_request_body_bytes");
     return;
   }
-  if (head_.method == "CONNECT") {
-    refuse(405, "CONNECT is not supported");
-    return;
-  }
   // :authority is the Host of an HTTP/2 request (RFC 9113 8.3.1). A Host field beside it
   // that names another authority is refused: routing on one and limiting on the other would
-  // let a client pick its route.
-  if (authority_.empty()) {
-    if (head_.headers.count("host") != 1) {
-      refuse(400, "a request needs :authority (or one Host field)");
-      return;
-    }
-  } else {
+  // let a client pick its route. Without :authority, one Host field must say it.
+  if (!authority_.empty()) {
     const size_t hosts = head_.headers.count("host");
     if (hosts > 1 || (hosts == 1 && !http::iequals(*head_.headers.get("host"), authority_))) {
       refuse(400, "the Host field and :authority differ");
@@ -137,8 +129,8 @@ void Stream::headersDone(bool end_stream) {
     }
     if (hosts == 0) head_.headers.add("host", authority_);
   }
-  if (!http::validAuthority(*head_.headers.get("host"))) {
-    refuse(400, "bad :authority");
+  if (const std::optional<http::Refusal> refusal = http::checkRequestHead(head_)) {
+    refuse(refusal->status, refusal->why);
     return;
   }
   if (!cookie_.empty()) head_.headers.add("cookie", std::move(cookie_));

@@ -269,6 +269,31 @@ TEST_SUITE("router: parseTarget") {
     }
   }
 
+  TEST_CASE("checkRequestHead: CONNECT, and one Host that is a host[:port], for both codecs") {
+    auto head = [](std::string method, std::vector<std::string> hosts, int minor = 1) {
+      sluice::http::MessageHead h;
+      h.method = std::move(method);
+      h.target = "/";
+      h.version_minor = minor;
+      for (auto& host : hosts) h.headers.add("Host", host);
+      return h;
+    };
+    auto status = [](const sluice::http::MessageHead& h) {
+      const auto refusal = sluice::http::checkRequestHead(h);
+      return refusal ? refusal->status : 0;
+    };
+    CHECK(status(head("GET", {"api.example:8080"})) == 0);
+    CHECK(status(head("GET", {"[::1]:80"})) == 0);
+    CHECK(status(head("GET", {}, 0)) == 0);  // HTTP/1.0 may leave Host out
+    CHECK(status(head("CONNECT", {"api.example:443"})) == 405);
+    CHECK(status(head("GET", {})) == 400);
+    CHECK(status(head("GET", {"a", "b"})) == 400);
+    CHECK(status(head("GET", {"a b"})) == 400);
+    CHECK(status(head("GET", {"a/b"})) == 400);
+    CHECK(std::string(sluice::http::checkRequestHead(head("GET", {}))->why) ==
+          "a request needs a Host field (on HTTP/2, :authority)");
+  }
+
   TEST_CASE("the last escape of a path is decoded (no off-by-one at the end)") {
     CHECK(path("/a%41") == "/aA");
     CHECK(path("/%41") == "/A");
