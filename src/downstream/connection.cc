@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <string_view>
 
-#include "http2/session.h"
+#include "downstream/h2_session.h"
 #include "stats/stats.h"
 
 namespace sluice::downstream {
@@ -57,7 +57,7 @@ void Connection::onRead(const char* data, size_t len) {
 
 void Connection::sniff(const char* data, size_t len) {
   sniffed_.append(data, len);
-  const std::string_view preface = http2::kClientPreface;
+  const std::string_view preface = kClientPreface;
   const size_t n = std::min(sniffed_.size(), preface.size());
   std::string received;
   if (sniffed_.compare(0, n, preface.substr(0, n)) != 0) {
@@ -70,7 +70,7 @@ void Connection::sniff(const char* data, size_t len) {
   sniffing_ = false;
   http1_.handOver();
   received.swap(sniffed_);
-  h2_ = std::make_unique<http2::Session>(worker_, *transport_, peer_ip_, peer_text_);
+  h2_ = std::make_unique<H2Session>(worker_, *transport_, peer_ip_, peer_text_);
   h2_->start(received);
 }
 

@@ -3,7 +3,7 @@
 // One client connection, whatever it speaks: it owns the transport (plain or TLS), its place
 // in the connection budget, the peer's address and its entry in the worker's drain list, and
 // picks the codec: the first bytes decide (the HTTP/2 client preface, or a part of it so far,
-// makes it an http2::Session; anything else is HTTP/1.1, Http1Connection). The transport's
+// makes it an H2Session; anything else is HTTP/1.1, Http1Connection). The transport's
 // events go to the one that has the connection.
 //
 // Lifetime: created by the listener, destroyed in the transport's onClosed(), never earlier
@@ -19,11 +19,9 @@
 #include "net/transport.h"
 #include "worker/worker_context.h"
 
-namespace sluice::http2 {
-class Session;
-}
-
 namespace sluice::downstream {
+
+class H2Session;
 
 class Connection final : public worker::ClientConnection, public net::TransportCallbacks {
  public:
@@ -57,7 +55,7 @@ class Connection final : public worker::ClientConnection, public net::TransportC
   bool sniffing_;        // no byte decided the protocol yet (only when [server] http2 is on)
   Http1Connection http1_;
   // Last: destroyed first, while the transport and peer it refers to still live.
-  std::unique_ptr<http2::Session> h2_;
+  std::unique_ptr<H2Session> h2_;
 };
 
 }  // namespace sluice::downstream

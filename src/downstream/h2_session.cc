@@ -1,4 +1,4 @@
-#include "http2/session.h"
+#include "downstream/h2_session.h"
 
 #include <uv.h>
 
@@ -7,11 +7,12 @@
 #include <vector>
 
 #include "core/logging.h"
-#include "http2/stream.h"
+#include "downstream/h2_stream.h"
+#include "http2/nghttp2_setup.h"
 #include "stats/stats.h"
 #include "worker/worker_context.h"
 
-namespace sluice::http2 {
+namespace sluice::downstream {
 
 namespace {
 
@@ -55,8 +56,8 @@ uint64_t nowMs(worker::WorkerContext& worker) { return uv_now(worker.loop()); }
 
 }  // namespace
 
-Session::Session(worker::WorkerContext& worker, net::Transport& transport,
-                 const std::optional<IpAddress>& peer_ip, const std::string& peer_text)
+H2Session::H2Session(worker::WorkerContext& worker, net::Transport& transport,
+                     const std::optional<IpAddress>& peer_ip, const std::string& peer_text)
     : worker_(worker),
       transport_(transport),
       peer_ip_(peer_ip),
@@ -65,40 +66,28 @@ Session::Session(worker::WorkerContext& worker, net::Transport& transport,
       send_later_(worker.loop(), onSendTimer, this),
       send_timeout_(worker.loop(), onSendTimeout, this),
       control_credit_(kControlBurst) {
-  nghttp2_session_callbacks* callbacks = nullptr;
-  nghttp2_session_callbacks_new(&callbacks);
-  nghttp2_session_callbacks_set_on_begin_headers_callback(callbacks, onBeginHeaders);
-  nghttp2_session_callbacks_set_on_header_callback(callbacks, onHeader);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(callbacks, onFrameRecv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(callbacks, onDataChunk);
-  nghttp2_session_callbacks_set_on_stream_close_callback(callbacks, onStreamClose);
-  nghttp2_session_callbacks_set_on_frame_send_callback(callbacks, onFrameSend);
-  nghttp2_option* option = nullptr;
-  nghttp2_option_new(&option);
-  // Windows open as the exchanges take the bytes (Stream::onData, resumeReading).
-  nghttp2_option_set_no_auto_window_update(option, 1);
-  // nghttp2 1.57's default (Debian's 1.52 carries it, CVE-2023-44487): RST_STREAM from the
-  // client at most 1000 at once, then 33 per second.
-  nghttp2_option_set_stream_reset_rate_limit(option, 1000, 33);
-  nghttp2_session_server_new2(&session_, callbacks, this, option);
-  nghttp2_option_del(option);
-  nghttp2_session_callbacks_del(callbacks);
-
+  http2::Callbacks callbacks;
+  callbacks.begin_headers = onBeginHeaders;
+  callbacks.header = onHeader;
+  callbacks.frame_recv = onFrameRecv;
+  callbacks.data_chunk_recv = onDataChunk;
+  callbacks.stream_close = onStreamClose;
+  callbacks.frame_send = onFrameSend;
+  // Windows open as the exchanges take the bytes (H2Stream::onData, resumeReading).
+  session_ = http2::newSession(http2::Role::Server, callbacks, this, [](nghttp2_option* option) {
+    // nghttp2 1.57's default (Debian's 1.52 carries it, CVE-2023-44487): RST_STREAM from the
+    // client at most 1000 at once, then 33 per second.
+    nghttp2_option_set_stream_reset_rate_limit(option, 1000, 33);
+  });
   const config::ServerConfig& server = worker_.snapshot()->config->server;
-  const nghttp2_settings_entry settings[] = {
-      {NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, server.max_concurrent_streams},
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(kStreamWindow)},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
-       static_cast<uint32_t>(server.max_request_header_bytes)},
-      {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
-  };
-  nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings,
-                          sizeof settings / sizeof settings[0]);
-  nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, kConnectionWindow);
+  http2::submitSettings(session_, kStreamWindow,
+                        static_cast<uint32_t>(server.max_request_header_bytes),
+                        {{NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS, server.max_concurrent_streams}},
+                        kConnectionWindow);
   worker_.stats().http2_connections_open.add(1);
 }
 
-Session::~Session() {
+H2Session::~H2Session() {
   worker_.stats().http2_connections_open.add(-1);
   // No nghttp2 callback runs from here on; the exchanges still in flight are logged as cut.
   nghttp2_session_del(session_);
@@ -106,12 +95,12 @@ Session::~Session() {
   streams_.clear();
 }
 
-Stream* Session::stream(int32_t id) const {
+H2Stream* H2Session::stream(int32_t id) const {
   auto it = streams_.find(id);
   return it == streams_.end() ? nullptr : it->second.get();
 }
 
-void Session::start(std::string_view received) {
+void H2Session::start(std::string_view received) {
   control_credit_ms_ = nowMs(worker_);
   armTimer(
       TimerRole::Header,
@@ -119,12 +108,12 @@ void Session::start(std::string_view received) {
   onRead(received.data(), received.size());
 }
 
-void Session::armTimer(TimerRole role, uint64_t ms) {
+void H2Session::armTimer(TimerRole role, uint64_t ms) {
   timer_role_ = role;
   timer_.start(ms);
 }
 
-void Session::onRead(const char* data, size_t len) {
+void H2Session::onRead(const char* data, size_t len) {
   if (state_ != State::Open && state_ != State::Draining) return;  // closing: discarded
   in_recv_ = true;
   const ssize_t rv =
@@ -145,19 +134,19 @@ void Session::onRead(const char* data, size_t len) {
   ready.swap(to_begin_);
   if (ready.empty() || calm_ || state_ == State::Closed || state_ == State::Lingering) return;
   for (int32_t id : ready) {
-    if (Stream* s = stream(id)) s->begin();
+    if (H2Stream* s = stream(id)) s->begin();
   }
   send();
 }
 
-void Session::scheduleSend() {
+void H2Session::scheduleSend() {
   if (in_recv_ || state_ == State::Closed || state_ == State::Lingering) return;  // onRead sends
   send_later_.start(0);
 }
 
-void Session::onSendTimer(void* self) { static_cast<Session*>(self)->send(); }
+void H2Session::onSendTimer(void* self) { static_cast<H2Session*>(self)->send(); }
 
-void Session::send() {
+void H2Session::send() {
   if (in_send_ || !session_ || state_ == State::Lingering || state_ == State::Closed) return;
   in_send_ = true;
   // nghttp2 hands one frame per call, valid until the next call: frames are gathered here and
@@ -199,7 +188,7 @@ void Session::send() {
   }
 }
 
-void Session::onWriteDrained() {
+void H2Session::onWriteDrained() {
   send_timeout_.stop();
   if (state_ == State::Closing) {
     closeAfterWrites();
@@ -208,7 +197,7 @@ void Session::onWriteDrained() {
   send();
 }
 
-void Session::closeAfterWrites() {
+void H2Session::closeAfterWrites() {
   if (state_ == State::Lingering || state_ == State::Closed) return;
   state_ = State::Closing;
   terminate(499, "the HTTP/2 connection closed");
@@ -219,7 +208,7 @@ void Session::closeAfterWrites() {
   armTimer(TimerRole::Linger, kLingerMs);
 }
 
-void Session::closeNow() {
+void H2Session::closeNow() {
   if (state_ == State::Closed) return;
   state_ = State::Closed;
   timer_.stop();
@@ -228,11 +217,11 @@ void Session::closeNow() {
   transport_.close();  // the connection's onClosed() destroys this session
 }
 
-void Session::terminate(int status, const char* why) {
+void H2Session::terminate(int status, const char* why) {
   for (auto& [id, stream] : streams_) stream->cancel(status, why);
 }
 
-void Session::onReadEnd(int) {
+void H2Session::onReadEnd(int) {
   if (state_ == State::Lingering) {
     closeNow();
     return;
@@ -241,12 +230,12 @@ void Session::onReadEnd(int) {
   closeNow();
 }
 
-void Session::onWriteError(int) {
+void H2Session::onWriteError(int) {
   terminate(499, "client closed the connection");
   closeNow();
 }
 
-void Session::goaway(uint32_t error_code, size_t reason) {
+void H2Session::goaway(uint32_t error_code, size_t reason) {
   if (state_ != State::Open) return;
   state_ = State::Draining;
   worker_.stats().http2_goaways[reason].inc();
@@ -255,17 +244,17 @@ void Session::goaway(uint32_t error_code, size_t reason) {
   scheduleSend();
 }
 
-void Session::drain() {
+void H2Session::drain() {
   goaway(NGHTTP2_NO_ERROR, stats::Http2Goaway::Drain);
   send();
 }
 
-void Session::forceClose() {
+void H2Session::forceClose() {
   terminate(503, "cut at the end of drain_timeout");
   closeNow();
 }
 
-void Session::calm(const char* why) {
+void H2Session::calm(const char* why) {
   if (state_ == State::Closing || state_ == State::Lingering || state_ == State::Closed || calm_) {
     return;
   }
@@ -279,7 +268,7 @@ void Session::calm(const char* why) {
   scheduleSend();
 }
 
-void Session::countReset(const Stream& stream) {
+void H2Session::countReset(const H2Stream& stream) {
   if (nowMs(worker_) - stream.openedMs() > kEarlyResetMs) return;
   ++early_resets_;
   if (opened_ >= kResetMinStreams && early_resets_ * 2 > opened_) {
@@ -287,14 +276,14 @@ void Session::countReset(const Stream& stream) {
   }
 }
 
-void Session::oversizedHeaderBlock() {
+void H2Session::oversizedHeaderBlock() {
   worker_.stats().http2_oversized_header_blocks.inc();
   if (++oversized_blocks_ >= kOversizedBlocksForCalm) {
     calm("header blocks that decode far past max_request_header_bytes (an HPACK bomb)");
   }
 }
 
-void Session::headerBlockOver() {
+void H2Session::headerBlockOver() {
   block_stream_ = 0;
   if (timer_role_ == TimerRole::Header) {
     timer_role_ = TimerRole::None;
@@ -302,7 +291,7 @@ void Session::headerBlockOver() {
   }
 }
 
-void Session::countControlFrame() {
+void H2Session::countControlFrame() {
   const uint64_t now = nowMs(worker_);
   control_credit_ =
       std::min(kControlBurst, control_credit_ + static_cast<double>(now - control_credit_ms_) *
@@ -312,19 +301,19 @@ void Session::countControlFrame() {
   if (control_credit_ < 0) calm("a flood of control frames");
 }
 
-void Session::resetStream(Stream& stream, uint32_t error_code) {
+void H2Session::resetStream(H2Stream& stream, uint32_t error_code) {
   nghttp2_submit_rst_stream(session_, NGHTTP2_FLAG_NONE, stream.id(), error_code);
   scheduleSend();
 }
 
-void Session::afterStreamClosed() {
+void H2Session::afterStreamClosed() {
   if (!streams_.empty() || state_ != State::Open) return;
   armTimer(TimerRole::Idle,
            static_cast<uint64_t>(worker_.snapshot()->config->server.idle_timeout.count()));
 }
 
-void Session::onTimer(void* self) {
-  auto* s = static_cast<Session*>(self);
+void H2Session::onTimer(void* self) {
+  auto* s = static_cast<H2Session*>(self);
   const TimerRole role = s->timer_role_;
   s->timer_role_ = TimerRole::None;
   switch (role) {
@@ -344,8 +333,8 @@ void Session::onTimer(void* self) {
   }
 }
 
-void Session::onSendTimeout(void* self) {
-  auto* s = static_cast<Session*>(self);
+void H2Session::onSendTimeout(void* self) {
+  auto* s = static_cast<H2Session*>(self);
   SLUICE_LOG_DEBUG("HTTP/2 client {} took no byte for send_timeout: closed", s->peer_text_);
   s->worker_.stats().client_timeouts[stats::ClientTimeout::Send].inc();
   s->terminate(499, "the client stopped reading (send_timeout)");
@@ -354,8 +343,8 @@ void Session::onSendTimeout(void* self) {
 
 // ---- nghttp2 callbacks -------------------------------------------------------------------
 
-int Session::onBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept {
-  auto* s = static_cast<Session*>(user);
+int H2Session::onBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept {
+  auto* s = static_cast<H2Session*>(user);
   if (frame->hd.type != NGHTTP2_HEADERS) return 0;
   s->block_bytes_ = 0;
   s->block_stream_ = frame->hd.stream_id;
@@ -366,7 +355,7 @@ int Session::onBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* 
       static_cast<uint64_t>(s->worker_.snapshot()->config->server.request_header_timeout.count()));
   if (frame->headers.cat != NGHTTP2_HCAT_REQUEST || s->calm_) return 0;
   const int32_t id = frame->hd.stream_id;
-  auto stream = std::make_unique<Stream>(*s, id, nowMs(s->worker_));
+  auto stream = std::make_unique<H2Stream>(*s, id, nowMs(s->worker_));
   nghttp2_session_set_stream_user_data(s->session_, id, stream.get());
   s->streams_.emplace(id, std::move(stream));
   ++s->opened_;
@@ -379,10 +368,10 @@ int Session::onBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* 
   return 0;
 }
 
-int Session::onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
-                      size_t namelen, const uint8_t* value, size_t valuelen, uint8_t,
-                      void* user) noexcept {
-  auto* s = static_cast<Session*>(user);
+int H2Session::onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
+                        size_t namelen, const uint8_t* value, size_t valuelen, uint8_t,
+                        void* user) noexcept {
+  auto* s = static_cast<H2Session*>(user);
   if (frame->hd.type != NGHTTP2_HEADERS) return 0;
   // Counted as the stream counts its header list (RFC 9113 6.5.2), for every block: also
   // trailers, and blocks that no stream keeps.
@@ -392,7 +381,7 @@ int Session::onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_
     s->oversizedHeaderBlock();
     return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;  // no more of this block: its stream is reset
   }
-  Stream* stream = s->stream(frame->hd.stream_id);
+  H2Stream* stream = s->stream(frame->hd.stream_id);
   if (!stream) return 0;
   const std::string_view n(reinterpret_cast<const char*>(name), namelen);
   const std::string_view v(reinterpret_cast<const char*>(value), valuelen);
@@ -404,9 +393,9 @@ int Session::onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_
   return 0;
 }
 
-int Session::onFrameRecv(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept {
-  auto* s = static_cast<Session*>(user);
-  Stream* stream = s->stream(frame->hd.stream_id);
+int H2Session::onFrameRecv(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept {
+  auto* s = static_cast<H2Session*>(user);
+  H2Stream* stream = s->stream(frame->hd.stream_id);
   const bool end_stream = (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) != 0;
   switch (frame->hd.type) {
     case NGHTTP2_HEADERS:
@@ -443,10 +432,10 @@ int Session::onFrameRecv(nghttp2_session*, const nghttp2_frame* frame, void* use
   }
 }
 
-int Session::onDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, const uint8_t* data,
-                         size_t len, void* user) noexcept {
-  auto* s = static_cast<Session*>(user);
-  Stream* stream = s->stream(stream_id);
+int H2Session::onDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id,
+                           const uint8_t* data, size_t len, void* user) noexcept {
+  auto* s = static_cast<H2Session*>(user);
+  H2Stream* stream = s->stream(stream_id);
   if (!stream || s->calm_) {
     nghttp2_session_consume(session, stream_id, len);
     return 0;
@@ -455,16 +444,16 @@ int Session::onDataChunk(nghttp2_session* session, uint8_t, int32_t stream_id, c
   return 0;
 }
 
-int Session::onStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t error_code,
-                           void* user) noexcept {
-  auto* s = static_cast<Session*>(user);
+int H2Session::onStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t error_code,
+                             void* user) noexcept {
+  auto* s = static_cast<H2Session*>(user);
   // A block that nghttp2 refused or stopped decoding (an invalid field, a block far too large)
   // never reaches onFrameRecv: its stream's reset ends its wait, which must not cut the
   // connection's other streams at request_header_timeout.
   if (stream_id == s->block_stream_) s->headerBlockOver();
   auto it = s->streams_.find(stream_id);
   if (it == s->streams_.end()) return 0;
-  std::unique_ptr<Stream> stream = std::move(it->second);
+  std::unique_ptr<H2Stream> stream = std::move(it->second);
   s->streams_.erase(it);
   // Bytes the exchange never took still count in the connection's window.
   if (stream->unconsumed() > 0) nghttp2_session_consume_connection(session, stream->unconsumed());
@@ -474,19 +463,19 @@ int Session::onStreamClose(nghttp2_session* session, int32_t stream_id, uint32_t
   return 0;
 }
 
-int Session::onFrameSend(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept {
-  auto* s = static_cast<Session*>(user);
+int H2Session::onFrameSend(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept {
+  auto* s = static_cast<H2Session*>(user);
   switch (frame->hd.type) {
     case NGHTTP2_DATA:
       s->control_credit_ = std::min(kControlBurst, s->control_credit_ + kControlPerData);
       if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
-        if (Stream* stream = s->stream(frame->hd.stream_id)) stream->onResponseSent();
+        if (H2Stream* stream = s->stream(frame->hd.stream_id)) stream->onResponseSent();
       }
       return 0;
     case NGHTTP2_HEADERS:
       // Trailers, or a whole answer in one HEADERS frame (gRPC's trailers-only).
       if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
-        if (Stream* stream = s->stream(frame->hd.stream_id)) stream->onResponseSent();
+        if (H2Stream* stream = s->stream(frame->hd.stream_id)) stream->onResponseSent();
       }
       return 0;
     case NGHTTP2_RST_STREAM: {
@@ -496,7 +485,7 @@ int Session::onFrameSend(nghttp2_session*, const nghttp2_frame* frame, void* use
         return 0;
       }
       if (frame->rst_stream.error_code == NGHTTP2_NO_ERROR) return 0;  // answered early
-      Stream* stream = s->stream(frame->hd.stream_id);
+      H2Stream* stream = s->stream(frame->hd.stream_id);
       s->worker_.stats().http2_streams_reset[stats::Http2ResetBy::Gateway].inc();
       // A reset nghttp2 sent for a stream error (a bad field, a window overrun, a frame on a
       // half-closed stream): the client provoked it.
@@ -516,4 +505,4 @@ int Session::onFrameSend(nghttp2_session*, const nghttp2_frame* frame, void* use
   }
 }
 
-}  // namespace sluice::http2
+}  // namespace sluice::downstream

@@ -35,20 +35,20 @@ namespace sluice::worker {
 class WorkerContext;
 }
 
-namespace sluice::http2 {
+namespace sluice::downstream {
 
-class Stream;
+class H2Stream;
 
 // The client preface (RFC 9113 3.4): a plain connection that opens with it speaks h2c.
 inline constexpr std::string_view kClientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-class Session {
+class H2Session {
  public:
-  Session(worker::WorkerContext& worker, net::Transport& transport,
-          const std::optional<IpAddress>& peer_ip, const std::string& peer_text);
-  ~Session();
-  Session(const Session&) = delete;
-  Session& operator=(const Session&) = delete;
+  H2Session(worker::WorkerContext& worker, net::Transport& transport,
+            const std::optional<IpAddress>& peer_ip, const std::string& peer_text);
+  ~H2Session();
+  H2Session(const H2Session&) = delete;
+  H2Session& operator=(const H2Session&) = delete;
 
   // Starts with the bytes read so far (the preface first).
   void start(std::string_view received);
@@ -73,7 +73,7 @@ class Session {
   void scheduleSend();
   // A stream's reset, sent by the gateway itself (the response was cut, or refused): not one the
   // client provoked.
-  void resetStream(Stream& stream, uint32_t error_code);
+  void resetStream(H2Stream& stream, uint32_t error_code);
   // The stream's head is accepted: it begins once the read in progress is through.
   void beginLater(int32_t id) { to_begin_.push_back(id); }
 
@@ -87,7 +87,7 @@ class Session {
   };
   enum class TimerRole { None, Header, Idle, Linger };
 
-  // nghttp2 callbacks (user_data is the Session).
+  // nghttp2 callbacks (user_data is the H2Session).
   static int onBeginHeaders(nghttp2_session*, const nghttp2_frame* frame, void* user) noexcept;
   static int onHeader(nghttp2_session*, const nghttp2_frame* frame, const uint8_t* name,
                       size_t namelen, const uint8_t* value, size_t valuelen, uint8_t flags,
@@ -102,12 +102,12 @@ class Session {
   static void onSendTimer(void* self);
   static void onSendTimeout(void* self);
 
-  Stream* stream(int32_t id) const;
+  H2Stream* stream(int32_t id) const;
   // Sends what nghttp2 has while the client takes it (at most kSendHighWater unsent bytes),
   // then closes when the session is over.
   void send();
   // Budgets: a client past one gets GOAWAY ENHANCE_YOUR_CALM (true: it just did).
-  void countReset(const Stream& stream);
+  void countReset(const H2Stream& stream);
   void countControlFrame();
   // A header block decoded past its bound (kHeaderBlockOverrun): counted, and the second ends
   // the connection.
@@ -129,7 +129,7 @@ class Session {
   const std::optional<IpAddress>& peer_ip_;
   const std::string& peer_text_;
   nghttp2_session* session_ = nullptr;
-  std::unordered_map<int32_t, std::unique_ptr<Stream>> streams_;
+  std::unordered_map<int32_t, std::unique_ptr<H2Stream>> streams_;
   std::vector<int32_t> to_begin_;  // streams whose head came in the read in progress
   Timer timer_;
   Timer send_later_;    // runs send() on the next loop iteration
@@ -154,4 +154,4 @@ class Session {
   uint64_t control_credit_ms_ = 0;
 };
 
-}  // namespace sluice::http2
+}  // namespace sluice::downstream

@@ -1,19 +1,19 @@
-#include "http2/stream.h"
+#include "downstream/h2_stream.h"
 
 #include <nghttp2/nghttp2.h>
 
 #include <algorithm>
 #include <cstring>
 
+#include "downstream/h2_session.h"
 #include "http/forwarding.h"
 #include "http/grpc.h"
 #include "http/headers.h"
 #include "http/request_line.h"
-#include "http2/session.h"
 #include "stats/stats.h"
 #include "worker/worker_context.h"
 
-namespace sluice::http2 {
+namespace sluice::downstream {
 
 namespace {
 
@@ -23,7 +23,7 @@ constexpr size_t kCompactBytes = 64 * 1024;
 
 ssize_t readCallback(nghttp2_session*, int32_t, uint8_t* buf, size_t length, uint32_t* flags,
                      nghttp2_data_source* source, void*) noexcept {
-  auto* stream = static_cast<Stream*>(source->ptr);
+  auto* stream = static_cast<H2Stream*>(source->ptr);
   const long n = stream->readBody(buf, length, flags);
   if (n < 0) return NGHTTP2_ERR_DEFERRED;
   return n;
@@ -55,7 +55,7 @@ size_t fieldBytes(const std::vector<http::Header>& fields) {
 
 }  // namespace
 
-Stream::Stream(Session& session, int32_t id, uint64_t opened_ms)
+H2Stream::H2Stream(H2Session& session, int32_t id, uint64_t opened_ms)
     : session_(session),
       id_(id),
       opened_ms_(opened_ms),
@@ -66,21 +66,21 @@ Stream::Stream(Session& session, int32_t id, uint64_t opened_ms)
   head_.version_minor = 0;
 }
 
-Stream::~Stream() = default;
+H2Stream::~H2Stream() = default;
 
-worker::WorkerContext& Stream::worker() const { return session_.worker(); }
-const std::optional<IpAddress>& Stream::peerIp() const { return session_.peerIp(); }
-const std::string& Stream::peerText() const { return session_.peerText(); }
-std::string_view Stream::scheme() const { return session_.scheme(); }
+worker::WorkerContext& H2Stream::worker() const { return session_.worker(); }
+const std::optional<IpAddress>& H2Stream::peerIp() const { return session_.peerIp(); }
+const std::string& H2Stream::peerText() const { return session_.peerText(); }
+std::string_view H2Stream::scheme() const { return session_.scheme(); }
 
-void Stream::accountField(std::string_view name, std::string_view value) {
+void H2Stream::accountField(std::string_view name, std::string_view value) {
   header_bytes_ += name.size() + value.size() + 32;
   if (header_bytes_ > worker().snapshot()->config->server.max_request_header_bytes) {
     header_too_large_ = true;
   }
 }
 
-void Stream::addField(std::string_view name, std::string_view value) {
+void H2Stream::addField(std::string_view name, std::string_view value) {
   accountField(name, value);
   if (header_too_large_) return;  // nothing more is kept: the stream gets 431
   if (!name.empty() && name[0] == ':') {
@@ -108,7 +108,7 @@ void Stream::addField(std::string_view name, std::string_view value) {
   head_.headers.add(std::string(name), std::string(value));
 }
 
-void Stream::headersDone(bool end_stream) {
+void H2Stream::headersDone(bool end_stream) {
   if (header_too_large_) {
     refuse(431, "the request's header list is larger than max_request_header_bytes");
     return;
@@ -142,7 +142,7 @@ void Stream::headersDone(bool end_stream) {
   session_.beginLater(id_);
 }
 
-void Stream::begin() {
+void H2Stream::begin() {
   if (begun_ || response_ == Response::Finished) return;
   begun_ = true;
   if (!request_ended_) {
@@ -167,12 +167,12 @@ void Stream::begin() {
   }
 }
 
-void Stream::refuse(int status, const char* why) {
+void H2Stream::refuse(int status, const char* why) {
   exchange_.refuse(status, why);
   responseFinished(false);
 }
 
-void Stream::onData(const char* data, size_t len) {
+void H2Stream::onData(const char* data, size_t len) {
   body_bytes_ += len;
   const size_t max = worker().snapshot()->config->server.max_request_body_bytes;
   if (response_ == Response::Finished) {
@@ -202,12 +202,12 @@ void Stream::onData(const char* data, size_t len) {
   nghttp2_session_consume(session_.nghttp2(), id_, len);
 }
 
-void Stream::addTrailer(std::string_view name, std::string_view value) {
+void H2Stream::addTrailer(std::string_view name, std::string_view value) {
   accountField(name, value);
   if (!header_too_large_) request_trailers_.add(std::string(name), std::string(value));
 }
 
-void Stream::onEndStream() {
+void H2Stream::onEndStream() {
   request_ended_ = true;
   body_timer_.stop();
   if (header_too_large_) {
@@ -227,22 +227,22 @@ void Stream::onEndStream() {
   exchange_.onRequestComplete();
 }
 
-void Stream::armSendTimer() {
+void H2Stream::armSendTimer() {
   if (pendingBytes() > 0 && !send_timer_.active()) {
     send_timer_.start(
         static_cast<uint64_t>(worker().snapshot()->config->server.sendTimeout().count()));
   }
 }
 
-void Stream::onSendTimeout(void* self) {
-  auto* stream = static_cast<Stream*>(self);
+void H2Stream::onSendTimeout(void* self) {
+  auto* stream = static_cast<H2Stream*>(self);
   stream->worker().stats().client_timeouts[stats::ClientTimeout::Send].inc();
   stream->exchange_.abort(499, "the client stopped reading (send_timeout)");
   stream->reset(NGHTTP2_CANCEL);
 }
 
-void Stream::onBodyTimeout(void* self) {
-  auto* stream = static_cast<Stream*>(self);
+void H2Stream::onBodyTimeout(void* self) {
+  auto* stream = static_cast<H2Stream*>(self);
   stream->worker().stats().client_timeouts[stats::ClientTimeout::Body].inc();
   if (stream->exchange_.refuse(408,
                                "the request body did not arrive within request_body_timeout")) {
@@ -252,7 +252,7 @@ void Stream::onBodyTimeout(void* self) {
   }
 }
 
-void Stream::resumeReading() {
+void H2Stream::resumeReading() {
   paused_ = false;
   if (unconsumed_ == 0) return;
   nghttp2_session_consume(session_.nghttp2(), id_, unconsumed_);
@@ -260,13 +260,13 @@ void Stream::resumeReading() {
   session_.scheduleSend();
 }
 
-void Stream::onClosed(uint32_t error_code) {
+void H2Stream::onClosed(uint32_t error_code) {
   if (!begun_) return;
   exchange_.abort(
       499, error_code == NGHTTP2_NO_ERROR ? "the stream closed" : "the client reset the stream");
 }
 
-void Stream::cancel(int status, const char* why) {
+void H2Stream::cancel(int status, const char* why) {
   response_ = Response::Finished;
   paused_ = false;
   send_timer_.stop();
@@ -274,7 +274,7 @@ void Stream::cancel(int status, const char* why) {
   if (begun_) exchange_.abort(status, why);
 }
 
-size_t Stream::writeBody(std::string_view data) {
+size_t H2Stream::writeBody(std::string_view data) {
   if (response_ == Response::Finished || data.empty()) return data.size();
   if (out_offset_ >= kCompactBytes && out_offset_ * 2 >= out_.size()) {
     out_.erase(0, out_offset_);
@@ -287,7 +287,7 @@ size_t Stream::writeBody(std::string_view data) {
   return data.size();
 }
 
-long Stream::readBody(uint8_t* buf, size_t length, uint32_t* flags) {
+long H2Stream::readBody(uint8_t* buf, size_t length, uint32_t* flags) {
   bool eof = false;
   const size_t available = out_.size() - out_offset_;
   const size_t n = std::min(available, length);
@@ -318,7 +318,7 @@ long Stream::readBody(uint8_t* buf, size_t length, uint32_t* flags) {
   return static_cast<long>(n);
 }
 
-void Stream::submitResponse(int status, const std::vector<http::Header>& fields, bool with_body) {
+void H2Stream::submitResponse(int status, const std::vector<http::Header>& fields, bool with_body) {
   if (response_ != Response::None) return;
   response_ = Response::Head;
   const std::string code = std::to_string(status);
@@ -333,8 +333,8 @@ void Stream::submitResponse(int status, const std::vector<http::Header>& fields,
   session_.scheduleSend();
 }
 
-size_t Stream::writeResponseHead(const http::MessageHead& response, std::string_view extra_headers,
-                                 proxy::ResponseContext&) {
+size_t H2Stream::writeResponseHead(const http::MessageHead& response,
+                                   std::string_view extra_headers, proxy::ResponseContext&) {
   // The body goes as it comes, in DATA frames, whatever its framing upstream.
   const std::vector<http::Header> fields = http::clientResponseFields(response, extra_headers);
   // A head that ended its stream upstream ends it here too, in the same HEADERS frame: a gRPC
@@ -343,7 +343,7 @@ size_t Stream::writeResponseHead(const http::MessageHead& response, std::string_
   return fieldBytes(fields);
 }
 
-size_t Stream::endResponseBody(const http::HeaderMap& trailers) {
+size_t H2Stream::endResponseBody(const http::HeaderMap& trailers) {
   if (trailers.empty()) return 0;
   std::vector<http::Header> fields = http::trailerFields(trailers);
   const size_t bytes = fieldBytes(fields);
@@ -352,8 +352,8 @@ size_t Stream::endResponseBody(const http::HeaderMap& trailers) {
   return bytes;
 }
 
-size_t Stream::writeLocal(const http::LocalResponse& response,
-                          const proxy::ResponseContext& context) {
+size_t H2Stream::writeLocal(const http::LocalResponse& response,
+                            const proxy::ResponseContext& context) {
   if (context.grpc_status >= 0) {
     // gRPC's trailers-only answer: HTTP 200 and the status in grpc-status, one HEADERS frame.
     const std::vector<http::Header> fields =
@@ -366,7 +366,7 @@ size_t Stream::writeLocal(const http::LocalResponse& response,
   return writeBody(response.body);
 }
 
-void Stream::onResponseSent() {
+void H2Stream::onResponseSent() {
   // The answer is complete while the client still sends: the rest of its body is not wanted
   // (RFC 9113 8.1; nginx does the same). The RST_STREAM (NO_ERROR) follows the END_STREAM that
   // went out; DATA already on its way is read and dropped.
@@ -375,14 +375,14 @@ void Stream::onResponseSent() {
   nghttp2_submit_rst_stream(session_.nghttp2(), NGHTTP2_FLAG_NONE, id_, NGHTTP2_NO_ERROR);
 }
 
-size_t Stream::writeContinue() {
+size_t H2Stream::writeContinue() {
   const nghttp2_nv status = field(":status", "100");
   nghttp2_submit_headers(session_.nghttp2(), NGHTTP2_FLAG_NONE, id_, nullptr, &status, 1, nullptr);
   session_.scheduleSend();
   return 0;
 }
 
-void Stream::responseFinished(bool) {
+void H2Stream::responseFinished(bool) {
   if (response_ == Response::Finished) return;
   response_ = Response::Finished;
   resumeReading();  // what the exchange held back is dropped now: its window opens again
@@ -390,16 +390,16 @@ void Stream::responseFinished(bool) {
   session_.scheduleSend();
 }
 
-void Stream::abortResponse() { reset(NGHTTP2_INTERNAL_ERROR); }
+void H2Stream::abortResponse() { reset(NGHTTP2_INTERNAL_ERROR); }
 
-std::string Stream::startTunnel(const http::MessageHead&, const proxy::ResponseContext&,
-                                size_t* head_bytes) {
+std::string H2Stream::startTunnel(const http::MessageHead&, const proxy::ResponseContext&,
+                                  size_t* head_bytes) {
   *head_bytes = 0;
   reset(NGHTTP2_INTERNAL_ERROR);
   return {};
 }
 
-void Stream::reset(uint32_t error_code) {
+void H2Stream::reset(uint32_t error_code) {
   send_timer_.stop();
   body_timer_.stop();
   response_ = Response::Finished;
@@ -407,4 +407,4 @@ void Stream::reset(uint32_t error_code) {
   session_.resetStream(*this, error_code);
 }
 
-}  // namespace sluice::http2
+}  // namespace sluice::downstream

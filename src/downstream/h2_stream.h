@@ -4,11 +4,11 @@
 // HTTP/1.1 request. The stream is the exchange's owner: it turns the request's fields into a
 // MessageHead, hands the DATA it receives to the exchange (its window opens as the exchange
 // takes the bytes: not while the exchange paused it), and keeps the response body until
-// nghttp2 reads it into DATA frames (Session::readBody).
+// nghttp2 reads it into DATA frames (H2Session::readBody).
 //
-// Lifetime: made by the Session when a client's HEADERS opens the stream, destroyed by the
-// Session when nghttp2 closes the stream, or with the Session. What the exchange asks from
-// inside one of its calls only records it and asks the Session to send from the loop: no call
+// Lifetime: made by the H2Session when a client's HEADERS opens the stream, destroyed by the
+// H2Session when nghttp2 closes the stream, or with the H2Session. What the exchange asks from
+// inside one of its calls only records it and asks the H2Session to send from the loop: no call
 // here sends or receives frames, so nghttp2 never closes (destroys) this stream while its
 // exchange is running.
 
@@ -23,14 +23,14 @@
 #include "proxy/exchange.h"
 #include "proxy/exchange_owner.h"
 
-namespace sluice::http2 {
+namespace sluice::downstream {
 
-class Session;
+class H2Session;
 
-class Stream final : public proxy::ExchangeOwner {
+class H2Stream final : public proxy::ExchangeOwner {
  public:
-  Stream(Session& session, int32_t id, uint64_t opened_ms);
-  ~Stream() override;
+  H2Stream(H2Session& session, int32_t id, uint64_t opened_ms);
+  ~H2Stream() override;
 
   int32_t id() const { return id_; }
   uint64_t openedMs() const { return opened_ms_; }
@@ -38,7 +38,7 @@ class Stream final : public proxy::ExchangeOwner {
   // The request, as nghttp2 hands it over (fields already checked as RFC 9113 8.2 says).
   void addField(std::string_view name, std::string_view value);
   // The request's head is complete; end_stream: it has no body. A head that Sluice accepts
-  // waits for begin(): the Session begins its streams once the read that brought them is
+  // waits for begin(): the H2Session begins its streams once the read that brought them is
   // through, so that a stream the client reset in the same read costs no upstream work.
   void headersDone(bool end_stream);
   void begin();
@@ -119,7 +119,7 @@ class Stream final : public proxy::ExchangeOwner {
   // request_body_timeout: from the head to the body's last byte.
   static void onBodyTimeout(void* self);
 
-  Session& session_;
+  H2Session& session_;
   const int32_t id_;
   const uint64_t opened_ms_;
   proxy::Exchange exchange_;
@@ -146,4 +146,4 @@ class Stream final : public proxy::ExchangeOwner {
   Response response_ = Response::None;
 };
 
-}  // namespace sluice::http2
+}  // namespace sluice::downstream

@@ -61,7 +61,7 @@ class Http1Connection final : public proxy::ExchangeOwner, public http::ParserCa
     TunnelClosing,  // both sides of the tunnel ended: closed once the last bytes went out
     Lingering,      // FIN sent: reads are discarded until the client closes, or kLingerMs
     Aborting,       // the exchange cut its response: closed on the next loop iteration
-    HandedOver,     // the client sent the HTTP/2 preface: an http2::Session has the connection
+    HandedOver,     // the client sent the HTTP/2 preface: an H2Session has the connection
     Closed,
   };
   // The request being answered, while State::Reading.

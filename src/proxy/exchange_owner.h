@@ -1,7 +1,7 @@
 #pragma once
 
 // What an Exchange needs from the protocol side that carries it: an HTTP/1.1 connection
-// (downstream::Http1Connection) or an HTTP/2 stream (http2::Stream). The exchange decides and
+// (downstream::Http1Connection) or an HTTP/2 stream (H2Stream). The exchange decides and
 // relays; its owner reads the client, writes to it, and decides the fate of the connection.
 //
 // Ownership: the owner owns its exchange and outlives it. The exchange calls these from its

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "core/logging.h"
+#include "http2/nghttp2_setup.h"
 #include "net/tls_context.h"
 #include "net/tls_transport.h"
 
@@ -121,27 +122,22 @@ H2UpstreamConnection::~H2UpstreamConnection() {
 }
 
 void H2UpstreamConnection::createSession() {
-  nghttp2_session_callbacks* cb = nullptr;
-  nghttp2_session_callbacks_new(&cb);
-  nghttp2_session_callbacks_set_on_begin_headers_callback(cb, onBeginHeaders);
-  nghttp2_session_callbacks_set_on_header_callback(cb, onHeader);
-  nghttp2_session_callbacks_set_on_frame_recv_callback(cb, onFrameRecv);
-  nghttp2_session_callbacks_set_on_data_chunk_recv_callback(cb, onDataChunk);
-  nghttp2_session_callbacks_set_on_stream_close_callback(cb, onStreamClose);
-  nghttp2_session_callbacks_set_on_frame_send_callback(cb, onFrameSend);
-  nghttp2_session_callbacks_set_on_frame_not_send_callback(cb, onFrameNotSend);
-  nghttp2_option* option = nullptr;
-  nghttp2_option_new(&option);
+  http2::Callbacks callbacks;
+  callbacks.begin_headers = onBeginHeaders;
+  callbacks.header = onHeader;
+  callbacks.frame_recv = onFrameRecv;
+  callbacks.data_chunk_recv = onDataChunk;
+  callbacks.stream_close = onStreamClose;
+  callbacks.frame_send = onFrameSend;
+  callbacks.frame_not_send = onFrameNotSend;
   // Windows open only as the owners take the bytes (consume()): the gateway never buffers
   // more of a response than the windows allow.
-  nghttp2_option_set_no_auto_window_update(option, 1);
-  nghttp2_option_set_peer_max_concurrent_streams(option, kAssumedMaxConcurrentStreams);
-  // An upstream that floods SETTINGS entries gets a connection error, as a client would.
-  nghttp2_option_set_max_settings(option, 32);
-  nghttp2_option_set_max_send_header_block_length(option, 64 * 1024);
-  nghttp2_session_client_new2(&session_, cb, this, option);
-  nghttp2_option_del(option);
-  nghttp2_session_callbacks_del(cb);
+  session_ = http2::newSession(http2::Role::Client, callbacks, this, [](nghttp2_option* option) {
+    nghttp2_option_set_peer_max_concurrent_streams(option, kAssumedMaxConcurrentStreams);
+    // An upstream that floods SETTINGS entries gets a connection error, as a client would.
+    nghttp2_option_set_max_settings(option, 32);
+    nghttp2_option_set_max_send_header_block_length(option, 64 * 1024);
+  });
 }
 
 int H2UpstreamConnection::connect(const sockaddr* address,
@@ -195,16 +191,9 @@ void H2UpstreamConnection::onConnected(int status) {
     return;
   }
   state_ = State::Ready;
-  const nghttp2_settings_entry settings[] = {
-      {NGHTTP2_SETTINGS_ENABLE_PUSH, 0},
-      {NGHTTP2_SETTINGS_INITIAL_WINDOW_SIZE, static_cast<uint32_t>(options_.stream_window)},
-      {NGHTTP2_SETTINGS_MAX_HEADER_LIST_SIZE,
-       static_cast<uint32_t>(options_.max_response_header_bytes)},
-      {NGHTTP2_SETTINGS_NO_RFC7540_PRIORITIES, 1},
-  };
-  nghttp2_submit_settings(session_, NGHTTP2_FLAG_NONE, settings,
-                          sizeof settings / sizeof settings[0]);
-  nghttp2_session_set_local_window_size(session_, NGHTTP2_FLAG_NONE, 0, options_.connection_window);
+  http2::submitSettings(session_, options_.stream_window,
+                        static_cast<uint32_t>(options_.max_response_header_bytes),
+                        {{NGHTTP2_SETTINGS_ENABLE_PUSH, 0}}, options_.connection_window);
   transport_->readStart();
   armKeepAlive();
   callbacks_->onH2Ready(*this);

@@ -10,9 +10,9 @@
 #include "admin/admin_server.h"
 #include "admin/limits_api.h"
 #include "config/loader.h"
+#include "downstream/h2_session.h"
 #include "http/forwarding.h"
 #include "http/parser.h"
-#include "http2/session.h"
 #include "identity/client_address.h"
 #include "identity/request_facts.h"
 #include "net/transport.h"
@@ -337,7 +337,7 @@ max_concurrent_streams = 8
 void http2Frames(const uint8_t* data, size_t size) {
   if (size == 0) return;
   const size_t piece = 1 + data[0] % 97;
-  std::string input(http2::kClientPreface);
+  std::string input(downstream::kClientPreface);
   input.append(reinterpret_cast<const char*>(data + 1), size - 1);
   uv_loop_t loop;
   uv_loop_init(&loop);
@@ -349,7 +349,7 @@ void http2Frames(const uint8_t* data, size_t size) {
     const std::optional<IpAddress> peer = IpAddress::parse("192.0.2.1");
     const std::string peer_text = "192.0.2.1";
     {
-      http2::Session session(worker, transport, peer, peer_text);
+      downstream::H2Session session(worker, transport, peer, peer_text);
       std::string_view rest = input;
       session.start(rest.substr(0, std::min(piece, rest.size())));
       rest.remove_prefix(std::min(piece, rest.size()));

@@ -30,7 +30,7 @@ void responsePath(const uint8_t* data, size_t size);
 // reads back the same once re-chunked as Sluice sends it upstream.
 void chunkedBody(const uint8_t* data, size_t size);
 
-// The HTTP/2 frame path: the input's bytes follow the client preface into an http2::Session
+// The HTTP/2 frame path: the input's bytes follow the client preface into an H2Session
 // (in pieces whose size the first byte chooses), on a loop and a transport of its own, with
 // no socket: frames, HPACK, streams and their exchanges (answered by Sluice: no route),
 // the flood budgets, drain.
