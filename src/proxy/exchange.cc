@@ -272,7 +272,7 @@ void Exchange::connectUpstream(bool fresh) {
     return;
   }
   req_.upstream = acquired.request;
-  req_.upstream_reused = acquired.ready;
+  req_.upstream_reused = acquired.reused;
   req_.endpoint = req_.upstream->endpoint();
   if (acquired.ready) sendRequestHead();
 }

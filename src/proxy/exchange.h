@@ -119,7 +119,7 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
     bool grpc = false;             // a gRPC call (application/grpc on an HTTP/2 stream)
     bool wants_upgrade = false;    // asks for a protocol switch (101, then a tunnel)
     bool body_complete = false;    // the request's last byte was read
-    bool upstream_reused = false;  // the attempt in progress took a pooled connection
+    bool upstream_reused = false;  // the attempt in progress: Cluster::Acquired::reused
     bool keep_alive = false;       // of the upstream's response, towards the client
     // Backpressure, one flag per direction: this exchange stopped reading from that side.
     bool client_paused = false;

@@ -66,6 +66,7 @@ Cluster::Acquired Cluster::acquire(UpstreamCallbacks* owner, bool fresh) {
     if (!h2.request) reportFailure(index);
     out.request = h2.request;
     out.ready = h2.ready;
+    out.reused = true;
     return out;
   }
   if (!fresh && !endpoint.idle.empty()) {
@@ -74,6 +75,7 @@ Cluster::Acquired Cluster::acquire(UpstreamCallbacks* owner, bool fresh) {
     connection->attach(owner);
     out.request = connection;
     out.ready = true;
+    out.reused = true;
     return out;
   }
   auto* connection = new UpstreamConnection(shared_from_this(), index, loop_);

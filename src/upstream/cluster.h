@@ -44,6 +44,10 @@ class Cluster final : public ConnectionPool, public std::enable_shared_from_this
   struct Acquired {
     UpstreamRequest* request = nullptr;  // null: could not even start connecting
     bool ready = false;  // usable now; else wait for onUpstreamReady / onUpstreamError
+    // A pooled HTTP/1.1 connection (the upstream may have closed it meanwhile), or an HTTP/2
+    // stream (a stream reset is the stream's, and a lost connection the pool reports): a
+    // reset before the response says nothing of the endpoint.
+    bool reused = false;
   };
   // Picks the next endpoint and hands out a request to it: HTTP/1.1, on a pooled connection or
   // a new one (always a new one when `fresh`); HTTP/2, a stream on a connection that can take

@@ -296,3 +296,16 @@ def test_100_mib_down_and_up_through_an_h2c_upstream(sluice_factory, h2_upstream
     with open_h2(gw.port, timeout=120) as c:
         s = c.response(c.request("POST", "/echo", body=body), timeout=120)
         assert s.status == 200 and len(s.body) == size and s.body == body, (s.status, len(s.body))
+
+
+def test_a_reset_stream_does_not_mark_its_endpoint_down(sluice_factory, h2_upstream):
+    """RST_STREAM is the stream's: the endpoints stay in the round-robin (a connection that
+    cannot be made marks its endpoint, as for HTTP/1.1)."""
+    a, b = h2_upstream(), h2_upstream()
+    gw = sluice_factory(upstreams=[{"name": "app", "protocol": "h2c", "fail_timeout": "60s",
+                                    "endpoints": [f"127.0.0.1:{a.port}", f"127.0.0.1:{b.port}"]}])
+    assert gw.get("/reset").status == 502
+    for _ in range(10):
+        assert gw.get("/status/200").status == 200
+    served = [sum(p == "/status/200" for (_, p, _) in s.seen) for s in (a, b)]
+    assert served == [5, 5], served
