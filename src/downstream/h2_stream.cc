@@ -101,9 +101,7 @@ void H2Stream::addField(std::string_view name, std::string_view value) {
   }
   if (name == "content-length") {
     // nghttp2 has checked it is a number and will check the DATA against it.
-    uint64_t length = 0;
-    for (char c : value) length = length * 10 + static_cast<uint64_t>(c - '0');
-    head_.content_length = length;
+    head_.content_length = http::parseContentLength(value);
   }
   head_.headers.add(std::string(name), std::string(value));
 }

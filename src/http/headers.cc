@@ -22,6 +22,16 @@ std::string toLower(std::string_view text) {
   return out;
 }
 
+std::optional<uint64_t> parseContentLength(std::string_view value) {
+  if (value.empty() || value.size() > 19) return std::nullopt;  // 19 digits fit in 63 bits
+  uint64_t length = 0;
+  for (char c : value) {
+    if (c < '0' || c > '9') return std::nullopt;
+    length = length * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return length;
+}
+
 int hexDigit(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;

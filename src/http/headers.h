@@ -3,6 +3,7 @@
 // An ordered list of header fields, as received. Names keep their case; lookups ignore it.
 // Requests carry a few dozen fields at most, so a vector beats any map here.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,6 +15,9 @@ bool iequals(std::string_view a, std::string_view b);
 std::string toLower(std::string_view text);
 std::string_view trim(std::string_view text);  // spaces and tabs at both ends
 int hexDigit(char c);                          // 0..15, or -1
+// A Content-Length value as an HTTP/2 field carries it (nghttp2 has checked it): 1 to 19
+// digits, nothing else; nullopt otherwise.
+std::optional<uint64_t> parseContentLength(std::string_view value);
 // RFC 9110 7.2 / RFC 3986 3.2.2: a Host (or the authority of an absolute-form target) is a
 // reg-name or an IP literal, and a port. A value with other bytes (spaces, quotes, slashes)
 // would go upstream and into logs as it is. Empty is allowed (an empty authority).

@@ -1,11 +1,11 @@
 #include "upstream/h2_pool.h"
 
 #include <algorithm>
-#include <limits>
 #include <utility>
 
 #include "core/logging.h"
 #include "http/forwarding.h"
+#include "http/headers.h"
 
 namespace sluice::upstream {
 
@@ -20,16 +20,7 @@ http::MessageHead responseHead(int status, std::vector<http::Header>& fields) {
   for (http::Header& field : fields) {
     if (field.name == "content-length") {
       // nghttp2 checked it is a number and holds the DATA to it.
-      uint64_t length = 0;
-      bool valid = !field.value.empty();
-      for (char c : field.value) {
-        if (c < '0' || c > '9' || length > std::numeric_limits<uint64_t>::max() / 10 - 1) {
-          valid = false;
-          break;
-        }
-        length = length * 10 + static_cast<uint64_t>(c - '0');
-      }
-      if (valid) head.content_length = length;
+      head.content_length = http::parseContentLength(field.value);
     }
     head.headers.add(std::move(field.name), std::move(field.value));
   }
@@ -110,11 +101,6 @@ void H2UpstreamRequest::resumeReading() {
   if (unconsumed_ == 0 || ended_) return;
   connection_->consume(stream_, unconsumed_);
   unconsumed_ = 0;
-}
-
-void H2UpstreamRequest::release() {
-  owner_ = nullptr;
-  finish();
 }
 
 void H2UpstreamRequest::abort() {

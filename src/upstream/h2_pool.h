@@ -60,7 +60,8 @@ class H2UpstreamRequest final : public UpstreamRequest, public H2StreamCallbacks
   void startTunnel() override {}
   void writeTunnelData(std::string_view data) override { sendBody(data); }
   void shutdownWrite() override { endRequest({}); }
-  void release() override;
+  // A stream is not pooled: letting go is the same whichever way the exchange ended.
+  void release() override { abort(); }
   void abort() override;
 
  private:

@@ -113,6 +113,15 @@ TEST_SUITE("http headers") {
     CHECK(trim("\ra\n") == "\ra\n");  // only spaces and tabs
   }
 
+  TEST_CASE("parseContentLength: digits only, at most 19") {
+    CHECK(parseContentLength("0") == uint64_t{0});
+    CHECK(parseContentLength("1048576") == uint64_t{1048576});
+    CHECK(parseContentLength("9223372036854775807") == uint64_t{9223372036854775807ull});
+    for (std::string_view bad : {"", "-1", "+1", " 1", "1 ", "1a", "12345678901234567890"}) {
+      CHECK_FALSE(parseContentLength(bad));
+    }
+  }
+
   TEST_CASE("forEachListElement trims and skips empty elements") {
     std::vector<std::string> seen;
     forEachListElement(" a, b ,,\tc , ,", [&](std::string_view e) { seen.emplace_back(e); });
