@@ -29,7 +29,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # The subcommands, and what mix.py and cluster.py use (import bench).
-from bench_h2 import cmd_h2_report, cmd_h2load_json, cmd_wait_h2  # noqa: E402
+from bench_h2 import (cmd_h2_report, cmd_h2load_json, cmd_h2up_pool, cmd_h2up_report,  # noqa: E402
+                      cmd_wait_h2)
 from bench_idle import cmd_idle  # noqa: E402
 from bench_probe import (HOST, cmd_free_ports, cmd_mem, cmd_probe, cmd_valkey_monitor,  # noqa: E402,F401
                          cmd_wait_http, cmd_wait_valkey, glob_escape)
@@ -160,6 +161,30 @@ def add_measure_commands(sub):
     s.add_argument("--idle-kib-max", type=float, default=32)
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_h2_report)
+
+    s = sub.add_parser("h2up-report")
+    s.add_argument("--dir", required=True)
+    s.add_argument("--variants", required=True)
+    s.add_argument("--reference", default="sluice")
+    s.add_argument("--shapes", default="", help="h2load shapes, e.g. \"c10m10\"")
+    s.add_argument("--rounds", type=int, required=True)
+    s.add_argument("--pool-protocols", default="http1 h2c")
+    s.add_argument("--meta", default="{}")
+    s.add_argument("--rps-ratio-min", type=float, default=0.9)
+    s.add_argument("--cpu-ratio-max", type=float, default=1.15)
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_h2up_report)
+
+    s = sub.add_parser("h2up-pool")
+    s.add_argument("--protocol", required=True)
+    s.add_argument("--endpoints", type=int, required=True)
+    s.add_argument("--mem-before", required=True)
+    s.add_argument("--mem-after", required=True)
+    s.add_argument("--probe-before", required=True)
+    s.add_argument("--probe-after", required=True)
+    s.add_argument("--wrk", default="", help="wrk-parse's JSON of the load that filled the pool")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_h2up_pool)
 
     s = sub.add_parser("soak")
     s.add_argument("--port", type=int, required=True, help="Sluice")

@@ -181,6 +181,71 @@ def ratio(a, b):
     return a / b if a is not None and b else None
 
 
+RUNS_HEADER = ["variant", "req/s", "ratio", "p50", "p99", "p99 ratio", "max", "GW us/req",
+               "Valkey us/req", "upstream conns", "errors", "decisions"]
+
+
+def runs_table(directory, prefix, variants, rounds, ref):
+    """The measured runs {prefix}_{variant}_{round}.json (wrk-parse's) of every variant: per
+    variant its medians and ratios against ref, the table's rows (RUNS_HEADER) and notes with
+    the per-round ratios."""
+    per = {}
+    rows = []
+    for v in variants:
+        runs = [load(os.path.join(directory, f"{prefix}_{v}_{r}.json"))
+                for r in range(1, rounds + 1)]
+        runs = [dict(d, round=r) for r, d in enumerate(runs, 1) if d]
+        e = {"rounds": runs,
+             "rps": med([d.get("rps") for d in runs]),
+             "p50_us": med([d["latency_us"]["p50"] for d in runs]),
+             "p99_us": med([d["latency_us"]["p99"] for d in runs]),
+             "max_us": med([d["latency_us"]["max"] for d in runs]),
+             "gateway_cpu_us_per_req": med([d.get("gateway_cpu_us_per_req") for d in runs]),
+             "valkey_cpu_us_per_req": med([d.get("valkey_cpu_us_per_req") for d in runs]),
+             "upstream_connections_opened": med([d.get("upstream_connections_opened") for d in runs]),
+             "non2xx": sum(d.get("non2xx", 0) for d in runs),
+             "socket_errors": sum(d.get("socket_errors", 0) for d in runs),
+             "decisions": {}}
+        for d in runs:
+            for k, n in (d.get("decisions") or {}).items():
+                e["decisions"][k] = e["decisions"].get(k, 0) + n
+        e["requests"] = sum(d.get("requests", 0) for d in runs)
+        per[v] = e
+    r_rps, r_p99 = (per.get(ref) or {}).get("rps"), (per.get(ref) or {}).get("p99_us")
+    for v in variants:
+        e = per[v]
+        e["rps_ratio"] = ratio(e["rps"], r_rps) if v != ref else None
+        e["p99_ratio"] = ratio(e["p99_us"], r_p99) if v != ref else None
+        e["cpu_ratio"] = (ratio(e["gateway_cpu_us_per_req"], per[ref]["gateway_cpu_us_per_req"])
+                          if v != ref and ref in per else None)
+        dec = e["decisions"]
+        rows.append([v, f"{e['rps']:.0f}" if e["rps"] else "-", fmt_ratio(e["rps_ratio"]),
+                     fmt_us(e["p50_us"]), fmt_us(e["p99_us"]), fmt_ratio(e["p99_ratio"]),
+                     fmt_us(e["max_us"]),
+                     f"{e['gateway_cpu_us_per_req']:.1f}" if e["gateway_cpu_us_per_req"] else "-",
+                     f"{e['valkey_cpu_us_per_req']:.1f}" if e["valkey_cpu_us_per_req"] else "-",
+                     f"{e['upstream_connections_opened']:.0f}" if e["upstream_connections_opened"] is not None else "-",
+                     str(e["non2xx"] + e["socket_errors"]),
+                     (", ".join(f"{k} {n:.0f}" for k, n in sorted(dec.items())) or "-")])
+    # The same round's runs are seconds apart: their ratios show how much of a ratio of
+    # medians is the machine's noise (another process taking a CPU for a while).
+    notes = []
+    ref_runs = {d.get("round"): d for d in per.get(ref, {}).get("rounds", [])}
+    for v in variants:
+        if v == ref:
+            continue
+        pairs = [(d, ref_runs.get(d.get("round"))) for d in per[v]["rounds"]]
+        rr = [ratio(d.get("rps"), o.get("rps")) for d, o in pairs if o]
+        pr = [ratio(d["latency_us"]["p99"], o["latency_us"]["p99"]) for d, o in pairs if o]
+        per[v]["round_rps_ratios"], per[v]["round_p99_ratios"] = rr, pr
+        if rr:
+            notes.append(f"  {v}: per round, requests/s ratio "
+                         + " ".join(fmt_ratio(x) for x in rr) + f" (median {fmt_ratio(med(rr))}), "
+                         + "p99 ratio " + " ".join(fmt_ratio(x) for x in pr)
+                         + f" (median {fmt_ratio(med(pr))})")
+    return per, rows, notes
+
+
 def cmd_h2_report(args):
     meta = json.loads(args.meta)
     variants = args.variants.split()
@@ -196,64 +261,11 @@ def cmd_h2_report(args):
              f"{meta.get('h2load')}", ""]
     checks = summary["checks"]
     for shape in shapes:
-        per = {}
-        rows = []
-        for v in variants:
-            runs = [load(os.path.join(args.dir, f"h2_{shape}_{v}_{r}.json"))
-                    for r in range(1, args.rounds + 1)]
-            runs = [dict(d, round=r) for r, d in enumerate(runs, 1) if d]
-            e = {"rounds": runs,
-                 "rps": med([d.get("rps") for d in runs]),
-                 "p50_us": med([d["latency_us"]["p50"] for d in runs]),
-                 "p99_us": med([d["latency_us"]["p99"] for d in runs]),
-                 "max_us": med([d["latency_us"]["max"] for d in runs]),
-                 "gateway_cpu_us_per_req": med([d.get("gateway_cpu_us_per_req") for d in runs]),
-                 "valkey_cpu_us_per_req": med([d.get("valkey_cpu_us_per_req") for d in runs]),
-                 "upstream_connections_opened": med([d.get("upstream_connections_opened") for d in runs]),
-                 "non2xx": sum(d.get("non2xx", 0) for d in runs),
-                 "socket_errors": sum(d.get("socket_errors", 0) for d in runs),
-                 "decisions": {}}
-            for d in runs:
-                for k, n in (d.get("decisions") or {}).items():
-                    e["decisions"][k] = e["decisions"].get(k, 0) + n
-            e["requests"] = sum(d.get("requests", 0) for d in runs)
-            per[v] = e
-        r_rps, r_p99 = (per.get(ref) or {}).get("rps"), (per.get(ref) or {}).get("p99_us")
-        for v in variants:
-            e = per[v]
-            e["rps_ratio"] = ratio(e["rps"], r_rps) if v != ref else None
-            e["p99_ratio"] = ratio(e["p99_us"], r_p99) if v != ref else None
-            dec = e["decisions"]
-            rows.append([v, f"{e['rps']:.0f}" if e["rps"] else "-", fmt_ratio(e["rps_ratio"]),
-                         fmt_us(e["p50_us"]), fmt_us(e["p99_us"]), fmt_ratio(e["p99_ratio"]),
-                         fmt_us(e["max_us"]),
-                         f"{e['gateway_cpu_us_per_req']:.1f}" if e["gateway_cpu_us_per_req"] else "-",
-                         f"{e['valkey_cpu_us_per_req']:.1f}" if e["valkey_cpu_us_per_req"] else "-",
-                         f"{e['upstream_connections_opened']:.0f}" if e["upstream_connections_opened"] is not None else "-",
-                         str(e["non2xx"] + e["socket_errors"]),
-                         (", ".join(f"{k} {n:.0f}" for k, n in sorted(dec.items())) or "-")])
-        # The same round's runs are seconds apart: their ratios show how much of a ratio of
-        # medians is the machine's noise (another process taking a CPU for a while).
-        notes = []
-        ref_runs = {d.get("round"): d for d in per.get(ref, {}).get("rounds", [])}
-        for v in variants:
-            if v == ref:
-                continue
-            pairs = [(d, ref_runs.get(d.get("round"))) for d in per[v]["rounds"]]
-            rr = [ratio(d.get("rps"), o.get("rps")) for d, o in pairs if o]
-            pr = [ratio(d["latency_us"]["p99"], o["latency_us"]["p99"]) for d, o in pairs if o]
-            per[v]["round_rps_ratios"], per[v]["round_p99_ratios"] = rr, pr
-            if rr:
-                notes.append(f"  {v}: per round, requests/s ratio "
-                             + " ".join(fmt_ratio(x) for x in rr) + f" (median {fmt_ratio(med(rr))}), "
-                             + "p99 ratio " + " ".join(fmt_ratio(x) for x in pr)
-                             + f" (median {fmt_ratio(med(pr))})")
+        per, rows, notes = runs_table(args.dir, f"h2_{shape}", variants, args.rounds, ref)
         summary["shapes"][shape] = per
         lines.append(f"h2load {shape.replace('c', '-c').replace('m', ' -m', 1)} -t1 (requests/s ratio and p99 "
                      f"ratio against {ref})")
-        lines.append(table(rows, ["variant", "req/s", "ratio", "p50", "p99", "p99 ratio", "max",
-                                  "GW us/req", "Valkey us/req", "upstream conns", "errors",
-                                  "decisions"]))
+        lines.append(table(rows, RUNS_HEADER))
         lines.extend(notes)
         lines.append("")
         for v in variants:
@@ -312,4 +324,110 @@ def cmd_h2_report(args):
     lines.append(f"overall: {summary['overall']}")
     print("\n".join(lines))
     write_summary(args.out, summary)
+    return 0
+
+
+# ---------------------------------------------------------------- --mode h2-upstream
+
+
+def cmd_h2up_report(args):
+    """--mode h2-upstream (bench/h2_upstream.sh): the plain proxy with an h2c upstream against
+    the same with an HTTP/1.1 upstream, for HTTP/1.1 clients (wrk) and HTTP/2 clients (h2load
+    shapes), and the memory of idle pooled upstream connections of either protocol."""
+    meta = json.loads(args.meta)
+    variants = args.variants.split()
+    ref = args.reference
+    summary = {"meta": meta, "mode": "h2-upstream", "reference": ref, "loads": {}, "pool": {},
+               "targets": {"rps_ratio_min": args.rps_ratio_min, "cpu_ratio_max": args.cpu_ratio_max},
+               "checks": []}
+    checks = summary["checks"]
+    lines = [f"Upstream protocols: the same Sluice (one worker, no limit) with an h2c upstream and "
+             f"with an HTTP/1.1 upstream (nginx {meta.get('nginx')} as the origin on both), "
+             f"{meta.get('duration')} per run, {args.rounds} round(s) in alternating order, medians; "
+             f"{meta.get('cpus')} CPU(s), load average {meta.get('load_average_start')} -> "
+             f"{meta.get('load_average_end')}",
+             f"Sluice {meta.get('git_commit')} ({meta.get('sluice_bin')}), {meta.get('wrk')}, "
+             f"{meta.get('h2load')}", ""]
+    loads = [("wrk", f"HTTP/1.1 clients: wrk -c{meta.get('connections')} -t{meta.get('threads')} keep-alive")]
+    loads += [(f"h2_{shape}", f"HTTP/2 clients: h2load {shape.replace('c', '-c').replace('m', ' -m', 1)} -t1")
+              for shape in args.shapes.split()]
+    for prefix, title in loads:
+        per, rows, notes = runs_table(args.dir, prefix, variants, args.rounds, ref)
+        summary["loads"][prefix] = per
+        lines.append(f"{title} (ratios against {ref}; GW us/req: Sluice's CPU per request)")
+        lines.append(table(rows, RUNS_HEADER))
+        lines.extend(notes)
+        lines.append("")
+        for v in variants:
+            e = per[v]
+            checks.append({"check": f"{prefix} {v}: non-2xx and errors",
+                           "value": e["non2xx"] + e["socket_errors"], "target": "0",
+                           "ok": bool(e["rounds"]) and e["non2xx"] + e["socket_errors"] == 0})
+            if v == ref:
+                continue
+            checks.append({"check": f"{prefix} requests/s, {v} / {ref}", "value": e["rps_ratio"],
+                           "target": f">= {args.rps_ratio_min}",
+                           "ok": None if e["rps_ratio"] is None else e["rps_ratio"] >= args.rps_ratio_min})
+            checks.append({"check": f"{prefix} CPU per request, {v} / {ref}", "value": e["cpu_ratio"],
+                           "target": f"<= {args.cpu_ratio_max}",
+                           "ok": None if e["cpu_ratio"] is None else e["cpu_ratio"] <= args.cpu_ratio_max})
+    rows = []
+    for proto in args.pool_protocols.split():
+        d = load(os.path.join(args.dir, f"pool_{proto}.json"))
+        if not d:
+            checks.append({"check": f"idle pooled {proto} connections measured", "value": None,
+                           "target": "a figure", "ok": False})
+            continue
+        summary["pool"][proto] = d
+        rows.append([proto, str(d["endpoints"]), str(d["connections"]), str(d["requests"]),
+                     f"{d['before']['rss_kib']} -> {d['after']['rss_kib']}",
+                     f"{d['rss_kib_per_conn']:.2f}" if d.get("rss_kib_per_conn") is not None else "-",
+                     f"{d['pss_kib_per_conn']:.2f}" if d.get("pss_kib_per_conn") is not None else "-",
+                     f"{d['anon_kib_per_conn']:.2f}" if d.get("anon_kib_per_conn") is not None else "-"])
+        # (the readiness check's requests opened a connection or two before the "before")
+        ok = d.get("rss_kib_per_conn") is not None and d["connections"] >= 0.95 * d["endpoints"]
+        checks.append({"check": f"idle pooled {proto} connection: RSS KiB each (stated)",
+                       "value": d.get("rss_kib_per_conn"),
+                       "target": "a figure, >= 95% of the endpoints pooled", "ok": ok})
+    if rows:
+        lines.append("Idle pooled upstream connections: a fresh Sluice with one upstream of N endpoints "
+                     "(one nginx port each), one client connection sending requests round-robin "
+                     "until each endpoint has its pooled connection, then idle; memory after minus "
+                     "before, per upstream connection the origin accepted")
+        lines.append(table(rows, ["protocol", "endpoints", "upstream conns", "requests", "RSS KiB",
+                                  "RSS KiB/conn", "Pss KiB/conn", "Anon KiB/conn"]))
+        lines.append("")
+    lines.append("Checks")
+    lines.append(table([[c["check"], fmt_ratio(c["value"]) if isinstance(c["value"], float)
+                         and "KiB" not in c["check"] else
+                         (f"{c['value']:.2f}" if isinstance(c["value"], float) else str(c["value"])),
+                         c["target"], verdict(c["ok"])] for c in checks],
+                       ["check", "value", "target", "verdict"]))
+    summary["overall"] = "FAIL" if any(c["ok"] is False for c in checks) else "PASS"
+    lines.append(f"overall: {summary['overall']}")
+    print("\n".join(lines))
+    write_summary(args.out, summary)
+    return 0
+
+
+def cmd_h2up_pool(args):
+    """Writes the pool figure of one protocol (--out) from the memory (bench.py mem) and the
+    probes (bench.py probe: the origin's accepted connections) before and after."""
+    before, after = load(args.mem_before), load(args.mem_after)
+    pb, pa = load(args.probe_before), load(args.probe_after)
+    wrk = load(args.wrk) or {}
+    if not (before and after and pb and pa) or pa.get("upstream_accepts") is None:
+        print("h2up-pool: a measure is missing", file=sys.stderr)
+        return 1
+    # (the "before" probe's own stub_status query is one accepted connection)
+    conns = pa["upstream_accepts"] - pb["upstream_accepts"] - 1
+    d = {"protocol": args.protocol, "endpoints": args.endpoints, "connections": conns,
+         "requests": wrk.get("requests", 0), "before": before, "after": after}
+    for k in ("rss_kib", "pss_kib", "anon_kib"):
+        d[k.replace("_kib", "_kib_per_conn")] = (after[k] - before[k]) / conns if conns > 0 else None
+    with open(args.out, "w") as f:
+        json.dump(d, f)
+    print(f"  pooled {args.protocol}: {conns} upstream connections for {args.endpoints} endpoints, "
+          f"RSS {before['rss_kib']} -> {after['rss_kib']} KiB"
+          + (f", {d['rss_kib_per_conn']:.2f} KiB per connection" if d["rss_kib_per_conn"] is not None else ""))
     return 0

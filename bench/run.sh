@@ -12,6 +12,9 @@
 #                                     # Valkey Cluster, side by side; see bench/cluster.sh
 #   bench/run.sh --mode h2            # HTTP/2 (h2c, prior knowledge): h2load against nginx
 #                                     # `listen http2` and Sluice, idle h2c memory; see bench/h2.sh
+#   bench/run.sh --mode h2-upstream   # the plain proxy with an h2c upstream against the same
+#                                     # with an HTTP/1.1 upstream (wrk and h2load), and the memory
+#                                     # of idle pooled upstream connections; see bench/h2_upstream.sh
 #   bench/run.sh --variants "nginx sluice sluice+limit"
 #   BENCH_DURATION=30s BENCH_CONNECTIONS=100 bench/run.sh
 #
@@ -31,14 +34,19 @@
 #   BENCH_IDLE_CONNECTIONS=5000  idle keep-alive connections for the memory test (--mode h2:
 #                            BENCH_H2_IDLE_CONNECTIONS, 2000 idle h2c connections)
 #   BENCH_H2_SHAPES="c10m10 c50m1"  --mode h2: h2load load shapes, cNmM = -cN -mM (-t1)
-#   BENCH_MODE=all           all | throughput | idle | handshake | mix | mix-cluster | h2
+#   BENCH_H2UP_SHAPES=c10m10 --mode h2-upstream: its h2load shapes
+#   BENCH_H2UP_POOL_ENDPOINTS=500  --mode h2-upstream: endpoints (pooled connections) of the
+#                            idle pooled connection test (0: skip it)
+#   BENCH_MODE=all           all | throughput | idle | handshake | mix | mix-cluster | h2 |
+#                            h2-upstream
 #   BENCH_VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
 #                            gateways to compare (columns); see "Variants" in README.md
 #                            (--mode mix: "nginx sluice sluice+mix sluice+mix:fixed_window
 #                            sluice+mix:sliding_window sluice+mix:token_bucket
 #                            sluice+mix:sliding_log sluice+limit"; --mode mix-cluster:
 #                            "sluice+mix sluice+mix@cluster", and any sluice+mix:ALGO@cluster;
-#                            --mode h2: "nginx-h2 sluice sluice+limit sluice+mix")
+#                            --mode h2: "nginx-h2 sluice sluice+limit sluice+mix";
+#                            --mode h2-upstream: "sluice sluice-h2c")
 #   BENCH_MIX_ADDRESSES=100000 BENCH_MIX_KEYS=5000 BENCH_MIX_TENANT_KEYS=1000
 #   BENCH_MIX_TENANTS=100 BENCH_MIX_SEED=1  the mix: client addresses, API keys, keys of
 #                            tenants in Valkey, tenants, random seed (see bench/mix.sh)
@@ -54,7 +62,7 @@
 #   BENCH_IDLE_VARIANTS=     variants of the idle-connection memory test (default: all of them)
 #   BENCH_REFERENCE=nginx    the variant plain Sluice is compared with (sluice+limit is compared
 #                            with sluice, sluice-tls with nginx-tls; --mode mix-cluster:
-#                            sluice+mix, unused)
+#                            sluice+mix, unused; --mode h2-upstream: sluice)
 #   BENCH_HANDSHAKE_DURATION=$BENCH_DURATION   one measured run of new TLS connections
 #   BENCH_HANDSHAKE_CONNECTIONS=$BENCH_CONNECTIONS  concurrent connections of that run
 #   BENCH_HANDSHAKE_TOOL=wrk wrk (-H "Connection: close", session reuse disabled) | s_time
@@ -118,8 +126,10 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$MODE" in all|throughput|idle|handshake|mix|mix-cluster|h2) ;;
-  *) echo "BENCH_MODE must be all, throughput, idle, handshake, mix, mix-cluster or h2" >&2; exit 2 ;; esac
+case "$MODE" in all|throughput|idle|handshake|mix|mix-cluster|h2|h2-upstream) ;;
+  *) echo "BENCH_MODE must be all, throughput, idle, handshake, mix, mix-cluster, h2 or h2-upstream" >&2
+     exit 2 ;;
+esac
 MIX_MODE=0  # the modes of the traffic mix: mix, mix-cluster
 [[ $MODE == mix || $MODE == mix-cluster ]] && MIX_MODE=1
 # shellcheck source=bench/mix.sh
@@ -128,16 +138,21 @@ MIX_MODE=0  # the modes of the traffic mix: mix, mix-cluster
 . "$BENCH_DIR/cluster.sh"
 # shellcheck source=bench/h2.sh
 . "$BENCH_DIR/h2.sh"
+# shellcheck source=bench/h2_upstream.sh
+. "$BENCH_DIR/h2_upstream.sh"
+[[ $MODE != h2-upstream ]] || H2_SHAPES=$H2UP_SHAPES
 if [[ -z $VARIANTS ]]; then
   VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
   [[ $MODE == mix ]] && VARIANTS=$MIX_VARIANTS
   [[ $MODE == mix-cluster ]] && VARIANTS=$CLUSTER_VARIANTS
   [[ $MODE == h2 ]] && VARIANTS=$H2_VARIANTS
+  [[ $MODE == h2-upstream ]] && VARIANTS=$H2UP_VARIANTS
 fi
 if [[ -z $REFERENCE ]]; then
   REFERENCE=nginx
   [[ $MODE == mix-cluster ]] && REFERENCE=${VARIANTS%% *}
   [[ $MODE == h2 ]] && REFERENCE=nginx-h2
+  [[ $MODE == h2-upstream ]] && REFERENCE=sluice
 fi
 [[ $MODE == h2 ]] && IDLE_CONNECTIONS=$H2_IDLE_CONNECTIONS
 [[ $MODE == mix-cluster && -z ${BENCH_ROUNDS:-} ]] && ROUNDS=5
@@ -178,7 +193,7 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 APT=()
 command -v wrk >/dev/null || APT+=(wrk)
-[[ $MODE != h2 ]] || command -v h2load >/dev/null || APT+=(nghttp2-client)
+[[ $MODE != h2* ]] || command -v h2load >/dev/null || APT+=(nghttp2-client)
 command -v nginx >/dev/null || APT+=(nginx-light)  # nginx-light has the ssl module
 if { needs '*limit*' || needs '*mix*'; } && [[ -z ${BENCH_VALKEY_SERVER:-} ]] &&
    ! command -v valkey-server >/dev/null && ! command -v redis-server >/dev/null; then
@@ -199,7 +214,7 @@ if ((${#APT[@]})); then
 fi
 command -v wrk >/dev/null || die "wrk not found"
 command -v nginx >/dev/null || die "nginx not found"
-[[ $MODE != h2 ]] || command -v h2load >/dev/null || die "h2load not found (nghttp2-client)"
+[[ $MODE != h2* ]] || command -v h2load >/dev/null || die "h2load not found (nghttp2-client)"
 TASKSET_GW=() TASKSET_CLIENT=()
 if [[ $PIN == 1 ]]; then
   command -v taskset >/dev/null || die "BENCH_PIN=1 needs taskset (util-linux)"
@@ -293,8 +308,9 @@ start_upstream() {
         listen 127.0.0.1:$UPSTREAM_STATUS_PORT;
         location / { stub_status; }
     }
-}
 EOF
+    [[ $MODE != h2-upstream ]] || h2up_origin_server
+    echo "}"
   } >"$d/nginx.conf"
   TASKSET_NGINX=("${TASKSET_CLIENT[@]}")
   start_nginx upstream "$d/nginx.conf"
@@ -428,7 +444,8 @@ access_log = "off"
 
 [[upstream]]
 name = "origin"
-endpoints = ["127.0.0.1:$UPSTREAM_PORT"]
+endpoints = [${SLUICE_ENDPOINTS:-"\"127.0.0.1:$UPSTREAM_PORT\""}]
+${SLUICE_PROTOCOL:+protocol = \"$SLUICE_PROTOCOL\"}
 
 EOF
   [[ $MIX_MODE == 1 || $MODE == h2 ]] && printf '%s\n' "$MIX_IDENTITY_TOML"
@@ -537,7 +554,7 @@ OUT=$WORK/out
 mkdir -p "$OUT"
 RUN_DIR=$RESULTS_DIR/last-run
 STAMP=$(date +%Y%m%d-%H%M%S)
-[[ $MIX_MODE == 1 || $MODE == h2 ]] && RUN_DIR=$RESULTS_DIR/$MODE-$STAMP  # and $MODE-$STAMP.{txt,json} beside it
+[[ $MIX_MODE == 1 || $MODE == h2* ]] && RUN_DIR=$RESULTS_DIR/$MODE-$STAMP  # and $MODE-$STAMP.{txt,json} beside it
 mkdir -p "$RESULTS_DIR"
 rm -rf "$RUN_DIR"
 mkdir -p "$RUN_DIR"
@@ -704,10 +721,10 @@ EOF
 fi
 
 # --mode h2: h2load rounds, every shape (bench/h2.sh).
-[[ $MODE != h2 ]] || h2_rounds
+[[ $MODE != h2* ]] || h2_rounds
 
 # 4. Throughput and latency (--mode mix: the same rounds, with the mix on most variants).
-if [[ $MODE == all || $MODE == throughput || $MIX_MODE == 1 ]]; then
+if [[ $MODE == all || $MODE == throughput || $MIX_MODE == 1 || $MODE == h2-upstream ]]; then
   if [[ $(seconds "$WARMUP") != 0 ]]; then
     for v in $VARIANTS; do
       check_alive "$v" "warm-up" || continue
@@ -718,6 +735,7 @@ if [[ $MODE == all || $MODE == throughput || $MIX_MODE == 1 ]]; then
   read -r -a order <<<"$VARIANTS"
   keepalive_rounds wrk "round" "$CONNECTIONS" "${order[@]}"
 fi
+[[ $MODE != h2-upstream ]] || h2up_pool_memory
 
 # 5. Capacity: plain Sluice and Sluice with limits again, with enough connections that each
 #    one's worker is always busy. With 50 connections a closed loop gives 50 / latency requests
@@ -884,8 +902,8 @@ print(json.dumps({
     "git_commit": out(["git", "-C", "$ROOT", "rev-parse", "--short", "HEAD"]),
     "nginx": (out(["sh", "-c", "nginx -v 2>&1"]) or "").replace("nginx version: ", ""),
     "wrk": (out(["sh", "-c", "wrk -v 2>&1 | head -n1"]) or "").split(" [")[0],
-    "h2load": out(["sh", "-c", "h2load --version 2>&1 | head -n1"]) if "$MODE" == "h2" else None,
-    "h2_shapes": "$H2_SHAPES".split() if "$MODE" == "h2" else None,
+    "h2load": out(["sh", "-c", "h2load --version 2>&1 | head -n1"]) if "$MODE".startswith("h2") else None,
+    "h2_shapes": "$H2_SHAPES".split() if "$MODE".startswith("h2") else None,
     "nofile": $NOFILE,
     "idle_variants": "$IDLE_VARIANTS".split(), "idle_cycles": $IDLE_CYCLES,
     "monitor_duration": "$MONITOR_DURATION",
@@ -910,6 +928,10 @@ elif [[ $MODE == h2 ]]; then
   SUMMARY=$RESULTS_DIR/h2-$STAMP.json
   h2_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/h2-$STAMP.txt"
   echo "Report: $RESULTS_DIR/h2-$STAMP.txt"
+elif [[ $MODE == h2-upstream ]]; then
+  SUMMARY=$RESULTS_DIR/h2-upstream-$STAMP.json
+  h2up_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/h2-upstream-$STAMP.txt"
+  echo "Report: $RESULTS_DIR/h2-upstream-$STAMP.txt"
 elif [[ $MODE == mix-cluster ]]; then
   SUMMARY=$RESULTS_DIR/mix-cluster-$STAMP.json
   cluster_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/mix-cluster-$STAMP.txt"
