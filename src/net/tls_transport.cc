@@ -42,6 +42,13 @@ TlsTransport::TlsTransport(std::unique_ptr<TcpTransport> inner, SSL* ssl,
 
 TlsTransport::~TlsTransport() { SSL_free(ssl_); }
 
+std::string_view TlsTransport::selectedAlpn() const {
+  const unsigned char* alpn = nullptr;
+  unsigned int len = 0;
+  SSL_get0_alpn_selected(ssl_, &alpn, &len);
+  return alpn ? std::string_view(reinterpret_cast<const char*>(alpn), len) : std::string_view();
+}
+
 void TlsTransport::startHandshake(ConnectCallback done) {
   handshake_done_ = std::move(done);
   inner_->readStart();

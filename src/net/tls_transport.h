@@ -9,6 +9,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "core/timer.h"
 #include "net/tcp_transport.h"
@@ -30,6 +31,8 @@ class TlsTransport final : public Transport, private TransportCallbacks {
   void startHandshake(ConnectCallback done);
   // The handshake failed: why (OpenSSL's words, the verification result).
   const std::string& failure() const { return failure_; }
+  // The protocol the peer selected by ALPN ("h2", "http/1.1"), empty when none.
+  std::string_view selectedAlpn() const;
 
   void write(std::string_view data) override;
   void writev(const std::string_view* parts, size_t count) override;

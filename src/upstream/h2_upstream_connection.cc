@@ -1,7 +1,5 @@
 #include "upstream/h2_upstream_connection.h"
 
-#include <openssl/ssl.h>
-
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -10,7 +8,7 @@
 
 #include "core/logging.h"
 #include "http2/nghttp2_setup.h"
-#include "net/tls_context.h"
+#include "net/dial.h"
 #include "net/tls_transport.h"
 
 namespace sluice::upstream {
@@ -143,47 +141,27 @@ void H2UpstreamConnection::createSession() {
 int H2UpstreamConnection::connect(const sockaddr* address,
                                   std::shared_ptr<const net::TlsClientContext> tls,
                                   const std::string& host) {
-  tls_ = std::move(tls);
   host_ = host;
-  const int rc = tcp_->connect(address, [this](int status) { onTcpConnected(status); });
+  const int rc = net::dial(
+      loop_, tcp_, transport_, address, std::move(tls), host, options_.connect_timeout_ms, this,
+      [this](int status, const net::TlsTransport* tls) {
+        if (status < 0 && tls) {
+          SLUICE_LOG_WARN("HTTP/2 upstream {}: {}", host_, tls->failure());
+        }
+        // Prior knowledge is for h2c only: over TLS the server must have chosen h2.
+        if (status == 0 && tls && tls->selectedAlpn() != "h2") {
+          SLUICE_LOG_WARN("HTTP/2 upstream {}: the server did not select h2 by ALPN", host_);
+          status = UV_EPROTO;
+        }
+        onConnected(status);
+      });
   if (rc == 0) connect_timer_.start(options_.connect_timeout_ms);
   return rc;
-}
-
-void H2UpstreamConnection::onTcpConnected(int status) {
-  if (status < 0 || !tls_) {
-    onConnected(status);
-    return;
-  }
-  SSL* ssl = tls_->newSession(host_);
-  if (!ssl) {
-    onConnected(UV_ENOMEM);
-    return;
-  }
-  ssl_ = ssl;
-  auto* tls = new net::TlsTransport(std::unique_ptr<net::TcpTransport>(tcp_), ssl, tls_, loop_,
-                                    options_.connect_timeout_ms);
-  transport_ = tls;
-  tls->setCallbacks(this);
-  tls->startHandshake([this, tls](int handshake) {
-    if (handshake < 0) SLUICE_LOG_WARN("HTTP/2 upstream {}: {}", host_, tls->failure());
-    onConnected(handshake);
-  });
 }
 
 void H2UpstreamConnection::onConnected(int status) {
   connect_timer_.stop();
   if (close_requested_) return;  // close() came first: onDeferred() ends it
-  if (status == 0 && ssl_) {
-    // Prior knowledge is for h2c only: over TLS the server must have chosen h2.
-    const unsigned char* alpn = nullptr;
-    unsigned int alpn_len = 0;
-    SSL_get0_alpn_selected(ssl_, &alpn, &alpn_len);
-    if (std::string_view(reinterpret_cast<const char*>(alpn), alpn ? alpn_len : 0) != "h2") {
-      SLUICE_LOG_WARN("HTTP/2 upstream {}: the server did not select h2 by ALPN", host_);
-      status = UV_EPROTO;
-    }
-  }
   if (status < 0) {
     state_ = State::Closing;
     callbacks_->onH2ConnectFailed(*this, UpstreamError::ConnectFailed);

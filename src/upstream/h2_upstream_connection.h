@@ -41,8 +41,6 @@
 #include "net/tcp_transport.h"
 #include "upstream/upstream_connection.h"  // UpstreamError
 
-struct ssl_st;
-
 namespace sluice::net {
 class TlsClientContext;
 }
@@ -215,7 +213,6 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   static void onResponseTimeout(void* stream) noexcept;
 
   void createSession();
-  void onTcpConnected(int status);
   void onConnected(int status);
   Stream* find(int32_t id) const;
   void headBlockDone(Stream& stream, bool end_stream);
@@ -236,8 +233,6 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   H2ConnectionCallbacks* callbacks_;
   net::TcpTransport* tcp_;     // the socket; owned by transport_
   net::Transport* transport_;  // tcp_, or TLS over it; owned, deleted after its onClosed
-  ssl_st* ssl_ = nullptr;      // the TLS session, owned by transport_ (ALPN is read from it)
-  std::shared_ptr<const net::TlsClientContext> tls_;
   std::string host_;
   nghttp2_session* session_ = nullptr;
   std::unordered_map<int32_t, std::unique_ptr<Stream>> streams_;

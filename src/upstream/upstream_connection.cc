@@ -2,7 +2,7 @@
 
 #include "core/logging.h"
 #include "http/forwarding.h"
-#include "net/tls_context.h"
+#include "net/dial.h"
 #include "net/tls_transport.h"
 
 namespace sluice::upstream {
@@ -49,35 +49,16 @@ int UpstreamConnection::connect(const sockaddr* address, uint64_t timeout_ms,
                                 std::shared_ptr<const net::TlsClientContext> tls,
                                 const std::string& host) {
   state_ = State::Connecting;
-  tls_ = std::move(tls);
-  host_ = host;
-  connect_timeout_ms_ = timeout_ms;
-  const int rc = tcp_->connect(address, [this](int status) { onTcpConnected(status); });
+  const int rc = net::dial(loop_, tcp_, transport_, address, std::move(tls), host, timeout_ms, this,
+                           [this](int status, const net::TlsTransport* tls) {
+                             if (status < 0 && tls) {
+                               SLUICE_LOG_WARN("upstream {}: {} ({})", pool_->name(),
+                                               tls->failure(), pool_->endpointName(endpoint_));
+                             }
+                             onConnected(status);
+                           });
   if (rc == 0) timer_.start(timeout_ms);
   return rc;
-}
-
-void UpstreamConnection::onTcpConnected(int status) {
-  if (status < 0 || !tls_) {
-    onConnected(status);
-    return;
-  }
-  SSL* ssl = tls_->newSession(host_);
-  if (!ssl) {
-    onConnected(UV_ENOMEM);
-    return;
-  }
-  auto* tls = new net::TlsTransport(std::unique_ptr<net::TcpTransport>(tcp_), ssl, tls_, loop_,
-                                    connect_timeout_ms_);
-  transport_ = tls;
-  tls->setCallbacks(this);
-  tls->startHandshake([this, tls](int handshake) {
-    if (handshake < 0) {
-      SLUICE_LOG_WARN("upstream {}: {} ({})", pool_->name(), tls->failure(),
-                      pool_->endpointName(endpoint_));
-    }
-    onConnected(handshake);
-  });
 }
 
 void UpstreamConnection::onConnected(int status) {

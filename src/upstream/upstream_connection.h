@@ -89,7 +89,6 @@ class UpstreamConnection final : public UpstreamRequest,
   void onMessageComplete() override;
 
   static void onTimer(void* self) noexcept;
-  void onTcpConnected(int status);
   void onConnected(int status);
   void fail(UpstreamError error);
   // The response is expected (parsed) from now; `head_request`: it has no body.
@@ -104,9 +103,6 @@ class UpstreamConnection final : public UpstreamRequest,
   uv_loop_t* loop_;
   net::TcpTransport* tcp_;     // the socket; owned by transport_
   net::Transport* transport_;  // tcp_, or TLS over it; owned, deleted after its onClosed
-  std::shared_ptr<const net::TlsClientContext> tls_;
-  std::string host_;
-  uint64_t connect_timeout_ms_ = 0;
   Timer timer_;
   http::Parser parser_;
   UpstreamCallbacks* owner_ = nullptr;

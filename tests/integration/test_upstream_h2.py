@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from conftest import limit_cfg, parse_rl_list, route_cfg, sluice_with_limits
+from conftest import limit_cfg, metric_sum, parse_rl_list, route_cfg, sluice_with_limits
 from harness.h2client import open_h2
 from harness.h2server import H2Server, pattern_bytes, wait_for
 
@@ -185,6 +185,21 @@ def test_h2_over_tls_with_alpn(sluice_factory, h2_upstream, tls_pki):
         s = c.response(c.request("POST", "/echo", body=body), timeout=20)
         assert s.status == 200 and s.body == body, (s.status, len(s.body))
     assert srv.connections == 1, srv.connections
+
+
+def test_h2_to_a_server_that_does_not_select_h2_is_a_502(sluice_factory, h2_upstream, tls_pki):
+    # Prior knowledge is for h2c: over TLS an upstream that chose no protocol by ALPN (or
+    # another one) is not spoken to in HTTP/2; the connection fails as a connect does.
+    cert = tls_pki.certs["upstream"]
+    srv = h2_upstream(tls=(cert.cert, cert.key), alpn=("http/1.1",))
+    gw = gateway(sluice_factory, srv, protocol="h2", tls=True, tls_server_name="upstream.test",
+                 tls_ca_file=str(tls_pki.certs["root"].cert))
+    r = gw.get("/status/200")
+    assert r.status == 502, r
+    assert srv.streams == 0, srv.streams
+    assert metric_sum(gw, "sluice_upstream_errors_total", upstream="app",
+                      kind="connect_failed") >= 1
+    assert "did not select h2 by ALPN" in gw.stderr()
 
 
 def test_a_client_that_goes_away_cancels_its_upstream_stream(sluice_factory, h2_upstream):

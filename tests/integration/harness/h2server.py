@@ -213,9 +213,10 @@ class _Conn:
 
 
 class H2Server:
-    """Listens on a free loopback port; `tls`: (cert file, key file) for h2 over TLS."""
+    """Listens on a free loopback port; `tls`: (cert file, key file) for h2 over TLS, `alpn`:
+    the protocols it selects from by ALPN."""
 
-    def __init__(self, tls: Optional[tuple] = None):
+    def __init__(self, tls: Optional[tuple] = None, alpn: tuple = ("h2",)):
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
@@ -225,7 +226,7 @@ class H2Server:
         if tls:
             self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             self.context.load_cert_chain(str(tls[0]), str(tls[1]))
-            self.context.set_alpn_protocols(["h2"])
+            self.context.set_alpn_protocols(list(alpn))
         self.connections = 0
         self.streams = 0
         self.resets_received = 0
