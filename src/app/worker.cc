@@ -182,6 +182,15 @@ void Worker::applyConfig(Generation generation) {
   snapshot->access_log = std::move(generation.access_log);
   snapshot->tls = generation.tls.server;
   const std::shared_ptr<worker::Snapshot>& old = context_->snapshot();
+  // This worker's series of an upstream: by its name and protocol.
+  auto upstreamStats = [this](const config::UpstreamConfig& upstream) {
+    const std::string_view protocol = config::protocolName(upstream.protocol);
+    upstream::UpstreamStats s;
+    s.connections_open = &stats_.upstream_connections_open.resolve(upstream.name).resolve(protocol);
+    s.connections = &stats_.upstream_connections.resolve(upstream.name).resolve(protocol);
+    s.requests = &stats_.upstream_requests.resolve(upstream.name).resolve(protocol);
+    return s;
+  };
   for (size_t index = 0; index < config->upstreams.size(); ++index) {
     const config::UpstreamConfig& upstream = config->upstreams[index];
     std::shared_ptr<upstream::Cluster> reuse;
@@ -199,7 +208,8 @@ void Worker::applyConfig(Generation generation) {
               : std::make_shared<upstream::Cluster>(&loop_, upstream,
                                                     generation.tls.upstreams.size() > index
                                                         ? generation.tls.upstreams[index]
-                                                        : nullptr));
+                                                        : nullptr,
+                                                    upstreamStats(upstream)));
   }
   if (old) {
     for (const auto& cluster : old->clusters) {

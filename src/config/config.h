@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -114,6 +115,18 @@ struct UpstreamTlsConfig {
 // What an upstream speaks: HTTP/1.1, HTTP/2 in clear with prior knowledge, HTTP/2 over TLS
 // (ALPN h2).
 enum class UpstreamProtocol { Http1, H2c, H2 };
+// Its name in the configuration and in metrics.
+constexpr std::string_view protocolName(UpstreamProtocol protocol) {
+  switch (protocol) {
+    case UpstreamProtocol::H2c:
+      return "h2c";
+    case UpstreamProtocol::H2:
+      return "h2";
+    case UpstreamProtocol::Http1:
+      break;
+  }
+  return "http1";
+}
 
 struct UpstreamConfig {
   std::string name;

@@ -185,6 +185,10 @@ struct Limit {
 struct Upstream {
   static constexpr const char* kName = "upstream";
 };
+// An upstream's protocol as configured: "http1", "h2c", "h2" (one per upstream name).
+struct UpstreamProtocol {
+  static constexpr const char* kName = "protocol";
+};
 struct Node {
   static constexpr const char* kName = "node";
 };  // a Valkey Cluster node, host:port
@@ -388,6 +392,16 @@ enum class Show { Always, Counted };
     "Upstream failures, by upstream and kind.", Upstream, UpstreamError)                           \
   M(upstream_latency, Histogram, "sluice_upstream_latency_seconds", Show::Counted,               \
     "Time from sending a request upstream to its response head.", Upstream)                       \
+  M(upstream_connections_open, Gauge, "sluice_upstream_connections_open", Show::Always,          \
+    "Upstream connections open now (connected; pooled idle or carrying requests), by upstream "    \
+    "and its protocol.", Upstream, UpstreamProtocol)                                               \
+  M(upstream_connections, Counter, "sluice_upstream_connections_total", Show::Always,            \
+    "Upstream connections made (TCP, and TLS when the upstream has it, up), by upstream and its "  \
+    "protocol.", Upstream, UpstreamProtocol)                                                       \
+  M(upstream_requests, Counter, "sluice_upstream_requests_total", Show::Always,                  \
+    "Requests sent upstream (HTTP/1.1: on a connection; HTTP/2: a stream), by upstream and its "   \
+    "protocol: over sluice_upstream_connections_total, how many requests a connection carries.",   \
+    Upstream, UpstreamProtocol)                                                                    \
   M(valkey_latency, Histogram, "sluice_valkey_latency_seconds", Show::Always,                    \
     "Time from sending a decision to Valkey to its reply.")                                        \
   M(valkey_errors, Counter, "sluice_valkey_errors_total", Show::Counted,                         \

@@ -8,7 +8,7 @@
 namespace sluice::upstream {
 
 Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
-                 std::shared_ptr<const net::TlsClientContext> tls)
+                 std::shared_ptr<const net::TlsClientContext> tls, UpstreamStats stats)
     : loop_(loop),
       tls_(std::move(tls)),
       name_(config.name),
@@ -17,7 +17,8 @@ Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
       idle_timeout_ms_(static_cast<uint64_t>(config.idle_timeout.count())),
       fail_timeout_ms_(static_cast<uint64_t>(config.fail_timeout.count())),
       max_idle_(config.max_idle_connections),
-      trim_timer_(loop, onTrim, this) {
+      trim_timer_(loop, onTrim, this),
+      stats_(stats) {
   endpoints_.resize(config.endpoints.size());
   for (size_t i = 0; i < endpoints_.size(); ++i) {
     endpoints_[i].name = config.endpoints[i].text;
@@ -34,6 +35,7 @@ Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
     // An idle connection is checked every half idle_timeout: a peer gone silently is found
     // before a request is sent into it.
     options.ping_interval_ms = idle_timeout_ms_ / 2;
+    options.stats = &stats_;  // (the cluster outlives its connections: they hold it)
     h2_ = std::make_unique<H2Pool>(loop, *this, options, tls_);
   }
 }

@@ -21,6 +21,7 @@
 #include "core/timer.h"
 #include "upstream/h2_pool.h"
 #include "upstream/upstream_connection.h"
+#include "upstream/upstream_stats.h"
 
 namespace sluice::net {
 class TlsClientContext;
@@ -30,9 +31,10 @@ namespace sluice::upstream {
 
 class Cluster final : public ConnectionPool, public std::enable_shared_from_this<Cluster> {
  public:
-  // `tls`: the upstream's TLS client context, or null for plain TCP.
+  // `tls`: the upstream's TLS client context, or null for plain TCP. `stats`: this worker's
+  // series of the upstream (its connections count in them).
   Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
-          std::shared_ptr<const net::TlsClientContext> tls);
+          std::shared_ptr<const net::TlsClientContext> tls, UpstreamStats stats = {});
   ~Cluster() override;
 
   const std::string& name() const override { return name_; }
@@ -64,6 +66,7 @@ class Cluster final : public ConnectionPool, public std::enable_shared_from_this
   // UpstreamConnection use.
   void returnIdle(UpstreamConnection* connection) override;
   void removeIdle(UpstreamConnection* connection) override;
+  UpstreamStats& stats() override { return stats_; }
 
   uint64_t responseTimeoutMs() const { return response_timeout_ms_; }
 
@@ -100,6 +103,7 @@ class Cluster final : public ConnectionPool, public std::enable_shared_from_this
   size_t max_idle_;
   bool retired_ = false;
   Timer trim_timer_;
+  UpstreamStats stats_;
   std::unique_ptr<H2Pool> h2_;  // protocol = "h2c" | "h2"
 };
 

@@ -169,6 +169,10 @@ void H2UpstreamConnection::onConnected(int status) {
     return;
   }
   state_ = State::Ready;
+  if (options_.stats) {
+    options_.stats->opened();
+    counted_open_ = true;
+  }
   http2::submitSettings(session_, options_.stream_window,
                         static_cast<uint32_t>(options_.max_response_header_bytes),
                         {{NGHTTP2_SETTINGS_ENABLE_PUSH, 0}}, options_.connection_window);
@@ -221,6 +225,7 @@ int32_t H2UpstreamConnection::openStream(const std::vector<http::Header>& fields
   stream->response_timeout_ms =
       response_timeout_ms > 0 ? response_timeout_ms : options_.response_timeout_ms;
   streams_.emplace(id, std::move(stream));
+  if (options_.stats) options_.stats->request();
   idle_timer_.stop();
   // The last stream id was taken: the connection ends once its streams did.
   if (nghttp2_session_get_next_stream_id(session_) >
@@ -550,6 +555,7 @@ void H2UpstreamConnection::onWriteError(int) {
 }
 
 void H2UpstreamConnection::onClosed() {
+  if (counted_open_) options_.stats->closed();
   H2ConnectionCallbacks* callbacks = callbacks_;
   callbacks_ = nullptr;
   if (callbacks) callbacks->onH2Closed(*this);

@@ -40,6 +40,7 @@
 #include "http/headers.h"
 #include "net/tcp_transport.h"
 #include "upstream/upstream_connection.h"  // UpstreamError
+#include "upstream/upstream_stats.h"
 
 namespace sluice::net {
 class TlsClientContext;
@@ -117,6 +118,8 @@ struct H2UpstreamOptions {
   // What the upstream may send ahead of the owners' consume(): per stream and per connection.
   int32_t stream_window = 64 * 1024;
   int32_t connection_window = 1024 * 1024;
+  // The series the connection counts in (itself, its streams); null: none.
+  UpstreamStats* stats = nullptr;
 };
 
 class H2UpstreamConnection final : public net::TransportCallbacks {
@@ -249,6 +252,7 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   bool send_again_ = false;  // frames were queued from inside send()
   bool close_requested_ = false;
   bool goaway_received_ = false;
+  bool counted_open_ = false;  // in options_.stats' connections_open since it connected
   int32_t goaway_last_stream_ = 0;
 };
 

@@ -69,6 +69,8 @@ void UpstreamConnection::onConnected(int status) {
     return;
   }
   state_ = State::Busy;
+  pool_->stats().opened();
+  counted_open_ = true;
   transport_->readStart();
   if (owner_) owner_->onUpstreamReady();
 }
@@ -83,6 +85,7 @@ void UpstreamConnection::makeIdle(uint64_t idle_timeout_ms) {
 
 void UpstreamConnection::expectResponse(bool head_request, uint64_t timeout_ms) {
   ++requests_;
+  pool_->stats().request();
   state_ = State::Busy;
   timer_.stop();
   parser_.setExpectNoBody(head_request);
@@ -304,7 +307,10 @@ void UpstreamConnection::onWriteError(int) {
   fail(UpstreamError::Reset);
 }
 
-void UpstreamConnection::onClosed() { delete this; }
+void UpstreamConnection::onClosed() {
+  if (counted_open_) pool_->stats().closed();
+  delete this;
+}
 
 int UpstreamConnection::onMessageHead(http::MessageHead& head) {
   keep_alive_ = head.keep_alive;

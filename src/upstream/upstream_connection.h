@@ -13,6 +13,7 @@
 #include "http/parser.h"
 #include "net/tcp_transport.h"
 #include "upstream/upstream_request.h"
+#include "upstream/upstream_stats.h"
 
 namespace sluice::net {
 class TlsClientContext;
@@ -36,6 +37,8 @@ class ConnectionPool {
   virtual void returnIdle(UpstreamConnection* connection) = 0;
   // An idle connection closes (or is handed out): off the idle list.
   virtual void removeIdle(UpstreamConnection* connection) = 0;
+  // The series its connections count in.
+  virtual UpstreamStats& stats() = 0;
 };
 
 // The HTTP/1.1 UpstreamRequest: the request's head as HTTP/1.1 text, its body as it came or
@@ -114,7 +117,8 @@ class UpstreamConnection final : public UpstreamRequest,
   bool request_complete_ = false;
   bool keep_alive_ = false;
   bool reading_paused_ = false;
-  bool chunked_ = false;  // the request body goes chunked
+  bool chunked_ = false;       // the request body goes chunked
+  bool counted_open_ = false;  // in the pool's connections_open since it connected
 };
 
 }  // namespace sluice::upstream

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import (free_port, limit_cfg, metric_sum, parallel_requests, ratelimit_toml,
                       route_cfg, sluice_with_limits, wait_admin)
+from harness.gateway import wait_until
 from rawhttp import RawClient, build_request
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -319,6 +320,24 @@ def test_metrics_upstream_latency_and_errors_by_kind(sluice_factory, upstream_fa
     assert m.get("sluice_requests_total", route="to_dead", status="502") == 2
     assert m.get("sluice_requests_total", route="to_slow", status="504") == 1
     assert m.get("sluice_requests_total", route="to_reset", status="502") == 1
+
+    # Upstream connections and requests, by upstream and protocol (every upstream's series from
+    # the load): four requests to good over its pooled keep-alive connection(s), none to dead.
+    def up(name, upstream):
+        return m.get(name, upstream=upstream, protocol="http1")
+    assert up("sluice_upstream_requests_total", "good") == 4
+    assert 1 <= up("sluice_upstream_connections_total", "good") <= 4
+    assert up("sluice_upstream_connections_open", "good") >= 1
+    assert up("sluice_upstream_connections_total", "dead") == 0
+    assert up("sluice_upstream_requests_total", "dead") == 0
+    assert up("sluice_upstream_connections_open", "dead") == 0
+    assert up("sluice_upstream_requests_total", "resetter") == 1
+    assert up("sluice_upstream_connections_total", "resetter") == 1
+    # The connection the upstream cut and the one that timed out are closed, not pooled.
+    open_now = wait_until(lambda: [metric_sum(gw, "sluice_upstream_connections_open", upstream=u)
+                                   for u in ("resetter", "slowup")], lambda v: v == [0, 0])
+    assert open_now == [0, 0], open_now
+    assert {l["protocol"] for l, _ in m.series("sluice_upstream_connections_total")} == {"http1"}
 
 
 # ------------------------------------------------------------------ connections

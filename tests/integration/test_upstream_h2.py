@@ -108,6 +108,12 @@ def test_many_streams_share_few_upstream_connections(sluice_factory, h2_upstream
     assert srv.streams == 201, srv.streams
     # 100 streams is the python server's limit per connection: 200 at once need two.
     assert srv.connections <= 2, srv.connections
+    # The metrics say the same: streams sent, connections made and still pooled.
+    assert metric_sum(gw, "sluice_upstream_requests_total", upstream="app", protocol="h2c") == 201
+    assert metric_sum(gw, "sluice_upstream_connections_total", upstream="app",
+                      protocol="h2c") == srv.connections
+    assert metric_sum(gw, "sluice_upstream_connections_open", upstream="app",
+                      protocol="h2c") == srv.connections
 
 
 def test_a_reset_stream_is_a_502_and_a_silent_one_a_504_the_connection_goes_on(
@@ -151,6 +157,10 @@ def test_a_goaway_moves_new_requests_to_a_new_connection(sluice_factory, h2_upst
         r = gw.get("/status/200")
         assert r.status == 200, r
     assert srv.connections == 2, srv.connections
+    assert metric_sum(gw, "sluice_upstream_connections_total", upstream="app", protocol="h2c") == 2
+    # The connection that said GOAWAY closes once its streams ended: one is left open.
+    assert wait_for(lambda: metric_sum(gw, "sluice_upstream_connections_open", upstream="app",
+                                       protocol="h2c") == 1)
 
 
 def test_concurrent_http11_clients_to_an_h2c_upstream(sluice_factory, h2_upstream):

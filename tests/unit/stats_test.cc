@@ -357,7 +357,7 @@ TEST_SUITE("stats") {
 
   TEST_CASE("the table: every name once, a known type, help, and valid label names") {
     const auto& table = metricTable();
-    CHECK(table.size() == 31);
+    CHECK(table.size() == 34);
     std::set<std::string_view> names;
     for (const MetricInfo& m : table) {
       INFO(std::string(m.name));
@@ -433,6 +433,9 @@ TEST_SUITE("admin metrics") {
     w.decisions.resolve("per_ip")[sluice::ratelimit::Outcome::Denied].inc();
     w.upstream_errors.resolve("app")[sluice::upstream::UpstreamError::Reset].inc();
     w.upstream_latency.resolve("app").observeMicros(100);
+    w.upstream_connections_open.resolve("app").resolve("h2c").add(1);
+    w.upstream_connections.resolve("app").resolve("h2c").inc();
+    w.upstream_requests.resolve("app").resolve("h2c").inc(3);
     w.valkey_errors[ValkeyError::Timeout].inc();
     w.connections_refused[sluice::stats::ConnectionRefusal::Descriptors].inc();
     w.client_timeouts[sluice::stats::ClientTimeout::Send].inc();
