@@ -62,7 +62,7 @@ void Admission::reset() {
   rate_headers_.clear();  // its capacity serves the connection's next request
   sent_ms_ = sent_ns_ = valkey_ns_ = 0;
   state_ = State::Idle;
-  needs_body_ = body_complete_ = false;
+  needs_body_ = false;
 }
 
 void Admission::start(worker::Snapshot& snapshot, const config::RouteConfig& route,
@@ -91,7 +91,6 @@ void Admission::start(worker::Snapshot& snapshot, const config::RouteConfig& rou
   facts_.session_ambiguous = session.ambiguous;  // refused if a limit is keyed on the session
   if (const std::string* type = head.headers.get("content-type")) facts_.content_type = *type;
   needs_body_ = routeReadsBody(config, route);
-  body_complete_ = !head.hasBody();
   if (needs_body_) {
     if (head.content_length && *head.content_length > route.max_buffered_body_bytes) {
       refuse(bodyTooLarge());
@@ -109,7 +108,6 @@ void Admission::onBody(const char* data, size_t len) {
 }
 
 void Admission::onBodyComplete() {
-  body_complete_ = true;
   if (state_ == State::Body) continueAfterTenant();
 }
 
@@ -158,7 +156,7 @@ void Admission::onTenantReply(valkey::Reply& reply) {
 }
 
 void Admission::continueAfterTenant() {
-  if (needs_body_ && !body_complete_) {
+  if (needs_body_ && !owner_.requestBodyEnded()) {
     state_ = State::Body;
     return;
   }

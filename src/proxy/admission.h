@@ -34,6 +34,8 @@ class AdmissionCallbacks {
   virtual void onRefused(const http::LocalResponse& response) = 0;
   // The body is read before deciding: a client that expects 100 Continue must get it now.
   virtual void onBodyNeeded() = 0;
+  // The request's body ended (or it has none): the owner knows, from its codec.
+  virtual bool requestBodyEnded() const = 0;
 };
 
 class Admission final : public valkey::CallTarget, public ratelimit::DecisionTarget {
@@ -57,7 +59,7 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   void chargeFromResponse(const http::MessageHead* response);
   bool pending() const { return state_ != State::Idle && state_ != State::Done; }
   // Waiting for the rest of the body, which it needs to decide.
-  bool readsBody() const { return pending() && needs_body_ && !body_complete_; }
+  bool readsBody() const { return pending() && needs_body_ && !owner_.requestBodyEnded(); }
 
   // The request holds (or is taking) concurrency slots.
   bool holdsSlots() const { return !slots_.empty() || slots_asked_; }
@@ -116,8 +118,7 @@ class Admission final : public valkey::CallTarget, public ratelimit::DecisionTar
   uint64_t sent_ns_ = 0;
   uint64_t valkey_ns_ = 0;
   State state_ = State::Idle;
-  bool needs_body_ = false;     // a limit of the route is keyed on a body field
-  bool body_complete_ = false;  // the request's last body byte was read
+  bool needs_body_ = false;  // a limit of the route is keyed on a body field
 };
 
 }  // namespace sluice::proxy

@@ -298,13 +298,14 @@ void Exchange::sendRequestHead() {
   uint64_t response_timeout_ms = req_.cluster->responseTimeoutMs();
   if (req_.grpc_timeout_ms && *req_.grpc_timeout_ms < response_timeout_ms)
     response_timeout_ms = *req_.grpc_timeout_ms;
-  const upstream::OutgoingRequest request{req_.head,           context,
-                                          response_timeout_ms, req_.body_buffer,
-                                          req_.body_complete,  req_.request_trailers};
+  // A request without a body goes as one: an HTTP/2 upstream gets HEADERS with END_STREAM.
+  const bool ended = requestBodyEnded();
+  const upstream::OutgoingRequest request{req_.head,        context, response_timeout_ms,
+                                          req_.body_buffer, ended,   req_.request_trailers};
   req_.upstream->start(request);
   std::string().swap(req_.body_buffer);
   req_.upstream_sent_ns = uv_hrtime();
-  if (!req_.body_complete) sendContinue();
+  if (!ended) sendContinue();
   if (req_.upstream->pendingBytes() < kHighWater) resumeClient();
 }
 
@@ -334,14 +335,19 @@ void Exchange::onRequestTrailers(http::HeaderMap& trailers) {
 }
 
 void Exchange::onRequestComplete() {
+  const bool ended_before = requestBodyEnded();  // (the upstream got the end with the head)
   req_.body_complete = true;
   if (req_.state == State::Done || req_.state == State::Idle) return;
   if (admission_.pending()) {
     admission_.onBodyComplete();
     return;
   }
-  if (headSent() && req_.upstream) req_.upstream->endRequest(req_.request_trailers);
+  if (headSent() && req_.upstream && !ended_before) {
+    req_.upstream->endRequest(req_.request_trailers);
+  }
 }
+
+bool Exchange::requestBodyEnded() const { return req_.body_complete || !req_.head.hasBody(); }
 
 void Exchange::onUpstreamDrained() { resumeClient(); }
 
@@ -353,8 +359,7 @@ void Exchange::onClientDrained() {
 }
 
 bool Exchange::clientKeepAlive() const {
-  return req_.head.keep_alive && owner_.acceptsNextRequest() &&
-         (req_.body_complete || !req_.head.hasBody());
+  return req_.head.keep_alive && owner_.acceptsNextRequest() && requestBodyEnded();
 }
 
 int Exchange::onUpstreamHead(http::MessageHead& head) {

@@ -118,7 +118,7 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
     bool head_method = false;      // HEAD: the response has no body
     bool grpc = false;             // a gRPC call (application/grpc on an HTTP/2 stream)
     bool wants_upgrade = false;    // asks for a protocol switch (101, then a tunnel)
-    bool body_complete = false;    // the request's last byte was read
+    bool body_complete = false;    // the codec said the request ended (see requestBodyEnded)
     bool upstream_reused = false;  // the attempt in progress: Cluster::Acquired::reused
     bool keep_alive = false;       // of the upstream's response, towards the client
     // Backpressure, one flag per direction: this exchange stopped reading from that side.
@@ -149,6 +149,10 @@ class Exchange final : public upstream::UpstreamCallbacks, private AdmissionCall
   void onAdmitted() override;
   void onRefused(const http::LocalResponse& response) override;
   void onBodyNeeded() override;
+  // The one answer to "did the request's body end": the codec said so (onRequestComplete), or
+  // the head announced none (no Content-Length above 0, not chunked; an HTTP/2 HEADERS frame
+  // with END_STREAM).
+  bool requestBodyEnded() const override;
   const std::string& requestId();
 
   // Lets go of the upstream connection and the pending Valkey call: no callback after this.

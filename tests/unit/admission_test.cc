@@ -84,11 +84,14 @@ struct Owner final : sluice::proxy::AdmissionCallbacks {
     if (then) then();
   }
   void onBodyNeeded() override { ++body_needed; }
+  // The requests here have no body (GET without Content-Length).
+  bool requestBodyEnded() const override { return body_ended; }
   int told() const { return admitted + static_cast<int>(refused.size()); }
 
   int admitted = 0;
   std::vector<int> refused;
   int body_needed = 0;
+  bool body_ended = true;
   std::function<void()> then;  // runs inside the callback
 };
 
