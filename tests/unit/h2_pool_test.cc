@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 #include <uv.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -78,8 +79,8 @@ sluice::config::UpstreamConfig h2cConfig(uint16_t port) {
   c.name = "up";
   c.protocol = sluice::config::UpstreamProtocol::H2c;
   std::string error;
-  auto address = sluice::config::parseSocketAddress("127.0.0.1:" + std::to_string(port), false,
-                                                    &error);
+  auto address =
+      sluice::config::parseSocketAddress("127.0.0.1:" + std::to_string(port), false, &error);
   REQUIRE(address);
   c.endpoints = {*address};
   sockaddr_storage resolved{};
@@ -93,7 +94,8 @@ sluice::config::UpstreamConfig h2cConfig(uint16_t port) {
 
 // A request as the exchange makes it: its head, the forwarding context (target, framing).
 struct Outgoing {
-  Outgoing(const std::string& method, const std::string& path, size_t content_length = 0) {
+  Outgoing(const std::string& method, const std::string& path, size_t content_length = 0)
+      : target(path) {
     head.method = method;
     head.target = path;
     head.headers.add("Host", "api.test");
@@ -102,12 +104,13 @@ struct Outgoing {
       head.headers.add("Content-Length", std::to_string(content_length));
       context.body = sluice::http::Framing::ContentLength;
     }
-    context.target = path;
+    context.target = target;  // (a view: the target lives here)
     context.scheme = "http";
   }
   void start(UpstreamRequest& request, std::string_view early_body, bool complete) {
     request.start({head, context, 2000, early_body, complete, trailers});
   }
+  std::string target;
   sluice::http::MessageHead head;
   sluice::http::UpstreamRequestContext context;
   sluice::http::HeaderMap trailers;
@@ -200,7 +203,8 @@ TEST_SUITE("upstream: the request interface over HTTP/2 (h2c)") {
     sluice::http::HeaderMap trailers;
     trailers.add("x-checksum", "abc");
     request.endRequest(trailers);
-    REQUIRE(runUntil(f.loop(), [&] { return owner.done(); }, 5000));
+    REQUIRE(runUntil(
+        f.loop(), [&] { return owner.done(); }, 5000));
     CHECK(owner.errors.empty());
     CHECK(owner.body == body);
     REQUIRE(owner.trailers.get("grpc-status") != nullptr);
@@ -223,9 +227,8 @@ TEST_SUITE("upstream: the request interface over HTTP/2 (h2c)") {
     REQUIRE(runUntil(f.loop(), [&] { return held.size() == 6; }));
     for (int32_t id : held) f.server.respond(id, 204, "");
     REQUIRE(runUntil(f.loop(), [&] {
-      return first.done() && std::all_of(more.begin(), more.end(), [](const Owner& o) {
-               return o.done();
-             });
+      return first.done() &&
+             std::all_of(more.begin(), more.end(), [](const Owner& o) { return o.done(); });
     }));
     CHECK(first.status == 204);
     for (const Owner& o : more) CHECK(o.status == 204);
@@ -273,15 +276,14 @@ TEST_SUITE("upstream: the request interface over HTTP/2 (h2c)") {
     sluice::stats::Counter made;
     sluice::stats::Counter sent;
     {
-      auto cluster =
-          std::make_shared<Cluster>(l.get(), h2cConfig(port), nullptr,
-                                    sluice::upstream::UpstreamStats{&open, &made, &sent});
+      auto cluster = std::make_shared<Cluster>(
+          l.get(), h2cConfig(port), nullptr, sluice::upstream::UpstreamStats{&open, &made, &sent});
       Owner owner;
       Cluster::Acquired a = cluster->acquire(&owner, false);
       REQUIRE(a.request);
       CHECK(owner.errors.empty());  // never inline
       REQUIRE(runUntil(l.get(), [&] { return !owner.errors.empty(); }));
-      CHECK(owner.errors[0].first == UpstreamError::ConnectFailed);
+      CHECK((owner.errors[0].first == UpstreamError::ConnectFailed));
       CHECK_FALSE(owner.errors[0].second);
       cluster->retire();
     }
