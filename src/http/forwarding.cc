@@ -313,15 +313,19 @@ std::vector<Header> upstreamRequestFields(const MessageHead& request,
       break;
     }
   }
-  bool te_trailers = false;
-  for (const auto& field : request.headers) {
+  if (acceptsTrailers(request.headers)) out.push_back({"te", "trailers"});
+  return out;
+}
+
+bool acceptsTrailers(const HeaderMap& request) {
+  bool trailers = false;
+  for (const auto& field : request) {
     if (classify(field.name) != Field::Te) continue;
     forEachListElement(field.value, [&](std::string_view coding) {
-      te_trailers = te_trailers || iequals(coding, "trailers");
+      trailers = trailers || iequals(coding, "trailers");
     });
   }
-  if (te_trailers) out.push_back({"te", "trailers"});
-  return out;
+  return trailers;
 }
 
 std::string upstreamAuthority(std::string_view host, uint16_t port, bool tls) {

@@ -60,6 +60,9 @@ struct UpstreamRequestContext {
   std::string_view default_host;
 };
 
+// The request's TE names "trailers": its client takes trailer fields (RFC 9110 10.1.4).
+bool acceptsTrailers(const HeaderMap& request);
+
 // The same request as the fields of an HTTP/2 HEADERS frame to an upstream: the pseudo-fields
 // (:method, :scheme `upstream_scheme`, :authority from the Host sent, :path the context's
 // target), then the fields buildUpstreamRequestHead() sends, lower case, without Host and

@@ -400,6 +400,13 @@ void Exchange::onUpstreamBody(const char* data, size_t len) {
 
 void Exchange::onUpstreamTrailers(http::HeaderMap& trailers) {
   if (req_.grpc) noteGrpcStatus(trailers);
+  // An HTTP/2 upstream sends trailers whatever the client said; an HTTP/1.1 client gets them
+  // (in the last chunk) only when its TE named "trailers" (an HTTP/1.1 upstream's chunked
+  // trailers go on as they came: that upstream saw the client's TE).
+  if (req_.head.version_major == 1 && req_.cluster && req_.cluster->http2() &&
+      !http::acceptsTrailers(req_.head.headers)) {
+    return;
+  }
   req_.response_trailers = std::move(trailers);
 }
 

@@ -69,6 +69,8 @@ class Cluster final : public ConnectionPool, public std::enable_shared_from_this
   UpstreamStats& stats() override { return stats_; }
 
   uint64_t responseTimeoutMs() const { return response_timeout_ms_; }
+  // protocol = "h2c" | "h2".
+  bool http2() const { return h2_ != nullptr; }
 
   // How long a connection beyond max_idle_connections may stay idle before it is closed.
   static constexpr uint64_t kIdleTrimDelayMs = 1000;

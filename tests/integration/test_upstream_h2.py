@@ -66,6 +66,27 @@ def test_http11_clients_to_an_h2c_upstream(sluice_factory, h2_upstream):
     assert srv.connections == 1, srv.connections  # every request on one connection
 
 
+def test_an_http11_client_gets_an_h2_upstreams_trailers_only_with_te_trailers(
+        sluice_factory, h2_upstream):
+    # An HTTP/2 server sends trailers whatever the client said: an HTTP/1.1 client gets them in
+    # the last chunk only when its TE named "trailers" (RFC 9110 10.1.4), as gRPC clients do.
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv)
+    with gw.client() as c:
+        c.request("GET", "/trailers")
+        r = c.read_response()
+        assert r.status == 200 and r.body == b"ok" and r.framing == "chunked", r
+        assert r.trailers == [], r.trailers
+        c.request("GET", "/trailers", [("TE", "trailers")])
+        r = c.read_response()
+        assert r.status == 200 and r.body == b"ok" and r.framing == "chunked", r
+        got = [(n.lower(), v) for n, v in r.trailers]
+        assert ("grpc-status", "0") in got and ("x-checksum", "42") in got, got
+        c.request("GET", "/trailers", [("TE", "deflate;q=0.5, Trailers")])
+        r = c.read_response()
+        assert len(r.trailers) == 2, r.trailers
+
+
 def test_http2_clients_with_trailers_both_ways(sluice_factory, h2_upstream):
     srv = h2_upstream()
     gw = gateway(sluice_factory, srv)
