@@ -29,8 +29,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # The subcommands, and what mix.py and cluster.py use (import bench).
-from bench_h2 import (cmd_h2_report, cmd_h2load_json, cmd_h2up_pool, cmd_h2up_report,  # noqa: E402
-                      cmd_wait_h2)
+from bench_h2 import (cmd_grpc_call, cmd_h2_report, cmd_h2load_json, cmd_h2up_pool,  # noqa: E402
+                      cmd_h2up_report, cmd_wait_h2)
 from bench_idle import cmd_idle  # noqa: E402
 from bench_probe import (HOST, cmd_free_ports, cmd_mem, cmd_probe, cmd_valkey_monitor,  # noqa: E402,F401
                          cmd_wait_http, cmd_wait_valkey, glob_escape)
@@ -62,6 +62,13 @@ def add_tool_commands(sub):
     s.add_argument("--body", default="ok")
     s.add_argument("--timeout", type=float, default=15)
     s.set_defaults(func=cmd_wait_h2)
+
+    s = sub.add_parser("grpc-call")
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--path", default="/bench.Echo/Call")
+    s.add_argument("--headers", nargs="*", default=[], help="\"name: value\" ...")
+    s.add_argument("--timeout", type=float, default=5)
+    s.set_defaults(func=cmd_grpc_call)
 
     s = sub.add_parser("h2load-json")
     s.add_argument("--in", dest="input", required=True, help="h2load's output; the line is appended")
@@ -159,6 +166,7 @@ def add_measure_commands(sub):
     s.add_argument("--rps-ratio-min", type=float, default=1.0)
     s.add_argument("--p99-ratio-max", type=float, default=1.2)
     s.add_argument("--idle-kib-max", type=float, default=32)
+    s.add_argument("--mode", default="h2", help="h2 | grpc: the report's title")
     s.add_argument("--out", required=True)
     s.set_defaults(func=cmd_h2_report)
 

@@ -251,10 +251,12 @@ def cmd_h2_report(args):
     variants = args.variants.split()
     shapes = args.shapes.split()
     ref = args.reference
-    summary = {"meta": meta, "mode": "h2", "reference": ref, "shapes": {}, "idle": {},
+    summary = {"meta": meta, "mode": args.mode, "reference": ref, "shapes": {}, "idle": {},
                "targets": {"rps_ratio_min": args.rps_ratio_min, "p99_ratio_max": args.p99_ratio_max,
                            "idle_kib_max": args.idle_kib_max}, "checks": []}
-    lines = [f"HTTP/2 (h2c, prior knowledge): h2load -t1, {meta.get('duration')} per run, "
+    title = ("Unary gRPC calls (h2c both sides; requests/s are calls/s)" if args.mode == "grpc"
+             else "HTTP/2 (h2c, prior knowledge)")
+    lines = [f"{title}: h2load -t1, {meta.get('duration')} per run, "
              f"{args.rounds} round(s) in alternating order, medians; {meta.get('cpus')} CPU(s), "
              f"load average {meta.get('load_average_start')} -> {meta.get('load_average_end')}",
              f"Sluice {meta.get('git_commit')} ({meta.get('sluice_bin')}), nginx {meta.get('nginx')}, "
@@ -431,3 +433,62 @@ def cmd_h2up_pool(args):
           f"RSS {before['rss_kib']} -> {after['rss_kib']} KiB"
           + (f", {d['rss_kib_per_conn']:.2f} KiB per connection" if d["rss_kib_per_conn"] is not None else ""))
     return 0
+
+
+# ---------------------------------------------------------------- --mode grpc
+
+
+def cmd_grpc_call(args):
+    """One unary call over h2c (python3-h2): POST path with content-type application/grpc,
+    te: trailers and the bench's request message; 0 when the answer is 200, application/grpc,
+    a whole message frame and grpc-status 0 in the trailers."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    message = b"\x00\x00\x00\x00\x07\x0a\x05bench"
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    headers = [(":method", "POST"), (":scheme", "http"), (":authority", f"{HOST}:{args.port}"),
+               (":path", args.path), ("content-type", "application/grpc"), ("te", "trailers")]
+    for h in args.headers:
+        name, _, value = h.partition(":")
+        headers.append((name.strip().lower(), value.strip()))
+    conn.send_headers(1, headers)
+    conn.send_data(1, message, end_stream=True)
+    head, body, trailers, problem = {}, b"", {}, None
+    deadline = time.monotonic() + args.timeout
+    with socket.create_connection((HOST, args.port), timeout=args.timeout) as s:
+        s.sendall(conn.data_to_send())
+        done = False
+        while not done and time.monotonic() < deadline:
+            data = s.recv(65536)
+            if not data:
+                problem = "the connection closed before the call ended"
+                break
+            for ev in conn.receive_data(data):
+                if isinstance(ev, h2.events.ResponseReceived):
+                    head = {k.decode() if isinstance(k, bytes) else k:
+                            v.decode() if isinstance(v, bytes) else v for k, v in ev.headers}
+                elif isinstance(ev, h2.events.DataReceived):
+                    body += ev.data
+                    conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                elif isinstance(ev, h2.events.TrailersReceived):
+                    trailers = {k.decode() if isinstance(k, bytes) else k:
+                                v.decode() if isinstance(v, bytes) else v for k, v in ev.headers}
+                elif isinstance(ev, (h2.events.StreamEnded, h2.events.StreamReset)):
+                    done = True
+            s.sendall(conn.data_to_send())
+    grpc_status = trailers.get("grpc-status", head.get("grpc-status"))
+    if problem is None:
+        if head.get(":status") != "200":
+            problem = f"status {head.get(':status')}"
+        elif not head.get("content-type", "").startswith("application/grpc"):
+            problem = f"content-type {head.get('content-type')!r}"
+        elif len(body) < 5 or len(body) != 5 + int.from_bytes(body[1:5], "big"):
+            problem = f"the reply is not one message frame: {body[:20]!r}"
+        elif grpc_status != "0":
+            problem = f"grpc-status {grpc_status!r} (trailers {trailers})"
+    print(f"  grpc call to {args.port}{args.path}: "
+          + (f"status 200, {len(body)}-byte reply, grpc-status 0" if problem is None else problem))
+    return 0 if problem is None else 1

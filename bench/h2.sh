@@ -49,14 +49,17 @@ h2_concurrency() {  # the largest -c x -m of H2_SHAPES, at least $1
 
 # $1 = variant, $2 = duration, $3 = output (text), $4 = shape; h2load's per-request log
 # beside it ($3.log): h2load 1.52 prints no percentiles, bench.py h2load-json reads them there.
+# H2LOAD_ARGS (more h2load arguments: a request body, fields) and H2LOAD_PATH (/ by default)
+# are --mode grpc's (bench/grpc.sh).
+H2LOAD_ARGS=() H2LOAD_PATH=/
 run_h2load() {
   local v=$1 secs shape
   secs=$(seconds "$2")
   read -r -a shape <<<"$(h2_shape_args "$4")"
   run_child timeout --signal=INT --kill-after=10 $((secs + 30)) "${TASKSET_CLIENT[@]}" \
     h2load -t1 "${shape[@]}" -D "$secs" --log-file="$3.log" \
-    -H "X-Forwarded-For: $H2_CLIENT_ADDRESS" -H "X-API-Key: $H2_API_KEY" \
-    "http://127.0.0.1:${GW_PORT[$v]}/" >"$3" 2>&1 || true
+    -H "X-Forwarded-For: $H2_CLIENT_ADDRESS" -H "X-API-Key: $H2_API_KEY" "${H2LOAD_ARGS[@]}" \
+    "http://127.0.0.1:${GW_PORT[$v]}$H2LOAD_PATH" >"$3" 2>&1 || true
 }
 
 # Each shape is warmed up on every gateway before its rounds: a shape of more connections than

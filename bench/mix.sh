@@ -40,13 +40,13 @@ trusted_proxies = ["127.0.0.1/32"]
 # The limits; each variant has its own key_prefix, so no two share (or mistype) a key.
 # Per address about 0.3 requests/s and per API key about 6 at 30,000 requests/s: every
 # request is allowed. sliding_log keeps a small log (20 per second).
-# --mode h2 (one client, bench/h2.sh): limits of 1,000,000,000 (per_key 100,000,000, raised
+# --mode h2 and --mode grpc (one client, bench/h2.sh): limits of 1,000,000,000 (per_key 100,000,000, raised
 # 10x by the plan), so that one address and one key are always allowed.
 mix_limit_toml() {  # $1 = limit name, $2 = algorithm
   local by=ip limit=1000 window=1m
   [[ $1 == per_key ]] && by=api_key limit=6000
   [[ $2 == sliding_log ]] && limit=20 window=1s
-  if [[ $MODE == h2 ]]; then
+  if [[ $H2_CLIENTS == 1 ]]; then
     limit=1000000000
     [[ $1 == per_key ]] && limit=100000000
   fi
@@ -93,7 +93,7 @@ variant_sluice_mix() {
       mix_limit_toml per_ip sliding_window
       mix_limit_toml per_key token_bucket
       local pro=60000
-      [[ $MODE == h2 ]] && pro=1000000000
+      [[ $H2_CLIENTS == 1 ]] && pro=1000000000
       printf '[[plan]]\nname = "pro"\nlimits = { per_key = %s }\n' "$pro"
     else
       mix_limit_toml per_ip "$algo"

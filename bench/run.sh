@@ -15,6 +15,8 @@
 #   bench/run.sh --mode h2-upstream   # the plain proxy with an h2c upstream against the same
 #                                     # with an HTTP/1.1 upstream (wrk and h2load), and the memory
 #                                     # of idle pooled upstream connections; see bench/h2_upstream.sh
+#   bench/run.sh --mode grpc          # unary gRPC calls: h2load against nginx grpc_pass and
+#                                     # Sluice, h2c both sides; see bench/grpc.sh
 #   bench/run.sh --variants "nginx sluice sluice+limit"
 #   BENCH_DURATION=30s BENCH_CONNECTIONS=100 bench/run.sh
 #
@@ -37,8 +39,9 @@
 #   BENCH_H2UP_SHAPES=c10m10 --mode h2-upstream: its h2load shapes
 #   BENCH_H2UP_POOL_ENDPOINTS=500  --mode h2-upstream: endpoints (pooled connections) of the
 #                            idle pooled connection test (0: skip it)
+#   BENCH_GRPC_SHAPES="c10m10 c50m1"  --mode grpc: its h2load shapes
 #   BENCH_MODE=all           all | throughput | idle | handshake | mix | mix-cluster | h2 |
-#                            h2-upstream
+#                            h2-upstream | grpc
 #   BENCH_VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
 #                            gateways to compare (columns); see "Variants" in README.md
 #                            (--mode mix: "nginx sluice sluice+mix sluice+mix:fixed_window
@@ -46,7 +49,8 @@
 #                            sluice+mix:sliding_log sluice+limit"; --mode mix-cluster:
 #                            "sluice+mix sluice+mix@cluster", and any sluice+mix:ALGO@cluster;
 #                            --mode h2: "nginx-h2 sluice sluice+limit sluice+mix";
-#                            --mode h2-upstream: "sluice sluice-h2c")
+#                            --mode h2-upstream: "sluice sluice-h2c"; --mode grpc:
+#                            "nginx-grpc sluice sluice+mix")
 #   BENCH_MIX_ADDRESSES=100000 BENCH_MIX_KEYS=5000 BENCH_MIX_TENANT_KEYS=1000
 #   BENCH_MIX_TENANTS=100 BENCH_MIX_SEED=1  the mix: client addresses, API keys, keys of
 #                            tenants in Valkey, tenants, random seed (see bench/mix.sh)
@@ -62,7 +66,8 @@
 #   BENCH_IDLE_VARIANTS=     variants of the idle-connection memory test (default: all of them)
 #   BENCH_REFERENCE=nginx    the variant plain Sluice is compared with (sluice+limit is compared
 #                            with sluice, sluice-tls with nginx-tls; --mode mix-cluster:
-#                            sluice+mix, unused; --mode h2-upstream: sluice)
+#                            sluice+mix, unused; --mode h2-upstream: sluice; --mode grpc:
+#                            nginx-grpc)
 #   BENCH_HANDSHAKE_DURATION=$BENCH_DURATION   one measured run of new TLS connections
 #   BENCH_HANDSHAKE_CONNECTIONS=$BENCH_CONNECTIONS  concurrent connections of that run
 #   BENCH_HANDSHAKE_TOOL=wrk wrk (-H "Connection: close", session reuse disabled) | s_time
@@ -78,6 +83,8 @@
 #                            run waits until 2 s past it)
 #   BENCH_STRICT=0           1: exit 1 when a target is missed
 #   BENCH_RESULTS_DIR=bench/results
+#   BENCH_GIT_COMMIT         the commit the report names (default: the checkout's HEAD; for a
+#                            binary built elsewhere, or bench scripts run from a copy)
 set -Eeuo pipefail
 
 BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -126,8 +133,8 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$MODE" in all|throughput|idle|handshake|mix|mix-cluster|h2|h2-upstream) ;;
-  *) echo "BENCH_MODE must be all, throughput, idle, handshake, mix, mix-cluster, h2 or h2-upstream" >&2
+case "$MODE" in all|throughput|idle|handshake|mix|mix-cluster|h2|h2-upstream|grpc) ;;
+  *) echo "BENCH_MODE must be all, throughput, idle, handshake, mix, mix-cluster, h2, h2-upstream or grpc" >&2
      exit 2 ;;
 esac
 MIX_MODE=0  # the modes of the traffic mix: mix, mix-cluster
@@ -141,18 +148,27 @@ MIX_MODE=0  # the modes of the traffic mix: mix, mix-cluster
 # shellcheck source=bench/h2_upstream.sh
 . "$BENCH_DIR/h2_upstream.sh"
 [[ $MODE != h2-upstream ]] || H2_SHAPES=$H2UP_SHAPES
+# shellcheck source=bench/grpc.sh
+. "$BENCH_DIR/grpc.sh"
+[[ $MODE != grpc ]] || H2_SHAPES=$GRPC_SHAPES
+# The modes whose clients are h2load alone, one client address and one API key (the mix's
+# limits raised for them: see mix_limit_toml).
+H2_CLIENTS=0
+[[ $MODE == h2 || $MODE == grpc ]] && H2_CLIENTS=1
 if [[ -z $VARIANTS ]]; then
   VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
   [[ $MODE == mix ]] && VARIANTS=$MIX_VARIANTS
   [[ $MODE == mix-cluster ]] && VARIANTS=$CLUSTER_VARIANTS
   [[ $MODE == h2 ]] && VARIANTS=$H2_VARIANTS
   [[ $MODE == h2-upstream ]] && VARIANTS=$H2UP_VARIANTS
+  [[ $MODE == grpc ]] && VARIANTS=$GRPC_VARIANTS
 fi
 if [[ -z $REFERENCE ]]; then
   REFERENCE=nginx
   [[ $MODE == mix-cluster ]] && REFERENCE=${VARIANTS%% *}
   [[ $MODE == h2 ]] && REFERENCE=nginx-h2
   [[ $MODE == h2-upstream ]] && REFERENCE=sluice
+  [[ $MODE == grpc ]] && REFERENCE=nginx-grpc
 fi
 [[ $MODE == h2 ]] && IDLE_CONNECTIONS=$H2_IDLE_CONNECTIONS
 [[ $MODE == mix-cluster && -z ${BENCH_ROUNDS:-} ]] && ROUNDS=5
@@ -193,7 +209,8 @@ export PATH="$PATH:/usr/sbin:/sbin"
 
 APT=()
 command -v wrk >/dev/null || APT+=(wrk)
-[[ $MODE != h2* ]] || command -v h2load >/dev/null || APT+=(nghttp2-client)
+[[ $MODE != h2* && $MODE != grpc ]] || command -v h2load >/dev/null || APT+=(nghttp2-client)
+[[ $MODE != grpc ]] || "$PY" -c "import h2" 2>/dev/null || APT+=(python3-h2)
 command -v nginx >/dev/null || APT+=(nginx-light)  # nginx-light has the ssl module
 if { needs '*limit*' || needs '*mix*'; } && [[ -z ${BENCH_VALKEY_SERVER:-} ]] &&
    ! command -v valkey-server >/dev/null && ! command -v redis-server >/dev/null; then
@@ -214,7 +231,7 @@ if ((${#APT[@]})); then
 fi
 command -v wrk >/dev/null || die "wrk not found"
 command -v nginx >/dev/null || die "nginx not found"
-[[ $MODE != h2* ]] || command -v h2load >/dev/null || die "h2load not found (nghttp2-client)"
+[[ $MODE != h2* && $MODE != grpc ]] || command -v h2load >/dev/null || die "h2load not found (nghttp2-client)"
 TASKSET_GW=() TASKSET_CLIENT=()
 if [[ $PIN == 1 ]]; then
   command -v taskset >/dev/null || die "BENCH_PIN=1 needs taskset (util-linux)"
@@ -310,6 +327,7 @@ start_upstream() {
     }
 EOF
     [[ $MODE != h2-upstream ]] || h2up_origin_server
+    [[ $MODE != grpc ]] || grpc_origin_server "$d"
     echo "}"
   } >"$d/nginx.conf"
   TASKSET_NGINX=("${TASKSET_CLIENT[@]}")
@@ -448,7 +466,7 @@ endpoints = [${SLUICE_ENDPOINTS:-"\"127.0.0.1:$UPSTREAM_PORT\""}]
 ${SLUICE_PROTOCOL:+protocol = \"$SLUICE_PROTOCOL\"}
 
 EOF
-  [[ $MIX_MODE == 1 || $MODE == h2 ]] && printf '%s\n' "$MIX_IDENTITY_TOML"
+  [[ $MIX_MODE == 1 || $H2_CLIENTS == 1 ]] && printf '%s\n' "$MIX_IDENTITY_TOML"
   cat
   cat <<EOF
 
@@ -525,12 +543,12 @@ start_variant() {
   "$fn" "$name"
   [[ ${GW_TLS[$name]:-0} == 1 ]] && tls=(--tls)
   local wait=(wait-http "${tls[@]}")
-  [[ $MODE == h2 ]] && wait=(wait-h2)  # (every gateway of the mode must answer over h2c)
+  [[ $H2_CLIENTS == 1 ]] && wait=(wait-h2)  # (every gateway of the mode must answer over h2c)
   "${HELPER[@]}" "${wait[@]}" --port "${GW_PORT[$name]}" --pid "${GW_PID[$name]}" \
     || die "$name did not answer 200 \"ok\" on GET /: $(tail -n 20 "${GW_LOG[$name]}" 2>/dev/null)"
   log "$(printf '%-14s pid %-7s %s://127.0.0.1:%s' "$name" "${GW_PID[$name]}" \
     "$([[ ${GW_TLS[$name]:-0} == 1 ]] && echo https || echo http)" "${GW_PORT[$name]}")$(
-    [[ $MODE == h2 ]] && echo " (h2c)")"
+    [[ $H2_CLIENTS == 1 ]] && echo " (h2c)")"
   if [[ ${GW_TLS[$name]:-0} == 1 ]]; then  # what a TLS client negotiates (for the record)
     timeout 5 openssl s_client -connect "127.0.0.1:${GW_PORT[$name]}" -brief </dev/null \
       >"$WORK/$name/tls-negotiated.txt" 2>&1 || true
@@ -554,7 +572,7 @@ OUT=$WORK/out
 mkdir -p "$OUT"
 RUN_DIR=$RESULTS_DIR/last-run
 STAMP=$(date +%Y%m%d-%H%M%S)
-[[ $MIX_MODE == 1 || $MODE == h2* ]] && RUN_DIR=$RESULTS_DIR/$MODE-$STAMP  # and $MODE-$STAMP.{txt,json} beside it
+[[ $MIX_MODE == 1 || $MODE == h2* || $MODE == grpc ]] && RUN_DIR=$RESULTS_DIR/$MODE-$STAMP  # and $MODE-$STAMP.{txt,json} beside it
 mkdir -p "$RESULTS_DIR"
 rm -rf "$RUN_DIR"
 mkdir -p "$RUN_DIR"
@@ -566,9 +584,14 @@ if awk -v l="${LOAD_START%% *}" -v n="$(nproc)" 'BEGIN { exit !(l > n / 2) }'; t
 fi
 
 start_upstream
+if [[ $MODE == grpc ]]; then  # every Sluice proxies to the origin's gRPC server
+  SLUICE_ENDPOINTS="\"127.0.0.1:$UPSTREAM_GRPC_PORT\"" SLUICE_PROTOCOL=h2c
+  grpc_request_file
+fi
 for v in $VARIANTS; do start_variant "$v"; done
 [[ $MIX_MODE != 1 ]] || mix_prepare
 [[ $MODE != h2 ]] || h2_prepare
+[[ $MODE != grpc ]] || grpc_prepare
 
 url_of() {  # $1 = variant
   if [[ ${GW_TLS[$1]:-0} == 1 ]]; then echo "https://127.0.0.1:${GW_PORT[$1]}/"
@@ -721,7 +744,7 @@ EOF
 fi
 
 # --mode h2: h2load rounds, every shape (bench/h2.sh).
-[[ $MODE != h2* ]] || h2_rounds
+[[ $MODE != h2* && $MODE != grpc ]] || h2_rounds
 
 # 4. Throughput and latency (--mode mix: the same rounds, with the mix on most variants).
 if [[ $MODE == all || $MODE == throughput || $MIX_MODE == 1 || $MODE == h2-upstream ]]; then
@@ -899,11 +922,11 @@ print(json.dumps({
     "pinned": "$PIN" == "1", "cpus": $(nproc),
     "load_average_start": "$LOAD_START", "load_average_end": "$(cut -d' ' -f1-3 /proc/loadavg)",
     "sluice_bin": "$SLUICE_BIN",
-    "git_commit": out(["git", "-C", "$ROOT", "rev-parse", "--short", "HEAD"]),
+    "git_commit": "${BENCH_GIT_COMMIT:-}" or out(["git", "-C", "$ROOT", "rev-parse", "--short", "HEAD"]),
     "nginx": (out(["sh", "-c", "nginx -v 2>&1"]) or "").replace("nginx version: ", ""),
     "wrk": (out(["sh", "-c", "wrk -v 2>&1 | head -n1"]) or "").split(" [")[0],
-    "h2load": out(["sh", "-c", "h2load --version 2>&1 | head -n1"]) if "$MODE".startswith("h2") else None,
-    "h2_shapes": "$H2_SHAPES".split() if "$MODE".startswith("h2") else None,
+    "h2load": out(["sh", "-c", "h2load --version 2>&1 | head -n1"]) if "$MODE".startswith("h2") or "$MODE" == "grpc" else None,
+    "h2_shapes": "$H2_SHAPES".split() if "$MODE".startswith("h2") or "$MODE" == "grpc" else None,
     "nofile": $NOFILE,
     "idle_variants": "$IDLE_VARIANTS".split(), "idle_cycles": $IDLE_CYCLES,
     "monitor_duration": "$MONITOR_DURATION",
@@ -928,6 +951,10 @@ elif [[ $MODE == h2 ]]; then
   SUMMARY=$RESULTS_DIR/h2-$STAMP.json
   h2_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/h2-$STAMP.txt"
   echo "Report: $RESULTS_DIR/h2-$STAMP.txt"
+elif [[ $MODE == grpc ]]; then
+  SUMMARY=$RESULTS_DIR/grpc-$STAMP.json
+  grpc_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/grpc-$STAMP.txt"
+  echo "Report: $RESULTS_DIR/grpc-$STAMP.txt"
 elif [[ $MODE == h2-upstream ]]; then
   SUMMARY=$RESULTS_DIR/h2-upstream-$STAMP.json
   h2up_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/h2-upstream-$STAMP.txt"
