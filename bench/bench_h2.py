@@ -246,6 +246,23 @@ def runs_table(directory, prefix, variants, rounds, ref):
     return per, rows, notes
 
 
+def finish_report(lines, summary, out):
+    """The checks' table and the overall verdict after the report's lines; prints the report
+    and writes the summary JSON (`out`)."""
+    checks = summary["checks"]
+    lines.append("Checks")
+    lines.append(table([[c["check"], fmt_ratio(c["value"]) if isinstance(c["value"], float)
+                         and "KiB" not in c["check"] else
+                         (f"{c['value']:.2f}" if isinstance(c["value"], float) else str(c["value"])),
+                         c["target"], verdict(c["ok"])] for c in checks],
+                       ["check", "value", "target", "verdict"]))
+    summary["overall"] = "FAIL" if any(c["ok"] is False for c in checks) else "PASS"
+    lines.append(f"overall: {summary['overall']}")
+    print("\n".join(lines))
+    write_summary(out, summary)
+    return 0
+
+
 def cmd_h2_report(args):
     meta = json.loads(args.meta)
     variants = args.variants.split()
@@ -316,17 +333,7 @@ def cmd_h2_report(args):
         lines.append(table(rows, ["variant", "open", "RSS KiB", "RSS KiB/conn", "Pss KiB/conn",
                                   "Anon KiB/conn", "RSS KiB/conn per cycle", "gw open", "errors"]))
         lines.append("")
-    lines.append("Checks")
-    lines.append(table([[c["check"], fmt_ratio(c["value"]) if isinstance(c["value"], float)
-                         and "KiB" not in c["check"] else
-                         (f"{c['value']:.2f}" if isinstance(c["value"], float) else str(c["value"])),
-                         c["target"], verdict(c["ok"])] for c in checks],
-                       ["check", "value", "target", "verdict"]))
-    summary["overall"] = "FAIL" if any(c["ok"] is False for c in checks) else "PASS"
-    lines.append(f"overall: {summary['overall']}")
-    print("\n".join(lines))
-    write_summary(args.out, summary)
-    return 0
+    return finish_report(lines, summary, args.out)
 
 
 # ---------------------------------------------------------------- --mode h2-upstream
@@ -399,17 +406,7 @@ def cmd_h2up_report(args):
         lines.append(table(rows, ["protocol", "endpoints", "upstream conns", "requests", "RSS KiB",
                                   "RSS KiB/conn", "Pss KiB/conn", "Anon KiB/conn"]))
         lines.append("")
-    lines.append("Checks")
-    lines.append(table([[c["check"], fmt_ratio(c["value"]) if isinstance(c["value"], float)
-                         and "KiB" not in c["check"] else
-                         (f"{c['value']:.2f}" if isinstance(c["value"], float) else str(c["value"])),
-                         c["target"], verdict(c["ok"])] for c in checks],
-                       ["check", "value", "target", "verdict"]))
-    summary["overall"] = "FAIL" if any(c["ok"] is False for c in checks) else "PASS"
-    lines.append(f"overall: {summary['overall']}")
-    print("\n".join(lines))
-    write_summary(args.out, summary)
-    return 0
+    return finish_report(lines, summary, args.out)
 
 
 def cmd_h2up_pool(args):

@@ -50,33 +50,7 @@ grpc_request_file() {
 }
 
 variant_nginx_grpc() {  # nginx, HTTP/2 in clear, grpc_pass with pooled h2c connections
-  local name=$1 d=$WORK/$1 keepalive
-  mkdir -p "$d"
-  next_port; local port=$PORT_OUT
-  # nginx sends one call per upstream connection at a time (no multiplexing upstream): it
-  # keeps as many as calls in flight, -c x -m of the largest shape.
-  keepalive=$(h2_concurrency 64)
-  { nginx_main "$d"
-    cat <<EOF
-    upstream grpc_origin {
-        server 127.0.0.1:$UPSTREAM_GRPC_PORT;
-        keepalive $keepalive;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$port http2 backlog=4096;
-        location / {
-            grpc_pass grpc://grpc_origin;
-            grpc_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-        }
-    }
-}
-EOF
-  } >"$d/nginx.conf"
-  TASKSET_NGINX=("${TASKSET_GW[@]}")
-  start_nginx "$name" "$d/nginx.conf"
-  GW_PID[$name]=$PID_OUT GW_PORT[$name]=$port GW_ADMIN[$name]=0 GW_KIND[$name]=nginx
-  GW_LOG[$name]=$d/error.log
+  nginx_proxy "$1" grpc
 }
 
 # Before the rounds: the tenant in Valkey and its check (h2_prepare: first, or a call made

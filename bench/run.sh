@@ -395,15 +395,29 @@ variant_nginx_tls() {  # nginx terminating TLS (same certificate as sluice-tls),
   GW_RESUMED_LOG[$1]=$WORK/$1/resumed.log
 }
 
-nginx_proxy() {  # $1 = name, $2 = "tls", "h2" (HTTP/2 in clear: h2c only) or ""
-  local name=$1 d=$WORK/$1 listen_ssl="" tls_conf="" tls_http=""
+# $1 = name, $2 = "tls", "h2" (HTTP/2 in clear: h2c only), "grpc" (h2c, grpc_pass to the
+# origin's gRPC server: bench/grpc.sh) or ""
+nginx_proxy() {
+  local name=$1 d=$WORK/$1 listen_ssl="" tls_conf="" tls_http="" origin_port=$UPSTREAM_PORT
+  local pass='proxy_pass http://origin;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_set_header Host $http_host;
+            proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
+            proxy_set_header X-Forwarded-Proto $scheme;'
   mkdir -p "$d"
   next_port; local port=$PORT_OUT
-  [[ $2 == h2 ]] && listen_ssl=" http2"
+  [[ $2 == h2 || $2 == grpc ]] && listen_ssl=" http2"
+  if [[ $2 == grpc ]]; then
+    origin_port=$UPSTREAM_GRPC_PORT
+    pass='grpc_pass grpc://origin;
+            grpc_set_header X-Forwarded-For $proxy_add_x_forwarded_for;'
+  fi
   # Idle upstream connections kept: at least one per request in flight, else nginx closes
-  # and reopens upstream connections under load (--mode h2: -c x -m of the largest shape).
+  # and reopens upstream connections under load (--mode h2 and grpc: -c x -m of the largest
+  # shape; grpc_pass too sends one call per upstream connection at a time).
   local keepalive=$(( CONNECTIONS > 64 ? CONNECTIONS : 64 ))
-  [[ $MODE != h2 ]] || keepalive=$(h2_concurrency "$keepalive")
+  [[ $H2_CLIENTS != 1 ]] || keepalive=$(h2_concurrency "$keepalive")
   if [[ $2 == tls ]]; then
     listen_ssl=" ssl"
     tls_http="map \$ssl_session_reused \$bench_resumed { r 1; default 0; }
@@ -419,7 +433,7 @@ nginx_proxy() {  # $1 = name, $2 = "tls", "h2" (HTTP/2 in clear: h2c only) or ""
     cat <<EOF
     $tls_http
     upstream origin {
-        server 127.0.0.1:$UPSTREAM_PORT;
+        server 127.0.0.1:$origin_port;
         keepalive $keepalive;
         keepalive_requests 1000000;
     }
@@ -427,12 +441,7 @@ nginx_proxy() {  # $1 = name, $2 = "tls", "h2" (HTTP/2 in clear: h2c only) or ""
         listen 127.0.0.1:$port$listen_ssl backlog=4096;
         $tls_conf
         location / {
-            proxy_pass http://origin;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_set_header Host \$http_host;
-            proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
-            proxy_set_header X-Forwarded-Proto \$scheme;
+            $pass
         }
     }
 }

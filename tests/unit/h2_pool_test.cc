@@ -24,6 +24,7 @@
 #include "stats/stats.h"
 #include "upstream/cluster.h"
 #include "upstream/upstream_stats.h"
+#include "upstream_support.h"
 
 using sluice::http::Header;
 using sluice::testing::fieldValue;
@@ -74,20 +75,10 @@ struct Owner final : sluice::upstream::UpstreamCallbacks {
   std::vector<std::pair<UpstreamError, bool>> errors;
 };
 
+// The upstream on `port` over h2c; a refused connect does not take its endpoint out.
 sluice::config::UpstreamConfig h2cConfig(uint16_t port) {
-  sluice::config::UpstreamConfig c;
-  c.name = "up";
+  sluice::config::UpstreamConfig c = sluice::testing::upstreamConfig(port, 2000);
   c.protocol = sluice::config::UpstreamProtocol::H2c;
-  std::string error;
-  auto address =
-      sluice::config::parseSocketAddress("127.0.0.1:" + std::to_string(port), false, &error);
-  REQUIRE(address);
-  c.endpoints = {*address};
-  sockaddr_storage resolved{};
-  uv_ip4_addr("127.0.0.1", port, reinterpret_cast<sockaddr_in*>(&resolved));
-  c.resolved = {resolved};
-  c.connect_timeout = std::chrono::milliseconds(500);
-  c.response_timeout = std::chrono::milliseconds(2000);
   c.fail_timeout = std::chrono::milliseconds(0);
   return c;
 }

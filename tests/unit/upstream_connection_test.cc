@@ -20,11 +20,13 @@
 #include "loop_support.h"
 #include "tls_support.h"
 #include "upstream/cluster.h"
+#include "upstream_support.h"
 
 using sluice::testing::FakePeer;
 using sluice::testing::runFor;
 using sluice::testing::runUntil;
 using sluice::testing::TestLoop;
+using sluice::testing::upstreamConfig;
 using sluice::upstream::Cluster;
 using sluice::upstream::UpstreamConnection;
 using sluice::upstream::UpstreamError;
@@ -58,24 +60,6 @@ struct Owner final : sluice::upstream::UpstreamCallbacks {
   int complete = 0;
   std::vector<std::pair<UpstreamError, bool>> errors;
 };
-
-sluice::config::UpstreamConfig upstreamConfig(uint16_t port, uint64_t response_timeout_ms,
-                                              const std::string& host = "127.0.0.1") {
-  sluice::config::UpstreamConfig c;
-  c.name = "up";
-  std::string error;
-  auto address =
-      sluice::config::parseSocketAddress(host + ":" + std::to_string(port), false, &error);
-  REQUIRE(address);
-  c.endpoints = {*address};
-  sockaddr_storage resolved{};
-  uv_ip4_addr("127.0.0.1", port, reinterpret_cast<sockaddr_in*>(&resolved));
-  c.resolved = {resolved};
-  c.connect_timeout = std::chrono::milliseconds(500);
-  c.response_timeout = std::chrono::milliseconds(response_timeout_ms);
-  c.fail_timeout = std::chrono::milliseconds(10000);
-  return c;
-}
 
 // GET /x to host "up", whole: as the exchange starts a request through the interface.
 void sendRequest(UpstreamConnection* c, uint64_t response_timeout_ms) {
