@@ -3,8 +3,9 @@
 client-streaming and bidirectional calls pass with their metadata and trailers; an upstream's
 error status and message reach the client (a trailers-only answer stays one); the access log
 carries each call's grpc-status; limits keyed on metadata and a concurrency limit on a
-streaming method answer in gRPC's terms; 400 concurrent calls; TLS to the server (h2, ALPN).
-Run time: some 5 s."""
+streaming method answer in gRPC's terms; 400 calls from 20 clients multiplexed on one upstream
+connection; a server that ends its connections with GOAWAY mid-load (max_connection_age) loses
+no call; TLS to the server (h2, ALPN). Run time: some 7 s."""
 
 from __future__ import annotations
 
@@ -16,11 +17,15 @@ from concurrent import futures
 import grpc
 import pytest
 
-from conftest import free_port, limit_cfg, route_cfg, sluice_with_limits
+from conftest import free_port, limit_cfg, metric_sum, route_cfg, sluice_with_limits
 from harness.gateway import wait_until
 
 
+SEEN = set()  # every Echo request the servers of this module received (see the GOAWAY test)
+
+
 def _echo(request, context):
+    SEEN.add(request)
     metadata = dict(context.invocation_metadata())
     if metadata.get("x-fail"):
         context.abort(grpc.StatusCode.NOT_FOUND, "no such thing: " + metadata["x-fail"])
@@ -49,14 +54,14 @@ def _upper(requests, context):
         yield message.upper()
 
 
-def _server(credentials=None):
+def _server(credentials=None, options=()):
     handler = grpc.method_handlers_generic_handler("pkg.Svc", {
         "Echo": grpc.unary_unary_rpc_method_handler(_echo),
         "Stream": grpc.unary_stream_rpc_method_handler(_stream),
         "Collect": grpc.stream_unary_rpc_method_handler(_collect),
         "Upper": grpc.stream_stream_rpc_method_handler(_upper),
     })
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=64), options=options)
     server.add_generic_rpc_handlers((handler,))
     port = free_port()
     if credentials is None:
@@ -78,11 +83,9 @@ def h2c(port):
     return [{"name": "grpc", "endpoints": [f"127.0.0.1:{port}"], "protocol": "h2c"}]
 
 
-def test_grpc_calls_through_an_h2c_upstream(sluice_factory, grpc_upstream, tmp_path):
-    log = tmp_path / "access.log"
-    gw = sluice_factory(upstreams=[{"name": "grpc", "endpoints": [f"127.0.0.1:{grpc_upstream}"],
-                                    "protocol": "h2c"}],
-                        log={"access_log": str(log)})
+def every_kind_of_call(gw):
+    """Unary (metadata, trailers, a binary one, an error status), server-streaming (1,000
+    messages), client-streaming and bidirectional calls through the gateway."""
     with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
         reply, call = channel.unary_unary("/pkg.Svc/Echo").with_call(
             b"hello", metadata=(("x-user", "u1"),), timeout=5)
@@ -103,6 +106,14 @@ def test_grpc_calls_through_an_h2c_upstream(sluice_factory, grpc_upstream, tmp_p
             iter([b"a", b"b", b"c"]), timeout=5) == b"abc"
         assert list(channel.stream_stream("/pkg.Svc/Upper")(
             iter([b"x", b"y"]), timeout=5)) == [b"X", b"Y"]
+
+
+def test_grpc_calls_through_an_h2c_upstream(sluice_factory, grpc_upstream, tmp_path):
+    log = tmp_path / "access.log"
+    gw = sluice_factory(upstreams=[{"name": "grpc", "endpoints": [f"127.0.0.1:{grpc_upstream}"],
+                                    "protocol": "h2c"}],
+                        log={"access_log": str(log)})
+    every_kind_of_call(gw)
 
     def records():
         return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
@@ -169,6 +180,53 @@ def test_many_concurrent_calls(sluice_factory, grpc_upstream):
     for t in threads:
         t.join()
     assert failures == []
+    # Multiplexed: 400 calls, each a stream, on the one connection the server allows them all.
+    assert metric_sum(gw, "sluice_upstream_requests_total", upstream="grpc", protocol="h2c") == 400
+    made = metric_sum(gw, "sluice_upstream_connections_total", upstream="grpc", protocol="h2c")
+    assert made == 1, made
+
+
+def test_a_server_goaway_mid_load_loses_no_call(sluice_factory):
+    """grpcio's max_connection_age: the server ends each connection with GOAWAY after 300 ms
+    (the calls in flight finish within the grace): the gateway moves new calls to a new
+    connection, and no call the server took is lost. A call the server refused (a stream above
+    the last one its GOAWAY names, which it never processed) may fail with UNAVAILABLE: the
+    gateway does not send a request with a body again."""
+    server, port = _server(options=(("grpc.max_connection_age_ms", 300),
+                                    ("grpc.max_connection_age_grace_ms", 10000)))
+    try:
+        gw = sluice_factory(upstreams=h2c(port))
+        failures = []
+        deadline = time.monotonic() + 2.0
+
+        def caller(i):
+            with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
+                echo = channel.unary_unary("/pkg.Svc/Echo")
+                j = 0
+                while time.monotonic() < deadline:
+                    payload = b"goaway-%d-%d" % (i, j)
+                    try:
+                        if echo(payload, timeout=10) != payload:
+                            failures.append((payload, "wrong reply"))
+                    except grpc.RpcError as e:
+                        failures.append((payload, e.code(), e.details()))
+                    j += 1
+
+        threads = [threading.Thread(target=caller, args=(i,)) for i in range(10)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        lost = [f for f in failures if f[0] in SEEN or f[1] != grpc.StatusCode.UNAVAILABLE]
+        assert lost == [], lost[:5]
+        assert len(failures) <= 5, failures  # (refused: at most a few per GOAWAY, rarely any)
+        calls = metric_sum(gw, "sluice_upstream_requests_total", upstream="grpc", protocol="h2c")
+        made = metric_sum(gw, "sluice_upstream_connections_total", upstream="grpc",
+                          protocol="h2c")
+        assert calls >= 100, calls
+        assert made >= 3, made  # (a GOAWAY every 300 ms over 2 s)
+    finally:
+        server.stop(0)
 
 
 def test_grpc_over_tls_to_the_upstream(sluice_factory, tls_pki):
@@ -180,9 +238,6 @@ def test_grpc_over_tls_to_the_upstream(sluice_factory, tls_pki):
         gw = sluice_factory(upstreams=[{
             "name": "grpc", "endpoints": [f"127.0.0.1:{port}"], "protocol": "h2", "tls": True,
             "tls_server_name": "upstream.test", "tls_ca_file": str(tls_pki.certs["root"].cert)}])
-        with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
-            reply, call = channel.unary_unary("/pkg.Svc/Echo").with_call(b"secret", timeout=5)
-            assert reply == b"secret"
-            assert dict(call.trailing_metadata())["x-trail"] == "t1"
+        every_kind_of_call(gw)
     finally:
         server.stop(0)
