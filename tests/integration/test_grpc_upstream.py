@@ -219,12 +219,14 @@ def test_a_server_goaway_mid_load_loses_no_call(sluice_factory):
             t.join()
         lost = [f for f in failures if f[0] in SEEN or f[1] != grpc.StatusCode.UNAVAILABLE]
         assert lost == [], lost[:5]
-        assert len(failures) <= 5, failures  # (refused: at most a few per GOAWAY, rarely any)
         calls = metric_sum(gw, "sluice_upstream_requests_total", upstream="grpc", protocol="h2c")
         made = metric_sum(gw, "sluice_upstream_connections_total", upstream="grpc",
                           protocol="h2c")
         assert calls >= 100, calls
         assert made >= 3, made  # (a GOAWAY every 300 ms over 2 s)
+        # The refused ones are the streams sent while a GOAWAY was on its way: a few per
+        # connection's end (more on a slow build), never a large share of the calls.
+        assert len(failures) * 20 <= calls, (len(failures), calls)
     finally:
         server.stop(0)
 
