@@ -2,16 +2,20 @@
 
 namespace sluice {
 
+// The uv handle is made at the first start(): many timers never start (a request's that
+// does not fail, a connection's send-later one), and a handle costs an allocation and a close
+// on a later loop iteration.
 Timer::Timer(uv_loop_t* loop, Callback callback, void* context)
-    : callback_(callback), context_(context) {
-  // uv_timer_init only links the handle into the loop: it cannot fail.
-  SLUICE_UV_CHECK(handle_.init(uv_timer_init, loop, this));
-}
+    : loop_(loop), callback_(callback), context_(context) {}
 
 // handle_ closes itself: the timer stops and onTimer cannot run for this Timer again.
 Timer::~Timer() = default;
 
 void Timer::start(uint64_t timeout_ms) {
+  if (!handle_) {
+    // uv_timer_init only links the handle into the loop: it cannot fail.
+    SLUICE_UV_CHECK(handle_.init(uv_timer_init, loop_, this));
+  }
   uv_timer_t* timer = handle_.get();
   auto* handle = handle_.as<uv_handle_t>();
   started_ = true;
@@ -25,7 +29,7 @@ void Timer::start(uint64_t timeout_ms) {
 
 void Timer::stop() {
   started_ = false;
-  uv_unref(handle_.as<uv_handle_t>());  // may still fire: does nothing
+  if (handle_) uv_unref(handle_.as<uv_handle_t>());  // may still fire: does nothing
 }
 
 bool Timer::active() const { return started_; }

@@ -37,7 +37,8 @@ class Timer {
  private:
   static void onTimer(uv_timer_t* handle) noexcept;
 
-  UvHandle<uv_timer_t> handle_;
+  uv_loop_t* loop_;
+  UvHandle<uv_timer_t> handle_;  // from the first start()
   Callback callback_;
   void* context_;
   bool started_ = false;  // start() called, not stopped, not fired since

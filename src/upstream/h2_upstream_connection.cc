@@ -60,7 +60,7 @@ int parseStatus(std::string_view value) {
 // closes the stream (or refuses to send its HEADERS); its owner may be gone long before.
 struct H2UpstreamConnection::Stream {
   Stream(H2UpstreamConnection& c, int32_t stream_id, H2StreamCallbacks* o)
-      : connection(c), id(stream_id), owner(o), response_timer(c.loop_, onResponseTimeout, this) {}
+      : connection(c), id(stream_id), owner(o) {}
 
   H2UpstreamConnection& connection;
   int32_t id;
@@ -84,7 +84,7 @@ struct H2UpstreamConnection::Stream {
   std::optional<H2StreamFailure> failure;  // decided here (bad response), told at close
   size_t unconsumed = 0;                   // DATA bytes the owner has not consume()d
   uint64_t response_timeout_ms = 0;        // from END_STREAM sent to the head; 0: none
-  Timer response_timer;
+  uint64_t response_due = 0;  // loop time (ms) the response timeout falls due; 0: not running
 
   size_t pending() const { return body.size() - body_offset; }
 };
@@ -107,7 +107,8 @@ H2UpstreamConnection::H2UpstreamConnection(uv_loop_t* loop, const H2UpstreamOpti
       deferred_(loop, onDeferred, this),
       idle_timer_(loop, onIdleTimer, this),
       ping_timer_(loop, onPingTimer, this),
-      ping_timeout_(loop, onPingTimeout, this) {
+      ping_timeout_(loop, onPingTimeout, this),
+      response_timer_(loop, onResponseTimer, this) {
   transport_->setCallbacks(this);
   createSession();
 }
@@ -278,7 +279,7 @@ void H2UpstreamConnection::cancel(int32_t id) {
   if (!s) return;
   s->owner = nullptr;
   if (state_ == State::Closing) return;  // nothing more goes out
-  s->response_timer.stop();
+  s->response_due = 0;
   s->body.clear();
   s->body_offset = 0;
   if (!s->reset_sent) {
@@ -359,6 +360,7 @@ void H2UpstreamConnection::closeTransport() {
   ping_timer_.stop();
   ping_timeout_.stop();
   send_later_.stop();
+  response_timer_.stop();
   if (transport_->pendingBytes() > 0 && !transport_->isClosing()) {
     connect_timer_.start(kLingerMs);  // onWriteDrained() closes it sooner
     return;
@@ -398,11 +400,39 @@ void H2UpstreamConnection::onPingTimeout(void* self) noexcept {
   c->terminate(UpstreamError::Reset);
 }
 
-void H2UpstreamConnection::onResponseTimeout(void* context) noexcept {
-  auto* s = static_cast<Stream*>(context);
-  H2StreamFailure failure;
-  failure.error = UpstreamError::ResponseTimeout;
-  s->connection.failStream(*s, failure);
+// One timer for the connection's response deadlines, set for the earliest: a stream costs no
+// uv handle of its own, and one that ends before its deadline needs nothing undone (the timer
+// finds no stream due and is set for the next).
+void H2UpstreamConnection::armResponseTimer(uint64_t due) {
+  if (response_timer_.active() && response_timer_due_ <= due) return;
+  response_timer_due_ = due;
+  const uint64_t now = loopNow(loop_);
+  response_timer_.start(due > now ? due - now : 0);
+}
+
+void H2UpstreamConnection::onResponseTimer(void* self) noexcept {
+  auto* c = static_cast<H2UpstreamConnection*>(self);
+  const uint64_t now = loopNow(c->loop_);
+  std::vector<int32_t> due;
+  uint64_t next = 0;
+  for (const auto& [id, s] : c->streams_) {
+    if (s->response_due == 0) continue;
+    if (s->response_due <= now) {
+      due.push_back(id);
+    } else if (next == 0 || s->response_due < next) {
+      next = s->response_due;
+    }
+  }
+  if (next != 0) c->armResponseTimer(next);
+  // By id, each looked up again: an owner told of its timeout may cancel another stream.
+  for (int32_t id : due) {
+    Stream* s = c->find(id);
+    if (!s || s->response_due == 0) continue;
+    s->response_due = 0;
+    H2StreamFailure failure;
+    failure.error = UpstreamError::ResponseTimeout;
+    c->failStream(*s, failure);
+  }
 }
 
 // ---- sending -----------------------------------------------------------------------------
@@ -604,7 +634,7 @@ void H2UpstreamConnection::headBlockDone(Stream& s, bool end_stream) {
   if (!s.head_received) {
     if (s.status < 200) return;  // informational: the final head is still to come
     s.head_received = true;
-    s.response_timer.stop();
+    s.response_due = 0;
     if (end_stream) s.response_complete = true;
     if (s.owner) s.owner->onH2Head(s.status, s.fields, end_stream);
     return;
@@ -711,7 +741,8 @@ int H2UpstreamConnection::onFrameSend(nghttp2_session*, const nghttp2_frame* fra
   if ((frame->hd.flags & NGHTTP2_FLAG_END_STREAM) == 0) return 0;
   s->request_ended = true;
   if (!s->head_received && s->owner && s->response_timeout_ms > 0) {
-    s->response_timer.start(s->response_timeout_ms);
+    s->response_due = loopNow(c->loop_) + s->response_timeout_ms;
+    c->armResponseTimer(s->response_due);
   }
   return 0;
 }

@@ -213,7 +213,7 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   static void onIdleTimer(void* self) noexcept;
   static void onPingTimer(void* self) noexcept;
   static void onPingTimeout(void* self) noexcept;
-  static void onResponseTimeout(void* stream) noexcept;
+  static void onResponseTimer(void* self) noexcept;
 
   void createSession();
   void onConnected(int status);
@@ -227,6 +227,8 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   void scheduleSend();
   void send();
   void armKeepAlive();
+  // Sets the response timer to fire at `due` (loop ms) unless it fires sooner already.
+  void armResponseTimer(uint64_t due);
   // Fails every stream with `error` and closes the transport (from the loop only).
   void terminate(UpstreamError error);
   void closeTransport();
@@ -246,6 +248,8 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   Timer idle_timer_;
   Timer ping_timer_;
   Timer ping_timeout_;
+  Timer response_timer_;  // the earliest of the streams' response_due
+  uint64_t response_timer_due_ = 0;
   State state_ = State::Connecting;
   bool in_send_ = false;
   bool in_recv_ = false;

@@ -136,9 +136,10 @@ struct Fixture {
   uv_loop_t* loop() { return l.get(); }
   H2UpstreamConnection& c() { return *pool.connection; }
 
-  int32_t open(Owner& owner, std::vector<Header> fields, bool end_stream) {
+  int32_t open(Owner& owner, std::vector<Header> fields, bool end_stream,
+               uint64_t response_timeout_ms = 0) {
     owner.connection = pool.connection;
-    owner.id = c().openStream(fields, &owner, end_stream);
+    owner.id = c().openStream(fields, &owner, end_stream, response_timeout_ms);
     REQUIRE(owner.id > 0);
     return owner.id;
   }
@@ -385,6 +386,38 @@ TEST_SUITE("H2UpstreamConnection") {
     f.open(next, request("GET", "/next"), true);
     REQUIRE(runUntil(f.loop(), [&] { return next.done(); }));
     CHECK(next.body == "next");
+  }
+
+  TEST_CASE("response timeouts of several streams, each at its own deadline, in any order") {
+    // One timer serves the connection's deadlines: a stream opened later with a shorter
+    // timeout fails first, one answered in time is not touched, the longest fails last.
+    H2UpstreamOptions options;
+    options.response_timeout_ms = 10'000;
+    Fixture f(options);
+    Owner long_wait, answered, short_wait;
+    f.open(long_wait, request("GET", "/long"), true, 400);
+    f.open(answered, request("GET", "/answered"), true, 100);
+    f.open(short_wait, request("GET", "/short"), true, 50);
+    const uint64_t start = uv_now(f.loop());
+    REQUIRE(runUntil(f.loop(), [&] { return f.server.streams.size() == 3; }));
+    f.server.respond(answered.id, 200, "in time");
+    REQUIRE(runUntil(f.loop(), [&] { return short_wait.done(); }));
+    const uint64_t short_failed = uv_now(f.loop()) - start;
+    CHECK_FALSE(long_wait.done());
+    REQUIRE(runUntil(f.loop(), [&] { return long_wait.done(); }));
+    const uint64_t long_failed = uv_now(f.loop()) - start;
+    CHECK(answered.complete == 1);
+    CHECK(answered.errors.empty());
+    REQUIRE(short_wait.errors.size() == 1);
+    REQUIRE(long_wait.errors.size() == 1);
+    CHECK((short_wait.errors[0].error == UpstreamError::ResponseTimeout));
+    CHECK((long_wait.errors[0].error == UpstreamError::ResponseTimeout));
+    // Each failed at its own deadline (the loop's clock; not before it, well before the
+    // connection's 10 s default).
+    CHECK(short_failed >= 50);
+    CHECK(short_failed < 400);
+    CHECK(long_failed >= 400);
+    CHECK(long_failed < 5'000);
   }
 
   TEST_CASE("cancel mid-response from inside onH2Data: RST_STREAM CANCEL, no callback after") {
