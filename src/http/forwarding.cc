@@ -86,30 +86,97 @@ bool listed(const std::vector<std::string>& names, std::string_view name) {
                      [&](const std::string& n) { return iequals(n, name); });
 }
 
-void appendField(std::string& out, std::string_view name, std::string_view value) {
-  out.append(name);
-  out.append(": ");
+// Where the fields of an upstream request go: lines of an HTTP/1.1 head, or the fields of an
+// HTTP/2 HEADERS frame. One set of rules (writeUpstreamFields) writes both: a field is
+// begin(name), then its value in pieces, then end().
+class HeadLines {
+ public:
+  explicit HeadLines(std::string& out) : out_(out), first_field_(out.size()) {}
+  void begin(std::string_view name) {
+    out_.append(name);
+    out_.append(": ");
+  }
+  void append(std::string_view piece) { out_.append(piece); }
+  void end() { out_.append("\r\n"); }
+  // A field put before all others (a Host made up here: RFC 9110 7.2 has clients send it
+  // first).
+  void prepend(std::string_view name, std::string_view value) {
+    std::string field;
+    field.append(name).append(": ").append(value).append("\r\n");
+    out_.insert(first_field_, field);
+  }
+
+ private:
+  std::string& out_;
+  size_t first_field_;
+};
+
+// HTTP/2 fields: names in lower case. In a request, the first Host becomes :authority (RFC
+// 9113 8.3.1), the field at index `authority`.
+class H2Fields {
+ public:
+  static constexpr size_t kNoAuthority = static_cast<size_t>(-1);
+  explicit H2Fields(std::vector<Header>& out, size_t authority = kNoAuthority)
+      : out_(out), authority_(authority) {}
+  void begin(std::string_view name) {
+    if (authority_ != kNoAuthority && !has_authority_ && iequals(name, "host")) {
+      has_authority_ = true;
+      current_ = authority_;
+      return;
+    }
+    out_.push_back({toLower(name), std::string()});
+    current_ = out_.size() - 1;
+  }
+  void append(std::string_view piece) {
+    std::string& value = out_[current_].value;
+    // As an HTTP/1.1 field line is read: no whitespace before the value.
+    if (value.empty()) {
+      while (!piece.empty() && (piece.front() == ' ' || piece.front() == '\t'))
+        piece.remove_prefix(1);
+    }
+    value.append(piece);
+  }
+  void end() {}
+  void prepend(std::string_view name, std::string_view value) {
+    begin(name);
+    append(value);
+    end();
+  }
+
+ private:
+  std::vector<Header>& out_;
+  size_t authority_;
+  size_t current_ = 0;
+  bool has_authority_ = false;
+};
+
+template <typename Out>
+void appendField(Out& out, std::string_view name, std::string_view value) {
+  out.begin(name);
   out.append(value);
-  out.append("\r\n");
+  out.end();
 }
 
-void appendVia(std::string& out, const HeaderMap& headers, int major, int minor) {
-  out.append("Via: ");
+template <typename Out>
+void appendVia(Out& out, const HeaderMap& headers, int major, int minor) {
+  out.begin("Via");
   if (auto existing = headers.getJoined("via")) {
     out.append(*existing);
     out.append(", ");
   }
   if (major == 1 && minor == 1) {
-    out.append("1.1 sluice\r\n");
+    out.append("1.1 sluice");
   } else {
-    out.append(std::to_string(major) + "." + std::to_string(minor) + " sluice\r\n");
+    out.append(std::to_string(major) + "." + std::to_string(minor) + " sluice");
   }
+  out.end();
 }
 
 // The Transfer-Encoding field for a body that goes on chunked: the codings the message came
 // with (gzip, say), in their order, and chunked last. Dropping them would hand the next hop a
 // coded body as if it were the representation itself.
-void appendChunkedEncoding(std::string& out, const HeaderMap& headers) {
+template <typename Out>
+void appendChunkedEncoding(Out& out, const HeaderMap& headers) {
   std::vector<std::string_view> codings;
   for (const auto& field : headers) {
     if (classify(field.name) != Field::TransferEncoding) continue;
@@ -117,12 +184,13 @@ void appendChunkedEncoding(std::string& out, const HeaderMap& headers) {
   }
   // The final chunked is the framing this hop removed; it is written once, below.
   if (!codings.empty() && iequals(codings.back(), "chunked")) codings.pop_back();
-  out.append("Transfer-Encoding: ");
+  out.begin("Transfer-Encoding");
   for (std::string_view coding : codings) {
     out.append(coding);
     out.append(", ");
   }
-  out.append("chunked\r\n");
+  out.append("chunked");
+  out.end();
 }
 
 bool tchar(unsigned char c) {
@@ -133,23 +201,25 @@ bool tchar(unsigned char c) {
 // One RFC 7239 parameter value: a token as it is, anything else (a port's colon, an IPv6
 // literal) as a quoted-string. The values written here (an address, a validated Host, a
 // scheme) hold no quote or backslash, so nothing needs escaping.
-void appendForwardedValue(std::string& out, std::string_view value) {
+template <typename Out>
+void appendForwardedValue(Out& out, std::string_view value) {
   if (!value.empty() && std::all_of(value.begin(), value.end(),
                                     [](char c) { return tchar(static_cast<unsigned char>(c)); })) {
     out.append(value);
     return;
   }
-  out.push_back('"');
+  out.append("\"");
   out.append(value);
-  out.push_back('"');
+  out.append("\"");
 }
 
 // Forwarded (RFC 7239) as X-Forwarded-* are treated: what a trusted peer sent is kept, what
 // anyone else sent is dropped (it would tell the upstream whatever the client likes about
 // for, proto and host), and this hop's element is appended.
-void appendForwarded(std::string& out, const std::string* received,
-                     const UpstreamRequestContext& context, const std::string* host) {
-  out.append("Forwarded: ");
+template <typename Out>
+void appendForwarded(Out& out, const std::string* received, const UpstreamRequestContext& context,
+                     const std::string* host) {
+  out.begin("Forwarded");
   if (received) {
     out.append(*received);
     out.append(", ");
@@ -168,7 +238,7 @@ void appendForwarded(std::string& out, const std::string* received,
   }
   out.append(";proto=");
   appendForwardedValue(out, context.scheme);
-  out.append("\r\n");
+  out.end();
 }
 
 }  // namespace
@@ -210,16 +280,14 @@ std::vector<std::string> connectionOptions(const HeaderMap& headers) {
   return out;
 }
 
-std::string buildUpstreamRequestHead(const MessageHead& request,
-                                     const UpstreamRequestContext& context) {
+namespace {
+
+// The fields of the request that go upstream, whatever the protocol (the request line or the
+// pseudo-fields are the caller's).
+template <typename Out>
+void writeUpstreamFields(Out& out, const MessageHead& request,
+                         const UpstreamRequestContext& context) {
   const std::vector<std::string> options = connectionOptions(request.headers);
-  std::string out;
-  out.reserve(256 + request.target.size() + request.headers.size() * 48);
-  out.append(request.method);
-  out.push_back(' ');
-  out.append(context.target);
-  out.append(" HTTP/1.1\r\n");
-  const size_t fields_start = out.size();
   bool kept_proto = false;
   bool kept_host = false;
   const std::string* host = nullptr;
@@ -256,9 +324,7 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
     // Only an HTTP/1.0 request gets here without Host. Put first, where clients send it
     // (RFC 9110 7.2); inserting rather than looking for Host before the loop keeps the common
     // case, a request with Host, to one pass over the fields.
-    std::string field;
-    appendField(field, "Host", context.default_host);
-    out.insert(fields_start, field);
+    out.prepend("Host", context.default_host);
   }
   if (!kept_proto) appendField(out, "X-Forwarded-Proto", context.scheme);
   // Only a Host the client sent is forwarded as X-Forwarded-Host: one made up here is not
@@ -284,6 +350,20 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
       break;
   }
   if (context.tunnel) appendField(out, "Connection", "upgrade");
+}
+
+}  // namespace
+
+std::string buildUpstreamRequestHead(const MessageHead& request,
+                                     const UpstreamRequestContext& context) {
+  std::string out;
+  out.reserve(256 + request.target.size() + request.headers.size() * 48);
+  out.append(request.method);
+  out.push_back(' ');
+  out.append(context.target);
+  out.append(" HTTP/1.1\r\n");
+  HeadLines lines(out);
+  writeUpstreamFields(lines, request, context);
   out.append("\r\n");
   return out;
 }
@@ -291,28 +371,19 @@ std::string buildUpstreamRequestHead(const MessageHead& request,
 std::vector<Header> upstreamRequestFields(const MessageHead& request,
                                           const UpstreamRequestContext& context,
                                           std::string_view upstream_scheme) {
-  // One set of rules for what goes upstream: the HTTP/1.1 head's, read back as fields.
+  // One set of rules for what goes upstream: the HTTP/1.1 head's, without what HTTP/2 frames
+  // itself (chunked framing, a tunnel's Upgrade).
   UpstreamRequestContext h2 = context;
   h2.tunnel = false;
   if (h2.body == Framing::Chunked) h2.body = Framing::None;
-  const std::string head = buildUpstreamRequestHead(request, h2);
   std::vector<Header> out;
   out.reserve(request.headers.size() + 12);
   out.push_back({":method", request.method});
   out.push_back({":scheme", std::string(upstream_scheme)});
   out.push_back({":authority", std::string()});
   out.push_back({":path", std::string(context.target)});
-  const size_t fields = head.find("\r\n") + 2;  // after the request line
-  appendFieldLines(out, std::string_view(head).substr(fields, head.size() - fields - 2));
-  // Host becomes :authority (RFC 9113 8.3.1); buildUpstreamRequestHead() always writes one
-  // when it has one.
-  for (auto it = out.begin() + 4; it != out.end(); ++it) {
-    if (it->name == "host") {
-      out[2].value = std::move(it->value);
-      out.erase(it);
-      break;
-    }
-  }
+  H2Fields fields(out, 2);
+  writeUpstreamFields(fields, request, h2);
   if (acceptsTrailers(request.headers)) out.push_back({"te", "trailers"});
   return out;
 }
@@ -362,12 +433,13 @@ std::string buildClientResponseHead(const MessageHead& response,
   out.append(response.reason.empty() ? reasonPhrase(response.status)
                                      : std::string_view(response.reason));
   out.append("\r\n");
+  HeadLines lines(out);
   const bool reframed =
       context.framing == Framing::Chunked || context.framing == Framing::CloseDelimited;
   for (const auto& field : response.headers) {
     const Field kind = classify(field.name);
     if (kind == Field::Upgrade) {
-      if (context.tunnel) appendField(out, field.name, field.value);
+      if (context.tunnel) appendField(lines, field.name, field.value);
       continue;
     }
     if (hopByHop(kind) || kind == Field::Via) continue;
@@ -375,17 +447,17 @@ std::string buildClientResponseHead(const MessageHead& response,
     // Content-Length is kept as is when the body keeps it (and for HEAD and 304, where it
     // describes the representation); a re-framed body never carries it.
     if (kind == Field::ContentLength && reframed) continue;
-    appendField(out, field.name, field.value);
+    appendField(lines, field.name, field.value);
   }
-  appendVia(out, response.headers, response.version_major, response.version_minor);
+  appendVia(lines, response.headers, response.version_major, response.version_minor);
   out.append(context.extra_headers);
-  if (context.framing == Framing::Chunked) appendChunkedEncoding(out, response.headers);
+  if (context.framing == Framing::Chunked) appendChunkedEncoding(lines, response.headers);
   if (context.tunnel) {
-    appendField(out, "Connection", "upgrade");
+    appendField(lines, "Connection", "upgrade");
   } else if (!context.keep_alive) {
-    appendField(out, "Connection", "close");
+    appendField(lines, "Connection", "close");
   } else if (context.client_http10) {
-    appendField(out, "Connection", "keep-alive");
+    appendField(lines, "Connection", "keep-alive");
   }
   out.append("\r\n");
   return out;
@@ -403,9 +475,8 @@ std::vector<Header> clientResponseFields(const MessageHead& response,
     if (kind == Field::ContentLength && response.chunked) continue;  // (RFC 9112 6.3)
     out.push_back({toLower(field.name), field.value});
   }
-  std::string via;
-  appendVia(via, response.headers, response.version_major, response.version_minor);
-  appendFieldLines(out, via);
+  H2Fields fields(out);
+  appendVia(fields, response.headers, response.version_major, response.version_minor);
   appendFieldLines(out, extra_headers);
   return out;
 }
@@ -416,8 +487,9 @@ bool forwardableTrailer(std::string_view name) {
 
 std::string lastChunk(const HeaderMap& trailers) {
   std::string out = "0\r\n";
+  HeadLines lines(out);
   for (const auto& field : trailers) {
-    if (forwardableTrailer(field.name)) appendField(out, field.name, field.value);
+    if (forwardableTrailer(field.name)) appendField(lines, field.name, field.value);
   }
   out.append("\r\n");
   return out;
