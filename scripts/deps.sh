@@ -14,7 +14,7 @@ build=(
 runtime=(libuv1 libhiredis0.14 libnghttp2-14 libssl3 libspdlog1.10 libfmt9 ca-certificates)
 test=(
   redis-server faketime python3 python3-pytest python3-pytest-xdist python3-redis python3-yaml curl openssl
-  nghttp2-client python3-h2 python3-grpcio prometheus docker-compose clang-14 libclang-rt-14-dev clang-format-14
+  nghttp2-client python3-h2 python3-grpcio python3-protobuf protobuf-compiler libprotobuf-dev prometheus docker-compose clang-14 libclang-rt-14-dev clang-format-14
 )
 
 case "${1:-all}" in

@@ -15,13 +15,13 @@ scripts/build.sh --sanitize >/dev/null
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-targets=(request config response chunked admin http2)
+targets=(request config response chunked admin http2 rls)
 pids=()
 for target in "${targets[@]}"; do
   mkdir -p "$work/$target" "$work/artifacts-$target"
   cp tests/fuzz/corpus/"$target"/* "$work/$target"/
   echo "== fuzz_$target for ${seconds}s"
-  # The six run side by side: CI time stays about one fuzzing period.
+  # They run side by side: CI time stays about one fuzzing period.
   ASAN_OPTIONS=detect_leaks=1 build-asan/fuzz_"$target" -max_total_time="$seconds" \
     -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="$work/artifacts-$target/" "$work/$target" >"$work/$target.log" 2>&1 &

@@ -19,6 +19,7 @@
 #include "proxy/router.h"
 #include "ratelimit/applied_limits.h"
 #include "ratelimit/keys.h"
+#include "rls/messages.h"
 #include "stats/stats.h"
 #include "worker/worker_context.h"
 
@@ -366,6 +367,68 @@ void http2Frames(const uint8_t* data, size_t size) {
   }
   // The timers' handles close from the loop.
   for (int i = 0; i < 16 && uv_loop_close(&loop) != 0; ++i) uv_run(&loop, UV_RUN_NOWAIT);
+}
+
+void rlsMessages(const uint8_t* data, size_t size) {
+  if (size < 2) return;
+  rls::RequestLimits limits;
+  limits.max_descriptors = 1 + data[0] % 8;
+  limits.max_entries = 1 + data[1] % 8;
+  limits.max_key_bytes = 1 + data[0] % 64;
+  limits.max_value_bytes = 1 + data[1] % 128;
+  const std::string_view bytes(reinterpret_cast<const char*>(data + 2), size - 2);
+  rls::RateLimitRequest request;
+  if (rls::decodeRateLimitRequest(bytes, limits, request).ok) {
+    if (request.domain.empty() || request.descriptors.empty() ||
+        request.descriptors.size() > limits.max_descriptors) {
+      std::abort();
+    }
+    for (const rls::Descriptor& d : request.descriptors) {
+      if (d.entries.empty() || d.entries.size() > limits.max_entries) std::abort();
+      for (const rls::Entry& e : d.entries) {
+        if (e.key.empty() || e.key.size() > limits.max_key_bytes ||
+            e.value.size() > limits.max_value_bytes) {
+          std::abort();
+        }
+      }
+      if (d.limit && d.limit->unit == rls::Unit::Unknown) std::abort();
+    }
+    rls::RateLimitRequest again;
+    if (!rls::decodeRateLimitRequest(rls::encodeRateLimitRequest(request), limits, again).ok) {
+      std::abort();
+    }
+    if (again.domain != request.domain || again.hits_addend != request.hits_addend ||
+        again.descriptors.size() != request.descriptors.size()) {
+      std::abort();
+    }
+    for (size_t i = 0; i < request.descriptors.size(); ++i) {
+      const rls::Descriptor& a = request.descriptors[i];
+      const rls::Descriptor& b = again.descriptors[i];
+      if (a.entries.size() != b.entries.size() || a.hits_addend != b.hits_addend ||
+          request.hitsFor(i) != again.hitsFor(i) || a.limit.has_value() != b.limit.has_value()) {
+        std::abort();
+      }
+      for (size_t j = 0; j < a.entries.size(); ++j) {
+        if (a.entries[j].key != b.entries[j].key || a.entries[j].value != b.entries[j].value) {
+          std::abort();
+        }
+      }
+      if (a.limit && (a.limit->requests_per_unit != b.limit->requests_per_unit ||
+                      a.limit->unit != b.limit->unit)) {
+        std::abort();
+      }
+    }
+  }
+  rls::RateLimitResponse response;
+  if (rls::decodeRateLimitResponse(bytes, response)) {
+    rls::RateLimitResponse again;
+    const std::string written = rls::encodeRateLimitResponse(response);
+    if (!rls::decodeRateLimitResponse(written, again) ||
+        rls::encodeRateLimitResponse(again) != written) {
+      std::abort();
+    }
+  }
+  (void)rls::decodeHealthCheckRequest(bytes);
 }
 
 }  // namespace sluice::fuzz

@@ -36,4 +36,10 @@ void chunkedBody(const uint8_t* data, size_t size);
 // the flood budgets, drain.
 void http2Frames(const uint8_t* data, size_t size);
 
+// The rate limit service's messages (src/rls/messages.h): a RateLimitRequest read under
+// bounds the first bytes choose; one that is read keeps every bound and reads back the same
+// once written again. The same bytes as a RateLimitResponse (read, then written and read back
+// the same) and as a HealthCheckRequest.
+void rlsMessages(const uint8_t* data, size_t size);
+
 }  // namespace sluice::fuzz

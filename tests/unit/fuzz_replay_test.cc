@@ -42,4 +42,5 @@ TEST_CASE("fuzz corpus and regressions replay without a crash") {
   CHECK(replay("chunked", sluice::fuzz::chunkedBody) >= 5);
   CHECK(replay("admin", sluice::fuzz::adminRequest) >= 5);
   CHECK(replay("http2", sluice::fuzz::http2Frames) >= 5);
+  CHECK(replay("rls", sluice::fuzz::rlsMessages) >= 5);
 }
