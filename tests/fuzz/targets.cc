@@ -20,6 +20,7 @@
 #include "ratelimit/applied_limits.h"
 #include "ratelimit/keys.h"
 #include "rls/messages.h"
+#include "rls/ratelimit_yaml.h"
 #include "stats/stats.h"
 #include "worker/worker_context.h"
 
@@ -371,6 +372,28 @@ void http2Frames(const uint8_t* data, size_t size) {
 
 void rlsMessages(const uint8_t* data, size_t size) {
   if (size < 2) return;
+  if (data[0] == 'Y') {
+    // envoyproxy/ratelimit YAML: loaded or refused with a reason, twice (the second file of
+    // a domain is refused, or merged); every limit found is one the configuration holds.
+    const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
+    rls::RateLimitYaml config;
+    std::string error;
+    const bool loaded = config.addFile("fuzz.yaml", text, false, error);
+    if (!loaded && error.rfind("fuzz.yaml", 0) != 0) std::abort();
+    if (loaded && config.domainCount() != 1) std::abort();
+    (void)config.addFile("again.yaml", text, data[1] % 2 == 0, error);
+    rls::Descriptor descriptor;
+    descriptor.entries.push_back({"key1", "value1"});
+    descriptor.entries.push_back({"subkey1", "x"});
+    for (const char* domain : {"test-domain", "d", ""}) {
+      const rls::LimitMatch match = config.find(domain, descriptor);
+      if (match.limit) {
+        const auto limits = config.limits();
+        if (std::find(limits.begin(), limits.end(), match.limit) == limits.end()) std::abort();
+      }
+    }
+    return;
+  }
   rls::RequestLimits limits;
   limits.max_descriptors = 1 + data[0] % 8;
   limits.max_entries = 1 + data[1] % 8;

@@ -39,7 +39,9 @@ void http2Frames(const uint8_t* data, size_t size);
 // The rate limit service's messages (src/rls/messages.h): a RateLimitRequest read under
 // bounds the first bytes choose; one that is read keeps every bound and reads back the same
 // once written again. The same bytes as a RateLimitResponse (read, then written and read back
-// the same) and as a HealthCheckRequest.
+// the same) and as a HealthCheckRequest. An input that starts with 'Y' is the text of an
+// envoyproxy/ratelimit YAML file instead (src/rls/ratelimit_yaml.h): loaded or refused, with
+// FILE:LINE:COL, never a crash.
 void rlsMessages(const uint8_t* data, size_t size);
 
 }  // namespace sluice::fuzz
