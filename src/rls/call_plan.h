@@ -1,0 +1,78 @@
+#pragma once
+
+// One ShouldRateLimit call as Sluice decides it, in two pure steps around the decision:
+// planCall() finds each descriptor's limit in the YAML configuration (envoyproxy/ratelimit's
+// rules: a limit override first, unlimited, replaces) and turns the limits that count into
+// Sluice limits for one all-or-nothing decision (fixed windows aligned to the epoch, as that
+// service counts; a cost of the descriptor's hits); answer() turns the decision into the
+// response Envoy reads: a status per descriptor in order, the overall code, and the RateLimit
+// fields to add to Envoy's response.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "config/config.h"
+#include "ratelimit/decision.h"
+#include "rls/messages.h"
+#include "rls/ratelimit_yaml.h"
+
+namespace sluice::rls {
+
+struct ServiceSettings {
+  std::string key_prefix = "sluice";  // [valkey] key_prefix
+  std::string key_secret;             // [valkey] key_secret: descriptor values are hashed with it
+  // Valkey unreachable or late: a descriptor that counts is OK (allow) or OVER_LIMIT (deny).
+  config::OnError on_error = config::OnError::Allow;
+  // The RateLimit fields Envoy adds to its response (none, as envoyproxy/ratelimit by default).
+  config::RateLimitHeaders headers = config::RateLimitHeaders::None;
+};
+
+// The Sluice limit of each counted limit of a YAML configuration (made once per load): a
+// fixed_window of the limit's unit and requests_per_unit, shadow as shadow_mode says.
+class YamlLimitSet {
+ public:
+  YamlLimitSet(const RateLimitYaml& yaml, const ServiceSettings& settings);
+  const config::LimitConfig* find(const ConfiguredLimit* limit) const;
+
+ private:
+  std::unordered_map<const ConfiguredLimit*, std::unique_ptr<config::LimitConfig>> limits_;
+};
+
+// A Sluice limit for a limit that counts: fixed_window, `requests_per_unit` per `unit`.
+std::unique_ptr<config::LimitConfig> countedLimit(std::string name, uint32_t requests_per_unit,
+                                                  Unit unit, bool shadow,
+                                                  const ServiceSettings& settings);
+
+struct DescriptorPlan {
+  enum class Kind {
+    NoLimit,    // no limit matched (or it was replaced): OK
+    Unlimited,  // unlimited: OK, limit_remaining 2^32 - 1
+    Counted,    // decided by Valkey: applied[index]
+    Zero,       // requests_per_unit 0: always OVER_LIMIT, nothing to count
+  };
+  Kind kind = Kind::NoLimit;
+  CurrentLimit current;  // the limit as the response states it (Counted, Zero)
+  bool shadow = false;
+  size_t index = 0;
+};
+
+struct CallPlan {
+  std::vector<DescriptorPlan> descriptors;  // one per request descriptor, in order
+  std::vector<ratelimit::AppliedLimit> applied;
+  // Configurations of the limits overrides asked for (the applied limits point to them).
+  std::vector<std::unique_ptr<config::LimitConfig>> overrides;
+};
+
+std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet& limits,
+                                   const RateLimitRequest& request,
+                                   const ServiceSettings& settings);
+
+// The response to a call: `decision` is Valkey's (or the on_error policy's, as the decision
+// code makes it), null when the plan applied no limit.
+RateLimitResponse answer(const CallPlan& plan, const ratelimit::Decision* decision,
+                         const ServiceSettings& settings);
+
+}  // namespace sluice::rls

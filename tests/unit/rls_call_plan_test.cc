@@ -1,0 +1,232 @@
+// One ShouldRateLimit call planned and answered (src/rls/call_plan.h): which descriptors
+// count and how (envoyproxy/ratelimit's rules), the Sluice limits and keys they become, and
+// the response a decision gives.
+
+#include <doctest/doctest.h>
+
+#include <limits>
+#include <string>
+
+#include "ratelimit/decision.h"
+#include "rls/call_plan.h"
+
+using namespace sluice;
+using namespace sluice::rls;
+
+namespace {
+
+constexpr std::string_view kYaml = R"(domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: path
+    value: /health
+  - key: api_key
+    rate_limit: {unit: hour, requests_per_unit: 1000, name: per_key}
+  - key: trusted
+    rate_limit: {unlimited: true}
+  - key: blocked
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: tenant
+    rate_limit:
+      name: tenant_plan
+      unit: day
+      requests_per_unit: 5
+      replaces: [{name: per_key}]
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+)";
+
+struct Fixture {
+  Fixture() {
+    std::string error;
+    REQUIRE_MESSAGE(yaml.addFile("edge.yaml", kYaml, false, error), error);
+    set = std::make_unique<YamlLimitSet>(yaml, settings);
+  }
+  std::shared_ptr<CallPlan> plan(const RateLimitRequest& request) {
+    return planCall(yaml, *set, request, settings);
+  }
+  RateLimitYaml yaml;
+  ServiceSettings settings;
+  std::unique_ptr<YamlLimitSet> set;
+};
+
+Descriptor entry(const char* key, const char* value) {
+  Descriptor d;
+  d.entries.push_back({key, value});
+  return d;
+}
+
+RateLimitRequest call(std::vector<Descriptor> descriptors, std::string domain = "edge") {
+  RateLimitRequest r;
+  r.domain = std::move(domain);
+  r.descriptors = std::move(descriptors);
+  return r;
+}
+
+// Valkey's answer: each applied limit allowed with `remaining` left, or refusing.
+ratelimit::Decision decided(const CallPlan& plan, std::vector<int64_t> remaining,
+                            std::vector<bool> refusing = {}) {
+  std::vector<ratelimit::LimitReply> replies(plan.applied.size());
+  for (size_t i = 0; i < replies.size(); ++i) {
+    replies[i].remaining = remaining[i];
+    replies[i].reset_ms = 15'000;
+    replies[i].retry_ms = i < refusing.size() && refusing[i] ? 15'000 : 0;
+  }
+  ratelimit::Decision d;
+  ratelimit::decisionFromReplies(plan.applied, replies.data(), &d);
+  return d;
+}
+
+}  // namespace
+
+TEST_SUITE("rls: a call planned and answered") {
+  TEST_CASE("each descriptor: counted, not limited, unlimited; the limits as Sluice limits") {
+    Fixture f;
+    const auto plan =
+        f.plan(call({entry("remote_address", "10.0.0.1"), entry("path", "/health"),
+                     entry("trusted", "yes"), entry("api_key", "k1"), entry("unknown", "x")}));
+    REQUIRE(plan->descriptors.size() == 5);
+    CHECK((plan->descriptors[0].kind == DescriptorPlan::Kind::Counted));
+    CHECK((plan->descriptors[1].kind == DescriptorPlan::Kind::NoLimit));
+    CHECK((plan->descriptors[2].kind == DescriptorPlan::Kind::Unlimited));
+    CHECK((plan->descriptors[3].kind == DescriptorPlan::Kind::Counted));
+    CHECK((plan->descriptors[4].kind == DescriptorPlan::Kind::NoLimit));
+    REQUIRE(plan->applied.size() == 2);
+    const ratelimit::AppliedLimit& ip = plan->applied[0];
+    CHECK((ip.config->algorithm == config::Algorithm::FixedWindow));
+    CHECK(ip.config->window.count() == 60'000);
+    CHECK(ip.limit == 20);
+    CHECK(ip.cost == 1);
+    CHECK(ip.config->name == "edge.remote_address");  // no name: its path
+    CHECK(plan->applied[1].config->name == "per_key");
+    CHECK(plan->applied[1].config->window.count() == 3'600'000);
+    // Keys: the limit's path, then the values hashed (never readable in Valkey).
+    CHECK(ip.key.rfind("sluice:rls.edge.remote_address:{~", 0) == 0);
+    CHECK(ip.key.find("10.0.0.1") == std::string::npos);
+    CHECK(f.plan(call({entry("remote_address", "10.0.0.2")}))->applied[0].key != ip.key);
+    CHECK(f.plan(call({entry("remote_address", "10.0.0.1")}))->applied[0].key == ip.key);
+
+    const RateLimitResponse response = answer(*plan, nullptr, f.settings);
+    REQUIRE(response.statuses.size() == 5);
+    CHECK(response.statuses[2].limit_remaining == std::numeric_limits<uint32_t>::max());
+    CHECK_FALSE(response.statuses[1].current_limit);
+  }
+
+  TEST_CASE("the answer: a status per descriptor in order, OVER_LIMIT when any refused") {
+    Fixture f;
+    const auto plan = f.plan(call({entry("remote_address", "10.0.0.1"), entry("api_key", "k1")}));
+    SUBCASE("both allowed") {
+      const ratelimit::Decision d = decided(*plan, {19, 999});
+      const RateLimitResponse r = answer(*plan, &d, f.settings);
+      CHECK((r.overall_code == Code::Ok));
+      CHECK((r.statuses[0].code == Code::Ok));
+      CHECK(r.statuses[0].limit_remaining == 19);
+      CHECK(*r.statuses[0].duration_until_reset_ms == 15'000);
+      CHECK(r.statuses[0].current_limit->requests_per_unit == 20);
+      CHECK((r.statuses[0].current_limit->unit == Unit::Minute));
+      CHECK(r.statuses[1].current_limit->name == "per_key");
+      CHECK(r.statuses[1].limit_remaining == 999);
+      CHECK(r.response_headers_to_add.empty());  // none unless asked for
+    }
+    SUBCASE("one refused: the call is over limit, the other descriptor OK") {
+      const ratelimit::Decision d = decided(*plan, {0, 999}, {true, false});
+      const RateLimitResponse r = answer(*plan, &d, f.settings);
+      CHECK((r.overall_code == Code::OverLimit));
+      CHECK((r.statuses[0].code == Code::OverLimit));
+      CHECK(r.statuses[0].limit_remaining == 0);
+      CHECK((r.statuses[1].code == Code::Ok));
+    }
+    SUBCASE("Valkey unreachable: on_error allow says OK, deny says OVER_LIMIT") {
+      ratelimit::Decision d = ratelimit::decisionOnError(plan->applied);
+      CHECK((answer(*plan, &d, f.settings).overall_code == Code::Ok));
+      Fixture deny;
+      deny.settings.on_error = config::OnError::Deny;
+      deny.set = std::make_unique<YamlLimitSet>(deny.yaml, deny.settings);
+      const auto denied_plan = deny.plan(call({entry("remote_address", "10.0.0.1")}));
+      d = ratelimit::decisionOnError(denied_plan->applied);
+      const RateLimitResponse r = answer(*denied_plan, &d, deny.settings);
+      CHECK((r.overall_code == Code::OverLimit));
+      CHECK(r.statuses[0].current_limit->requests_per_unit == 20);
+      CHECK_FALSE(r.statuses[0].duration_until_reset_ms);  // Valkey said nothing of it
+    }
+    SUBCASE("RateLimit fields for Envoy to add, as the gateway writes them") {
+      f.settings.headers = config::RateLimitHeaders::Ietf;
+      const ratelimit::Decision d = decided(*plan, {19, 999});
+      const RateLimitResponse r = answer(*plan, &d, f.settings);
+      REQUIRE(r.response_headers_to_add.size() == 2);
+      CHECK(r.response_headers_to_add[0].key == "RateLimit-Policy");
+      CHECK(r.response_headers_to_add[0].value.find("\"edge.remote_address\";q=20;w=60") !=
+            std::string::npos);
+      CHECK(r.response_headers_to_add[1].key == "RateLimit");
+      CHECK(r.response_headers_to_add[1].value.find(";r=19;t=15") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("hits_addend: the request's, a descriptor's own (0 checks only), bounded") {
+    Fixture f;
+    RateLimitRequest r =
+        call({entry("remote_address", "a"), entry("api_key", "k"), entry("remote_address", "b")});
+    r.hits_addend = 5;
+    r.descriptors[1].hits_addend = 0;
+    r.descriptors[2].hits_addend = std::numeric_limits<uint64_t>::max();
+    const auto plan = f.plan(r);
+    CHECK(plan->applied[0].cost == 5);
+    CHECK(plan->applied[1].cost == 0);
+    CHECK(plan->applied[2].cost == ratelimit::kMaxCost);
+  }
+
+  TEST_CASE("a limit override: that limit, for a known domain only, never shadow") {
+    Fixture f;
+    RateLimitRequest r = call({entry("trial", "x"), entry("anything", "y")});
+    r.descriptors[0].limit = LimitOverride{42, Unit::Minute};
+    r.descriptors[1].limit = LimitOverride{7, Unit::Second};
+    const auto plan = f.plan(r);
+    REQUIRE(plan->applied.size() == 2);
+    CHECK(plan->applied[0].limit == 42);
+    CHECK(plan->applied[0].config->window.count() == 60'000);
+    CHECK_FALSE(plan->applied[0].config->shadow);
+    CHECK(plan->applied[0].config->name == "edge.trial_x");
+    CHECK(plan->descriptors[0].current.name.empty());
+    CHECK(plan->applied[1].limit == 7);
+    r.domain = "elsewhere";
+    CHECK(f.plan(r)->applied.empty());
+  }
+
+  TEST_CASE("replaces: a matched limit's replaces drop the limits of that name") {
+    Fixture f;
+    const auto plan = f.plan(call({entry("api_key", "k1"), entry("tenant", "t1")}));
+    CHECK((plan->descriptors[0].kind == DescriptorPlan::Kind::NoLimit));
+    CHECK((plan->descriptors[1].kind == DescriptorPlan::Kind::Counted));
+    REQUIRE(plan->applied.size() == 1);
+    CHECK(plan->applied[0].config->name == "tenant_plan");
+  }
+
+  TEST_CASE("shadow_mode: counted, never refuses; requests_per_unit 0 refuses without Valkey") {
+    Fixture f;
+    const auto plan = f.plan(call({entry("trial", "x"), entry("blocked", "y")}));
+    REQUIRE(plan->applied.size() == 1);
+    CHECK(plan->applied[0].config->shadow);
+    CHECK((plan->descriptors[1].kind == DescriptorPlan::Kind::Zero));
+    const ratelimit::Decision d = decided(*plan, {0}, {true});
+    const RateLimitResponse r = answer(*plan, &d, f.settings);
+    CHECK((r.statuses[0].code == Code::Ok));
+    CHECK((r.statuses[1].code == Code::OverLimit));
+    CHECK(r.statuses[1].current_limit->requests_per_unit == 0);
+    CHECK((r.overall_code == Code::OverLimit));
+  }
+
+  TEST_CASE("share_threshold: every value the wildcard matches counts in one counter") {
+    Fixture f;
+    const std::string a = f.plan(call({entry("files", "files/a")}))->applied[0].key;
+    const std::string b = f.plan(call({entry("files", "files/b")}))->applied[0].key;
+    CHECK(a == b);
+    CHECK(f.plan(call({entry("remote_address", "a")}))->applied[0].key !=
+          f.plan(call({entry("remote_address", "b")}))->applied[0].key);
+  }
+}
