@@ -20,12 +20,6 @@ namespace {
 // the upstream taking it), 1 MiB per connection.
 constexpr int32_t kStreamWindow = 64 * 1024;
 constexpr int32_t kConnectionWindow = 1024 * 1024;
-// Frames are produced only while fewer bytes than this wait for the client; the rest stay in
-// nghttp2 (whose queue of control frames unread is bounded: a client that does not read its
-// PING and SETTINGS acknowledgements is cut).
-constexpr size_t kSendHighWater = 64 * 1024;
-// Frames smaller than this are gathered into one write (one syscall) before they go out.
-constexpr size_t kGatherBytes = 16 * 1024;
 // Rapid Reset (CVE-2023-44487) and MadeYouReset (CVE-2025-8671): once a connection has opened
 // kResetMinStreams streams, more than half of them reset within kEarlyResetMs of opening
 // (by the client, or by a stream error the client provoked) ends it. The counts halve every
@@ -149,34 +143,12 @@ void H2Session::onSendTimer(void* self) { static_cast<H2Session*>(self)->send();
 void H2Session::send() {
   if (in_send_ || !session_ || state_ == State::Lingering || state_ == State::Closed) return;
   in_send_ = true;
-  // nghttp2 hands one frame per call, valid until the next call: frames are gathered here and
-  // go out in one write (a response's HEADERS and DATA, every stream answered in this loop
-  // iteration), not in a write each. One buffer per worker thread: send() never nests.
-  thread_local std::string gathered;
-  gathered.clear();
-  while (transport_.pendingBytes() + gathered.size() < kSendHighWater) {
-    const uint8_t* data = nullptr;
-    const ssize_t n = nghttp2_session_mem_send(session_, &data);
-    if (n < 0) {
-      in_send_ = false;
-      terminate(499, "the HTTP/2 connection failed");
-      closeNow();
-      return;
-    }
-    if (n == 0) break;
-    const std::string_view frame(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
-    if (gathered.empty() && frame.size() >= kGatherBytes) {
-      transport_.write(frame);  // a large DATA frame goes as it is
-      continue;
-    }
-    gathered.append(frame);
-    if (gathered.size() >= kGatherBytes) {
-      transport_.write(gathered);
-      gathered.clear();
-    }
+  if (http2::sendFrames(session_, transport_) != 0) {
+    in_send_ = false;
+    terminate(499, "the HTTP/2 connection failed");
+    closeNow();
+    return;
   }
-  if (!gathered.empty()) transport_.write(gathered);
-  gathered.clear();
   in_send_ = false;
   if (state_ == State::Closed) return;
   if (transport_.pendingBytes() > 0 && !send_timeout_.active()) {

@@ -1,6 +1,10 @@
 #include "http2/nghttp2_setup.h"
 
+#include <string>
+#include <string_view>
 #include <vector>
+
+#include "net/transport.h"
 
 namespace sluice::http2 {
 
@@ -43,6 +47,42 @@ void submitSettings(nghttp2_session* session, int32_t stream_window, uint32_t ma
   settings.insert(settings.end(), more.begin(), more.end());
   nghttp2_submit_settings(session, NGHTTP2_FLAG_NONE, settings.data(), settings.size());
   nghttp2_session_set_local_window_size(session, NGHTTP2_FLAG_NONE, 0, connection_window);
+}
+
+int sendFrames(nghttp2_session* session, net::Transport& transport) {
+  // One buffer per thread, kept from call to call; a call made from inside another (a
+  // transport's callback that sends on another session) gathers in its own.
+  thread_local std::string buffer;
+  thread_local bool buffer_in_use = false;
+  std::string nested;
+  const bool outermost = !buffer_in_use;
+  std::string& gathered = outermost ? buffer : nested;
+  buffer_in_use = true;
+  gathered.clear();
+  int rv = 0;
+  while (transport.pendingBytes() + gathered.size() < kSendHighWater) {
+    const uint8_t* data = nullptr;
+    const ssize_t n = nghttp2_session_mem_send(session, &data);
+    if (n < 0) {
+      rv = static_cast<int>(n);
+      break;
+    }
+    if (n == 0) break;
+    const std::string_view frame(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
+    if (gathered.empty() && frame.size() >= kGatherBytes) {
+      transport.write(frame);  // a large DATA frame goes as it is
+      continue;
+    }
+    gathered.append(frame);
+    if (gathered.size() >= kGatherBytes) {
+      transport.write(gathered);
+      gathered.clear();
+    }
+  }
+  if (!gathered.empty()) transport.write(gathered);
+  gathered.clear();
+  if (outermost) buffer_in_use = false;
+  return rv;
 }
 
 }  // namespace sluice::http2

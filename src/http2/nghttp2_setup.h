@@ -8,8 +8,13 @@
 
 #include <nghttp2/nghttp2.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+
+namespace sluice::net {
+class Transport;
+}
 
 namespace sluice::http2 {
 
@@ -35,5 +40,19 @@ nghttp2_session* newSession(Role role, const Callbacks& callbacks, void* user,
 // connection's receive window.
 void submitSettings(nghttp2_session* session, int32_t stream_window, uint32_t max_header_list,
                     std::initializer_list<nghttp2_settings_entry> more, int32_t connection_window);
+
+// Frames are produced only while fewer bytes than this wait for the peer; the rest stay in
+// nghttp2 (whose queue of control frames unread is bounded: a peer that does not read its
+// PING and SETTINGS acknowledgements is cut).
+inline constexpr size_t kSendHighWater = 64 * 1024;
+// Frames smaller than this are gathered into one write (one syscall) before they go out.
+inline constexpr size_t kGatherBytes = 16 * 1024;
+
+// Writes the frames nghttp2 has to send to `transport` while fewer than kSendHighWater bytes
+// wait there. nghttp2 hands one frame per call, valid until the next call: small frames are
+// gathered into one write (a response's HEADERS and DATA, every stream answered in one loop
+// iteration), a large DATA frame is written as it is. Returns 0, or nghttp2's error (the
+// session failed; what was gathered is written). Never nests (one buffer per thread).
+int sendFrames(nghttp2_session* session, net::Transport& transport);
 
 }  // namespace sluice::http2

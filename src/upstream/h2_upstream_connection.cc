@@ -18,10 +18,6 @@ namespace {
 // Before the peer's SETTINGS say otherwise, this many streams may be open (RFC 9113 advises
 // not to assume fewer than 100).
 constexpr uint32_t kAssumedMaxConcurrentStreams = 100;
-// Frames are produced only while fewer bytes than this wait for the upstream.
-constexpr size_t kSendHighWater = 64 * 1024;
-// Frames smaller than this are gathered into one write before they go out.
-constexpr size_t kGatherBytes = 16 * 1024;
 // Request body bytes nghttp2 has read are dropped from the front of the buffer once this many
 // have gathered (and always when it empties).
 constexpr size_t kCompactBytes = 64 * 1024;
@@ -456,30 +452,7 @@ void H2UpstreamConnection::onSendLater(void* self) noexcept {
 void H2UpstreamConnection::send() {
   if (in_send_ || state_ == State::Connecting || state_ == State::Closing) return;
   in_send_ = true;
-  // nghttp2 hands one frame per call, valid until the next call: small frames are gathered
-  // into one write.
-  std::string gathered;
-  int rv = 0;
-  while (transport_->pendingBytes() + gathered.size() < kSendHighWater) {
-    const uint8_t* data = nullptr;
-    const ssize_t n = nghttp2_session_mem_send(session_, &data);
-    if (n < 0) {
-      rv = static_cast<int>(n);
-      break;
-    }
-    if (n == 0) break;
-    const std::string_view frame(reinterpret_cast<const char*>(data), static_cast<size_t>(n));
-    if (gathered.empty() && frame.size() >= kGatherBytes) {
-      transport_->write(frame);
-      continue;
-    }
-    gathered.append(frame);
-    if (gathered.size() >= kGatherBytes) {
-      transport_->write(gathered);
-      gathered.clear();
-    }
-  }
-  if (!gathered.empty()) transport_->write(gathered);
+  const int rv = http2::sendFrames(session_, *transport_);
   in_send_ = false;
   if (send_again_) {
     send_again_ = false;
