@@ -4,6 +4,7 @@ before and after every measured run)."""
 
 import json
 import os
+import random
 import re
 import selectors
 import socket
@@ -19,13 +20,38 @@ HOST = "127.0.0.1"
 # ---------------------------------------------------------------- small tools
 
 
+def ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def cmd_free_ports(args):
+    """Free ports below the kernel's ephemeral range: the ports are taken minutes later, and
+    one of the range could meanwhile be the local port of an outgoing connection (a load
+    tool's, a gateway's to its upstream: thousands per run), which a listener then cannot
+    bind."""
+    low, _ = ephemeral_range()
+    first = max(1024, min(10000, low - 4 * args.n))
+    candidates = list(range(first, low))
+    random.shuffle(candidates)
     socks = []
     try:
-        for _ in range(args.n):
+        for port in candidates:
+            if len(socks) == args.n:
+                break
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
+            try:
+                s.bind((HOST, port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
+        if len(socks) < args.n:
+            sys.exit(f"free-ports: only {len(socks)} free ports below {low}")
         for s in socks:
             print(s.getsockname()[1])
     finally:
