@@ -26,8 +26,9 @@ struct ServiceSettings {
   std::string key_secret;             // [valkey] key_secret: descriptor values are hashed with it
   // Valkey unreachable or late: a descriptor that counts is OK (allow) or OVER_LIMIT (deny).
   config::OnError on_error = config::OnError::Allow;
-  // The RateLimit fields Envoy adds to its response (none, as envoyproxy/ratelimit by default).
-  config::RateLimitHeaders headers = config::RateLimitHeaders::None;
+  // The RateLimit fields Envoy adds to its response: [server] rate_limit_headers's (the IETF
+  // fields by default, as the contract says).
+  config::RateLimitHeaders headers = config::RateLimitHeaders::Ietf;
 };
 
 // The Sluice limit of each counted limit of a YAML configuration (made once per load): a

@@ -70,13 +70,16 @@ struct RateLimitRequest {
   uint64_t hitsFor(size_t i) const;
 };
 
-// Bounds on a request as it is read; each past its bound is refused.
+// Bounds on a request as it is read; each past its bound is refused. The defaults are the
+// contract's (PRODUCT.md): at most 64 descriptors, 16 entries in one, 1 KiB per key or value
+// (and per domain); a message of at most 4 MiB, gRPC's default receive limit (which the
+// largest message within those bounds, about 2.2 MiB, stays under).
 struct RequestLimits {
-  size_t max_message_bytes = 64 * 1024;
-  size_t max_domain_bytes = 256;
+  size_t max_message_bytes = 4 * 1024 * 1024;
+  size_t max_domain_bytes = 1024;
   size_t max_descriptors = 64;
-  size_t max_entries = 32;  // per descriptor
-  size_t max_key_bytes = 256;
+  size_t max_entries = 16;  // per descriptor
+  size_t max_key_bytes = 1024;
   size_t max_value_bytes = 1024;
 };
 

@@ -132,7 +132,9 @@ TEST_SUITE("rls: a call planned and answered") {
       CHECK((r.statuses[0].current_limit->unit == Unit::Minute));
       CHECK(r.statuses[1].current_limit->name == "per_key");
       CHECK(r.statuses[1].limit_remaining == 999);
-      CHECK(r.response_headers_to_add.empty());  // none unless asked for
+      CHECK(r.response_headers_to_add.size() == 2);  // the IETF fields by default
+      f.settings.headers = config::RateLimitHeaders::None;
+      CHECK(answer(*plan, &d, f.settings).response_headers_to_add.empty());
     }
     SUBCASE("one refused: the call is over limit, the other descriptor OK") {
       const ratelimit::Decision d = decided(*plan, {0, 999}, {true, false});

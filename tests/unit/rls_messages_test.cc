@@ -201,7 +201,20 @@ TEST_SUITE("rls: messages") {
   TEST_CASE("thousands of entries: refused at the bound, whatever follows") {
     RateLimitRequest r = oneDescriptor("k", "v");
     r.descriptors[0].entries.resize(5000, r.descriptors[0].entries[0]);
-    CHECK(refusal(encodeRateLimitRequest(r)) == "a descriptor has more than 32 entries");
+    CHECK(refusal(encodeRateLimitRequest(r)) == "a descriptor has more than 16 entries");
+  }
+
+  TEST_CASE("the contract's bounds: 64 descriptors, 16 entries, 1 KiB keys and values") {
+    RateLimitRequest r = oneDescriptor(std::string(1024, 'k'), std::string(1024, 'v'));
+    r.descriptors[0].entries.resize(16, r.descriptors[0].entries[0]);
+    r.descriptors.resize(64, r.descriptors[0]);
+    CHECK(decoded(encodeRateLimitRequest(r), RequestLimits{}).descriptors.size() == 64);
+    r.descriptors.resize(65, r.descriptors[0]);
+    CHECK(refusal(encodeRateLimitRequest(r), RequestLimits{}) == "more than 64 descriptors");
+    CHECK(refusal(encodeRateLimitRequest(oneDescriptor(std::string(1025, 'k'), "v"))) ==
+          "a descriptor entry's key is longer than 1024 bytes");
+    CHECK(refusal(encodeRateLimitRequest(oneDescriptor("k", std::string(1025, 'v')))) ==
+          "a descriptor entry's value is longer than 1024 bytes");
   }
 
   TEST_CASE("a limit override needs a known unit; requests_per_unit is a uint32") {
