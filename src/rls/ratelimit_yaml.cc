@@ -186,9 +186,10 @@ class Loader {
   bool fail(const YAML::Mark& mark, const std::string& why) {
     error_ = file_;
     if (mark.line >= 0) {
-      error_ += ":" + std::to_string(mark.line + 1) + ":" + std::to_string(mark.column + 1);
+      error_.append(":").append(std::to_string(mark.line + 1));
+      error_.append(":").append(std::to_string(mark.column + 1));
     }
-    error_ += ": " + why;
+    error_.append(": ").append(why);
     return false;
   }
 
