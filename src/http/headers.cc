@@ -106,17 +106,9 @@ void HeaderMap::replace(std::string_view name, std::string value) {
 }
 
 void appendFieldLines(std::vector<Header>& out, std::string_view lines) {
-  while (!lines.empty()) {
-    const size_t end = lines.find("\r\n");
-    const std::string_view line = lines.substr(0, end);
-    lines = end == std::string_view::npos ? std::string_view() : lines.substr(end + 2);
-    const size_t colon = line.find(':');
-    if (colon == std::string_view::npos) continue;
-    std::string_view value = line.substr(colon + 1);
-    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
-      value.remove_prefix(1);
-    out.push_back({toLower(line.substr(0, colon)), std::string(value)});
-  }
+  forEachFieldLine(lines, [&](std::string_view name, std::string_view value) {
+    out.push_back({toLower(name), std::string(value)});
+  });
 }
 
 }  // namespace sluice::http

@@ -41,8 +41,24 @@ struct Header {
   std::string value;
 };
 
-// Serialized "Name: value\r\n" lines, appended as fields with lower-case names (what an HTTP/2
-// head carries).
+// Serialized "Name: value\r\n" lines: `f(name, value)` for each, the name as written, the
+// value without the whitespace before it.
+template <typename F>
+void forEachFieldLine(std::string_view lines, F&& f) {
+  while (!lines.empty()) {
+    const size_t end = lines.find("\r\n");
+    const std::string_view line = lines.substr(0, end);
+    lines = end == std::string_view::npos ? std::string_view() : lines.substr(end + 2);
+    const size_t colon = line.find(':');
+    if (colon == std::string_view::npos) continue;
+    std::string_view value = line.substr(colon + 1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t'))
+      value.remove_prefix(1);
+    f(line.substr(0, colon), value);
+  }
+}
+
+// The same lines appended as fields with lower-case names (what an HTTP/2 head carries).
 void appendFieldLines(std::vector<Header>& out, std::string_view lines);
 
 class HeaderMap {

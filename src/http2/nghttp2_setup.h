@@ -52,7 +52,7 @@ inline constexpr size_t kGatherBytes = 16 * 1024;
 // wait there. nghttp2 hands one frame per call, valid until the next call: small frames are
 // gathered into one write (a response's HEADERS and DATA, every stream answered in one loop
 // iteration), a large DATA frame is written as it is. Returns 0, or nghttp2's error (the
-// session failed; what was gathered is written). Never nests (one buffer per thread).
+// session failed; what was gathered is written).
 int sendFrames(nghttp2_session* session, net::Transport& transport);
 
 }  // namespace sluice::http2
