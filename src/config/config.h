@@ -250,6 +250,22 @@ struct TenantConfig {
   std::vector<std::string> api_keys;
 };
 
+class RateLimitYaml;
+
+// [rls]: Sluice as Envoy's rate limit service (PRODUCT.md "Rate limit service for Envoy").
+struct RlsConfig {
+  SocketAddress listen;               // gRPC, h2c (TLS with [rls.tls])
+  std::optional<TlsCertificate> tls;  // [rls.tls] cert / key, as [server.tls]
+  std::string config_dir;             // envoyproxy/ratelimit YAML folder, as resolved; empty: none
+  std::shared_ptr<const RateLimitYaml> yaml;  // its files, loaded (null without config_dir)
+  bool merge_domains = false;  // a domain's files merged (that service's MERGE_DOMAIN_CONFIG)
+  // all_or_nothing: a call charges nothing when one descriptor refuses; each: every descriptor
+  // under its limit is charged anyway (envoyproxy/ratelimit's way).
+  enum class Charge { AllOrNothing, Each };
+  Charge charge = Charge::AllOrNothing;
+  OnError on_error = OnError::Allow;  // the YAML limits' policy when Valkey fails
+};
+
 struct Config {
   std::string source_path;  // the file it was loaded from
   ServerConfig server;
@@ -263,6 +279,7 @@ struct Config {
   std::vector<PlanConfig> plans;
   std::vector<TenantConfig> tenants;
   std::unordered_map<std::string, size_t> tenant_by_api_key;  // index into tenants
+  std::optional<RlsConfig> rls;                               // [rls], when present
 
   bool hasValkey() const { return valkey.address.has_value() || !valkey.nodes.empty(); }
   const UpstreamConfig* findUpstream(const std::string& name) const;

@@ -54,9 +54,10 @@ void Loader::load(const toml::table& root) {
   entries(r, "route", [&](TableReader& e) { loadRoute(e); });
   entries(r, "plan", [&](TableReader& e) { loadPlan(e); });
   entries(r, "tenant", [&](TableReader& e) { loadTenant(e); });
+  section(r, "rls", [&](TableReader& s) { loadRls(s); });
   r.finish();
 
-  if ((has_valkey_table || !config_.limits.empty()) && !config_.hasValkey()) {
+  if ((has_valkey_table || !config_.limits.empty() || config_.rls) && !config_.hasValkey()) {
     std::string unused;
     config_.valkey.address = parseSocketAddress("127.0.0.1:6379", false, &unused);
   }

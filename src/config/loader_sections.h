@@ -2,8 +2,8 @@
 
 // The loader's sections (loader.cc: the entry points and the shared readers;
 // loader_server.cc: [server], [log], [valkey], [identity]; loader_routes.cc:
-// [[upstream]], [[route]]; loader_limits.cc: [[limit]], [[plan]], [[tenant]]). Internal to
-// src/config/.
+// [[upstream]], [[route]]; loader_limits.cc: [[limit]], [[plan]], [[tenant]]; loader_rls.cc:
+// [rls]). Internal to src/config/.
 
 #include <cstddef>
 #include <map>
@@ -131,6 +131,8 @@ class Loader {
   void loadPlan(TableReader& r);
 
   void loadTenant(TableReader& r);
+
+  void loadRls(TableReader& r);
 
   Diagnostics& diag_;
   Config& config_;

@@ -4,6 +4,7 @@
 #include <limits>
 #include <unordered_set>
 
+#include "http/headers.h"
 #include "ratelimit/headers.h"
 #include "ratelimit/keys.h"
 
@@ -93,7 +94,7 @@ std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet
   std::unordered_set<std::string> replaced;
   for (size_t i = 0; i < request.descriptors.size(); ++i) {
     if (request.descriptors[i].limit) continue;  // the override, below
-    matches[i] = yaml.find(request.domain, request.descriptors[i]);
+    matches[i] = yaml.find(request.domain, request.descriptors[i].entries);
     if (matches[i].limit) {
       for (const std::string& name : matches[i].limit->replaces) replaced.insert(name);
     }
@@ -195,19 +196,11 @@ RateLimitResponse answer(const CallPlan& plan, const ratelimit::Decision* decisi
   if (decision && settings.headers != config::RateLimitHeaders::None) {
     // The fields the gateway sends with its own answers (RateLimit-Policy and RateLimit,
     // X-RateLimit-*), as Envoy adds them.
-    const std::string lines = ratelimit::rateLimitHeaders(settings.headers, *decision);
-    std::string_view rest = lines;
-    while (!rest.empty()) {
-      const size_t end = rest.find("\r\n");
-      const std::string_view line = rest.substr(0, end);
-      rest = end == std::string_view::npos ? std::string_view() : rest.substr(end + 2);
-      const size_t colon = line.find(':');
-      if (colon == std::string_view::npos) continue;
-      std::string_view value = line.substr(colon + 1);
-      while (!value.empty() && value.front() == ' ') value.remove_prefix(1);
-      response.response_headers_to_add.push_back(
-          {std::string(line.substr(0, colon)), std::string(value)});
-    }
+    http::forEachFieldLine(
+        ratelimit::rateLimitHeaders(settings.headers, *decision),
+        [&](std::string_view name, std::string_view value) {
+          response.response_headers_to_add.push_back({std::string(name), std::string(value)});
+        });
   }
   return response;
 }

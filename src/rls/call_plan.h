@@ -15,11 +15,15 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/ratelimit_yaml.h"
 #include "ratelimit/decision.h"
 #include "rls/messages.h"
-#include "rls/ratelimit_yaml.h"
 
 namespace sluice::rls {
+
+using config::ConfiguredLimit;
+using config::LimitMatch;
+using config::RateLimitYaml;
 
 struct ServiceSettings {
   std::string key_prefix = "sluice";  // [valkey] key_prefix

@@ -1,8 +1,5 @@
 #include "rls/messages.h"
 
-#include <array>
-#include <cctype>
-
 #include "rls/protobuf_wire.h"
 
 namespace sluice::rls {
@@ -57,9 +54,6 @@ constexpr uint32_t kKey = 1;
 constexpr uint32_t kValue = 2;
 }  // namespace header_field
 
-constexpr std::array<std::string_view, 8> kUnitNames = {"UNKNOWN", "SECOND", "MINUTE", "HOUR",
-                                                        "DAY",     "MONTH",  "YEAR",   "WEEK"};
-
 DecodeResult refuse(std::string why) { return {false, std::move(why)}; }
 
 DecodeResult malformed(std::string_view what) {
@@ -111,7 +105,7 @@ DecodeResult decodeOverride(std::string_view bytes, LimitOverride& out) {
       case override_field::kUnit:
         // An enum is an int32 on the wire: a negative one is 10 bytes of varint.
         if (!reader.varint(value)) return malformed("limit override unit");
-        if (value == 0 || value > kUnitMax) {
+        if (value == 0 || value > kRateUnitMax) {
           return refuse("a descriptor's limit override has no known unit (" +
                         std::to_string(static_cast<int64_t>(value)) + ")");
         }
@@ -263,46 +257,6 @@ bool readStatus(std::string_view bytes, DescriptorStatus& out) {
 }
 
 }  // namespace
-
-std::optional<Unit> parseUnit(std::string_view name) {
-  for (size_t i = 1; i < kUnitNames.size(); ++i) {
-    const std::string_view known = kUnitNames[i];
-    if (name.size() != known.size()) continue;
-    bool same = true;
-    for (size_t j = 0; j < name.size() && same; ++j) {
-      same = std::toupper(static_cast<unsigned char>(name[j])) == known[j];
-    }
-    if (same) return static_cast<Unit>(i);
-  }
-  return std::nullopt;
-}
-
-std::string_view unitName(Unit unit) {
-  const auto i = static_cast<size_t>(unit);
-  return i < kUnitNames.size() ? kUnitNames[i] : kUnitNames[0];
-}
-
-uint64_t unitSeconds(Unit unit) {
-  switch (unit) {
-    case Unit::Second:
-      return 1;
-    case Unit::Minute:
-      return 60;
-    case Unit::Hour:
-      return 3600;
-    case Unit::Day:
-      return 86'400;
-    case Unit::Week:
-      return 7 * 86'400;
-    case Unit::Month:
-      return 30 * 86'400;
-    case Unit::Year:
-      return 365 * 86'400;
-    case Unit::Unknown:
-      break;
-  }
-  return 0;
-}
 
 uint64_t RateLimitRequest::hitsFor(size_t i) const {
   if (i < descriptors.size() && descriptors[i].hits_addend) return *descriptors[i].hits_addend;

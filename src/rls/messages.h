@@ -16,36 +16,22 @@
 #include <string_view>
 #include <vector>
 
+#include "config/ratelimit_yaml.h"
+
 namespace sluice::rls {
 
-// RateLimitResponse.RateLimit.Unit, and envoy.type.v3.RateLimitUnit (same numbers).
-enum class Unit : uint8_t {
-  Unknown = 0,
-  Second = 1,
-  Minute = 2,
-  Hour = 3,
-  Day = 4,
-  Month = 5,
-  Year = 6,
-  Week = 7,
-};
-inline constexpr uint64_t kUnitMax = 7;
-
-// "second", "minute", ... as envoyproxy/ratelimit's YAML spells them (any case); nullopt for
-// anything else (including "unknown").
-std::optional<Unit> parseUnit(std::string_view name);
-std::string_view unitName(Unit unit);  // "SECOND", ... as the proto's enum names them
-// The unit's length in seconds as envoyproxy/ratelimit counts it (a month is 30 days, a year
-// 365); 0 for Unknown.
-uint64_t unitSeconds(Unit unit);
+// RateLimitResponse.RateLimit.Unit and envoy.type.v3.RateLimitUnit: the configuration's
+// (config/ratelimit_yaml.h), with its names and lengths.
+using Unit = config::RateUnit;
+using config::kRateUnitMax;
+using config::parseUnit;
+using config::unitName;
+using config::unitSeconds;
 
 // RateLimitResponse.Code (also a descriptor's status code).
 enum class Code : uint8_t { Unknown = 0, Ok = 1, OverLimit = 2 };
 
-struct Entry {
-  std::string key;
-  std::string value;
-};
+using Entry = config::DescriptorEntry;
 
 // RateLimitDescriptor.RateLimitOverride: the limit the caller asks for instead of the
 // configured one.

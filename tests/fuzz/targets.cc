@@ -10,6 +10,7 @@
 #include "admin/admin_server.h"
 #include "admin/limits_api.h"
 #include "config/loader.h"
+#include "config/ratelimit_yaml.h"
 #include "downstream/h2_session.h"
 #include "http/forwarding.h"
 #include "http/parser.h"
@@ -20,7 +21,6 @@
 #include "ratelimit/applied_limits.h"
 #include "ratelimit/keys.h"
 #include "rls/messages.h"
-#include "rls/ratelimit_yaml.h"
 #include "stats/stats.h"
 #include "worker/worker_context.h"
 
@@ -376,19 +376,17 @@ void rlsMessages(const uint8_t* data, size_t size) {
     // envoyproxy/ratelimit YAML: loaded or refused with a reason, twice (the second file of
     // a domain is refused, or merged); every limit found is one the configuration holds.
     const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
-    rls::RateLimitYaml config;
+    config::RateLimitYaml yaml;
     std::string error;
-    const bool loaded = config.addFile("fuzz.yaml", text, false, error);
+    const bool loaded = yaml.addFile("fuzz.yaml", text, false, error);
     if (!loaded && error.rfind("fuzz.yaml", 0) != 0) std::abort();
-    if (loaded && config.domainCount() != 1) std::abort();
-    (void)config.addFile("again.yaml", text, data[1] % 2 == 0, error);
-    rls::Descriptor descriptor;
-    descriptor.entries.push_back({"key1", "value1"});
-    descriptor.entries.push_back({"subkey1", "x"});
+    if (loaded && yaml.domainCount() != 1) std::abort();
+    (void)yaml.addFile("again.yaml", text, data[1] % 2 == 0, error);
+    const std::vector<config::DescriptorEntry> descriptor = {{"key1", "value1"}, {"subkey1", "x"}};
     for (const char* domain : {"test-domain", "d", ""}) {
-      const rls::LimitMatch match = config.find(domain, descriptor);
+      const config::LimitMatch match = yaml.find(domain, descriptor);
       if (match.limit) {
-        const auto limits = config.limits();
+        const auto limits = yaml.limits();
         if (std::find(limits.begin(), limits.end(), match.limit) == limits.end()) std::abort();
       }
     }

@@ -40,7 +40,7 @@ void http2Frames(const uint8_t* data, size_t size);
 // bounds the first bytes choose; one that is read keeps every bound and reads back the same
 // once written again. The same bytes as a RateLimitResponse (read, then written and read back
 // the same) and as a HealthCheckRequest. An input that starts with 'Y' is the text of an
-// envoyproxy/ratelimit YAML file instead (src/rls/ratelimit_yaml.h): loaded or refused, with
+// envoyproxy/ratelimit YAML file instead (src/config/ratelimit_yaml.h): loaded or refused, with
 // FILE:LINE:COL, never a crash.
 void rlsMessages(const uint8_t* data, size_t size);
 

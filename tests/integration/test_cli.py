@@ -361,3 +361,23 @@ def test_bad_file_refused_at_startup(tmp_path):
     assert r.returncode == 1
     line, col = loc(p, "workres")
     assert f"{p}:{line}:{col}: " in r.stderr and "server.workres" in r.stderr, r.stderr
+
+
+def test_check_config_reads_the_rls_yaml_folder(tmp_path):
+    """[rls] config: envoyproxy/ratelimit's YAML files are checked with the configuration, a
+    file that service refuses named with its own line and column; the folder is relative to
+    the configuration file's. (listen is refused while the service is not served.)"""
+    folder = tmp_path / "ratelimit"
+    folder.mkdir()
+    (folder / "edge.yaml").write_text(
+        "domain: edge\ndescriptors:\n  - key: remote_address\n"
+        "    rate_limit: {unit: minute, requests_per_unit: 20}\n")
+    (folder / "other.yaml").write_text(
+        "domain: other\ndescriptors:\n  - key: k\n    ratelimit:\n      unit: day\n")
+    r = check_error(tmp_path, """
+        [rls]
+        listen = "127.0.0.1:8081"
+        config = "ratelimit"
+        """, '"ratelimit"', "rls.config",
+        re.escape(f"{folder / 'other.yaml'}:4:5: config error, unknown key 'ratelimit'"))
+    assert any("rls.listen" in l and "not served" in l for l in error_lines(r.stderr)), r.stderr

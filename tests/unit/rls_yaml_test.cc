@@ -1,4 +1,4 @@
-// envoyproxy/ratelimit's YAML configuration (src/rls/ratelimit_yaml.h): the files of that
+// envoyproxy/ratelimit's YAML configuration (src/config/ratelimit_yaml.h): the files of that
 // service's own tests (test/config/*.yaml) give the same limits here, and the files it refuses
 // are refused here with its reason, as FILE:LINE:COL.
 
@@ -9,9 +9,9 @@
 #include <fstream>
 #include <string>
 
-#include "rls/ratelimit_yaml.h"
+#include "config/ratelimit_yaml.h"
 
-using namespace sluice::rls;
+using namespace sluice::config;
 
 namespace {
 
@@ -140,9 +140,10 @@ std::string refusal(std::string_view text, const std::string& file = "bad.yaml")
   return error;
 }
 
-Descriptor descriptor(std::initializer_list<std::pair<const char*, const char*>> entries) {
-  Descriptor d;
-  for (const auto& [key, value] : entries) d.entries.push_back({key, value});
+std::vector<DescriptorEntry> descriptor(
+    std::initializer_list<std::pair<const char*, const char*>> entries) {
+  std::vector<DescriptorEntry> d;
+  for (const auto& [key, value] : entries) d.push_back({key, value});
   return d;
 }
 
@@ -154,7 +155,7 @@ const ConfiguredLimit* limitOf(const RateLimitYaml& config,
 
 }  // namespace
 
-TEST_SUITE("rls: envoyproxy/ratelimit YAML") {
+TEST_SUITE("config: envoyproxy/ratelimit YAML") {
   TEST_CASE("basic_config.yaml: the limits that service's TestBasicConfig finds") {
     const RateLimitYaml config = load(kBasic);
     CHECK(config.hasDomain("test-domain"));
@@ -169,7 +170,7 @@ TEST_SUITE("rls: envoyproxy/ratelimit YAML") {
     const ConfiguredLimit* l = limitOf(config, {{"key1", "value1"}, {"subkey1", "something"}});
     REQUIRE(l);
     CHECK(l->requests_per_unit == 5);
-    CHECK((l->unit == Unit::Second));
+    CHECK((l->unit == RateUnit::Second));
     CHECK(l->path == "test-domain.key1_value1.subkey1");
 
     l = limitOf(config, {{"key1", "value1"}, {"subkey1", "subvalue1"}});
@@ -180,7 +181,7 @@ TEST_SUITE("rls: envoyproxy/ratelimit YAML") {
     l = limitOf(config, {{"key2", "something"}});
     REQUIRE(l);
     CHECK(l->requests_per_unit == 20);
-    CHECK((l->unit == Unit::Minute));
+    CHECK((l->unit == RateUnit::Minute));
     CHECK(l->path == "test-domain.key2");
 
     l = limitOf(config, {{"key2", "value2"}});
@@ -192,13 +193,13 @@ TEST_SUITE("rls: envoyproxy/ratelimit YAML") {
     l = limitOf(config, {{"key3", "foo"}});
     REQUIRE(l);
     CHECK(l->requests_per_unit == 1);
-    CHECK((l->unit == Unit::Hour));
+    CHECK((l->unit == RateUnit::Hour));
     CHECK(l->name.empty());
 
     l = limitOf(config, {{"key4", "foo"}});
     REQUIRE(l);
     CHECK(l->name == "key4_rate_limit");
-    CHECK((l->unit == Unit::Day));
+    CHECK((l->unit == RateUnit::Day));
 
     l = limitOf(config, {{"key6", "foo"}});
     REQUIRE(l);

@@ -1,4 +1,4 @@
-#include "rls/ratelimit_yaml.h"
+#include "config/ratelimit_yaml.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -11,7 +11,7 @@
 #include <limits>
 #include <optional>
 
-namespace sluice::rls {
+namespace sluice::config {
 
 struct RateLimitYaml::Node {
   // Children by "key" or "key_value".
@@ -317,7 +317,7 @@ class Loader {
             !listField(rate_limit["replaces"], "replaces")) {
           return false;
         }
-        const std::optional<Unit> parsed = parseUnit(unit);
+        const std::optional<RateUnit> parsed = parseUnit(unit);
         if (limit->unlimited) {
           if (parsed) {
             return fail(rate_limit.Mark(), "should not specify rate limit unit when unlimited");
@@ -382,6 +382,9 @@ class Loader {
   std::string error_;
 };
 
+constexpr std::array<std::string_view, 8> kUnitNames = {"UNKNOWN", "SECOND", "MINUTE", "HOUR",
+                                                        "DAY",     "MONTH",  "YEAR",   "WEEK"};
+
 // config_impl.go wildcardMatch: each '*' matches zero or more bytes.
 bool wildcardMatch(const std::vector<std::string>& parts, std::string_view value) {
   if (parts.size() == 1) return parts[0] == value;
@@ -402,6 +405,46 @@ bool wildcardMatch(const std::vector<std::string>& parts, std::string_view value
 }
 
 }  // namespace
+
+std::optional<RateUnit> parseUnit(std::string_view name) {
+  for (size_t i = 1; i < kUnitNames.size(); ++i) {
+    const std::string_view known = kUnitNames[i];
+    if (name.size() != known.size()) continue;
+    bool same = true;
+    for (size_t j = 0; j < name.size() && same; ++j) {
+      same = std::toupper(static_cast<unsigned char>(name[j])) == known[j];
+    }
+    if (same) return static_cast<RateUnit>(i);
+  }
+  return std::nullopt;
+}
+
+std::string_view unitName(RateUnit unit) {
+  const auto i = static_cast<size_t>(unit);
+  return i < kUnitNames.size() ? kUnitNames[i] : kUnitNames[0];
+}
+
+uint64_t unitSeconds(RateUnit unit) {
+  switch (unit) {
+    case RateUnit::Second:
+      return 1;
+    case RateUnit::Minute:
+      return 60;
+    case RateUnit::Hour:
+      return 3600;
+    case RateUnit::Day:
+      return 86'400;
+    case RateUnit::Week:
+      return 7 * 86'400;
+    case RateUnit::Month:
+      return 30 * 86'400;
+    case RateUnit::Year:
+      return 365 * 86'400;
+    case RateUnit::Unknown:
+      break;
+  }
+  return 0;
+}
 
 RateLimitYaml::RateLimitYaml() = default;
 RateLimitYaml::~RateLimitYaml() = default;
@@ -507,14 +550,15 @@ bool RateLimitYaml::hasDomain(std::string_view domain) const {
 
 std::vector<const ConfiguredLimit*> RateLimitYaml::limits() const { return limits_; }
 
-LimitMatch RateLimitYaml::find(std::string_view domain, const Descriptor& descriptor) const {
+LimitMatch RateLimitYaml::find(std::string_view domain,
+                               const std::vector<DescriptorEntry>& entries) const {
   LimitMatch match;
   auto found = domains_.find(domain);
   if (found == domains_.end()) return match;
   const Node* level = found->second.get();
   std::string final_key;
-  for (size_t i = 0; i < descriptor.entries.size(); ++i) {
-    const Entry& entry = descriptor.entries[i];
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const DescriptorEntry& entry = entries[i];
     final_key.assign(entry.key).append("_").append(entry.value);
     const Node* next = nullptr;
     const std::string* wildcard_key = nullptr;
@@ -536,7 +580,7 @@ LimitMatch RateLimitYaml::find(std::string_view domain, const Descriptor& descri
     }
     if (!next) break;
     if (wildcard_key && next->share_threshold) {
-      match.shared_values.resize(descriptor.entries.size());
+      match.shared_values.resize(entries.size());
       // The pattern's value: after "key_" when it starts so (strings.TrimPrefix).
       std::string_view pattern = next->wildcard_pattern;
       if (pattern.size() > entry.key.size() && pattern.substr(0, entry.key.size()) == entry.key &&
@@ -545,7 +589,7 @@ LimitMatch RateLimitYaml::find(std::string_view domain, const Descriptor& descri
       }
       match.shared_values[i] = std::string(pattern);
     }
-    if (next->limit && i + 1 == descriptor.entries.size()) match.limit = next->limit.get();
+    if (next->limit && i + 1 == entries.size()) match.limit = next->limit.get();
     if (next->children.empty()) break;
     level = next;
   }
@@ -553,4 +597,4 @@ LimitMatch RateLimitYaml::find(std::string_view domain, const Descriptor& descri
   return match;
 }
 
-}  // namespace sluice::rls
+}  // namespace sluice::config

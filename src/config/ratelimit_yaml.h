@@ -14,18 +14,45 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
-#include "rls/messages.h"
+namespace sluice::config {
 
-namespace sluice::rls {
+// A rate limit unit as Envoy's rate limit service names them (RateLimitResponse.RateLimit.Unit
+// and envoy.type.v3.RateLimitUnit, the same numbers on the wire).
+enum class RateUnit : uint8_t {
+  Unknown = 0,
+  Second = 1,
+  Minute = 2,
+  Hour = 3,
+  Day = 4,
+  Month = 5,
+  Year = 6,
+  Week = 7,
+};
+inline constexpr uint64_t kRateUnitMax = 7;
+
+// "second", "minute", ... as envoyproxy/ratelimit's YAML spells them (any case); nullopt for
+// anything else (including "unknown").
+std::optional<RateUnit> parseUnit(std::string_view name);
+std::string_view unitName(RateUnit unit);  // "SECOND", ... as the proto's enum names them
+// The unit's length in seconds as envoyproxy/ratelimit counts it (a month is 30 days, a year
+// 365); 0 for Unknown.
+uint64_t unitSeconds(RateUnit unit);
+
+// One entry of a descriptor: a key and its value ("" when none).
+struct DescriptorEntry {
+  std::string key;
+  std::string value;
+};
 
 struct ConfiguredLimit {
   uint32_t requests_per_unit = 0;
-  Unit unit = Unit::Unknown;  // Unknown only when unlimited
+  RateUnit unit = RateUnit::Unknown;  // Unknown only when unlimited
   bool unlimited = false;
   std::string name;                   // rate_limit.name ("" when none)
   std::vector<std::string> replaces;  // names of limits this one replaces in a call
@@ -67,7 +94,7 @@ class RateLimitYaml {
   // Every configured limit (for metrics and --check-config), in load order.
   std::vector<const ConfiguredLimit*> limits() const;
 
-  LimitMatch find(std::string_view domain, const Descriptor& descriptor) const;
+  LimitMatch find(std::string_view domain, const std::vector<DescriptorEntry>& entries) const;
 
   struct Node;
 
@@ -76,4 +103,4 @@ class RateLimitYaml {
   std::vector<const ConfiguredLimit*> limits_;  // load order
 };
 
-}  // namespace sluice::rls
+}  // namespace sluice::config

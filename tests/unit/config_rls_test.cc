@@ -1,0 +1,101 @@
+// [rls] (src/config/loader_rls.cc): every key read and checked, the envoyproxy/ratelimit YAML
+// folder loaded with the configuration (its errors as the configuration's, naming the YAML
+// file and line), and `listen` refused while the service is not served.
+
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "config/loader.h"
+#include "config/ratelimit_yaml.h"
+#include "config_loader_support.h"
+
+using namespace sluice::config;
+using namespace sluice::config::testing;
+
+namespace {
+
+constexpr std::string_view kRefusedListen =
+    "rls.listen: the rate limit service for Envoy is not served in this version yet";
+
+// A folder of YAML files, removed with it.
+struct YamlFolder {
+  YamlFolder()
+      : path(std::filesystem::temp_directory_path() /
+             ("sluice-rls-config-" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path);
+  }
+  ~YamlFolder() { std::filesystem::remove_all(path); }
+  void write(const char* name, std::string_view text) const { std::ofstream(path / name) << text; }
+  std::filesystem::path path;
+};
+
+std::vector<ConfigError> errorsFor(const std::string& toml) {
+  LoadResult result = loadConfigString(toml, "t.toml");
+  CHECK_FALSE(result.ok());
+  return result.errors;
+}
+
+}  // namespace
+
+TEST_SUITE("config: [rls]") {
+  TEST_CASE("listen is required, and refused while the service is not served") {
+    const std::vector<ConfigError> missing = errorsFor("[rls]\non_error = \"deny\"\n");
+    REQUIRE(missing.size() == 1);
+    CHECK(missing[0].toString() == "t.toml:1:1: rls.listen: required key is missing");
+    const std::vector<ConfigError> refused = errorsFor("[rls]\nlisten = \"127.0.0.1:8081\"\n");
+    REQUIRE(refused.size() == 1);
+    CHECK(refused[0].toString().find(std::string("t.toml:2:10: ") + std::string(kRefusedListen)) ==
+          0);
+  }
+
+  TEST_CASE("the YAML folder is loaded with the configuration: its errors name file and line") {
+    YamlFolder folder;
+    folder.write("edge.yaml",
+                 "domain: edge\ndescriptors:\n  - key: remote_address\n"
+                 "    rate_limit: {unit: minute, requests_per_unit: 20}\n");
+    folder.write("bad.yaml",
+                 "domain: other\ndescriptors:\n  - key: k\n    rate_limit:\n"
+                 "      unit: fortnight\n      requests_per_unit: 5\n");
+    const std::string toml = "[rls]\nlisten = \"127.0.0.1:8081\"\nconfig = \"" +
+                             folder.path.string() + "\"\non_error = \"deny\"\n";
+    std::vector<ConfigError> errors = errorsFor(toml);
+    REQUIRE(errors.size() == 2);
+    CHECK(errors[0].toString().find(std::string(kRefusedListen)) != std::string::npos);
+    CHECK(errors[1].toString() ==
+          "t.toml:3:10: rls.config: " + (folder.path / "bad.yaml").string() +
+              ":5:7: invalid rate limit unit 'fortnight'");
+    // Fixed, only the refused listener is left.
+    folder.write("bad.yaml", "domain: other\n");
+    errors = errorsFor(toml);
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].key == "rls.listen");
+  }
+
+  TEST_CASE("config: a folder, relative to the configuration file's; keys checked") {
+    std::vector<ConfigError> errors =
+        errorsFor("[rls]\nlisten = \"127.0.0.1:8081\"\nconfig = \"no/such/folder\"\n");
+    REQUIRE(errors.size() == 2);
+    CHECK(errors[1].key == "rls.config");
+    CHECK(errors[1].message.find("not a folder: 'no/such/folder'") == 0);
+    LoadResult relative = loadConfigString(
+        "[rls]\nlisten = \"127.0.0.1:8081\"\nconfig = \"ratelimit\"\n", "/etc/sluice/sluice.toml");
+    REQUIRE(relative.errors.size() == 2);
+    CHECK(relative.errors[1].message.find("'/etc/sluice/ratelimit'") != std::string::npos);
+    errors = errorsFor(
+        "[rls]\nlisten = \"127.0.0.1:8081\"\ncharge = \"some\"\non_error = \"maybe\"\n"
+        "merge_domains = 1\nconfig = \"\"\nfoo = 1\n[rls.tls]\ncert = \"/no/such.crt\"\n");
+    std::string all;
+    for (const ConfigError& e : errors) all += e.toString() + "\n";
+    CHECK(all.find("rls.charge") != std::string::npos);
+    CHECK(all.find("rls.on_error") != std::string::npos);
+    CHECK(all.find("rls.merge_domains") != std::string::npos);
+    CHECK(all.find("rls.config: must not be empty") != std::string::npos);
+    CHECK(all.find("rls.foo") != std::string::npos);
+    CHECK(all.find("rls.tls.cert") != std::string::npos);
+    CHECK(all.find("rls.tls.key: required key is missing") != std::string::npos);
+  }
+}
