@@ -27,13 +27,13 @@ std::string descriptorPath(std::string_view domain, const Descriptor& descriptor
   return out;
 }
 
-// The Valkey key of a descriptor's counter under the limit at `path`:
+// The Valkey key of a descriptor's counter under the limit named `key_name` (limitKeyName):
 // "<prefix>:rls.<path>:{<value>:<value>...}", each value hashed (a descriptor may carry a
 // credential; the service cannot tell), or the pattern its values share (share_threshold).
-std::string counterKey(const ServiceSettings& settings, std::string_view path,
+std::string counterKey(const ServiceSettings& settings, std::string_view key_name,
                        const Descriptor& descriptor, const std::vector<std::string>& shared) {
   std::string key;
-  ratelimit::beginLimitKey(&key, settings.key_prefix, "rls." + ratelimit::encodeKeyPart(path));
+  ratelimit::beginLimitKey(&key, settings.key_prefix, key_name);
   for (size_t i = 0; i < descriptor.entries.size(); ++i) {
     if (i > 0) key += ':';
     const bool is_shared = i < shared.size() && !shared[i].empty();
@@ -70,16 +70,19 @@ std::unique_ptr<config::LimitConfig> countedLimit(std::string name, uint32_t req
 YamlLimitSet::YamlLimitSet(const RateLimitYaml& yaml, const ServiceSettings& settings) {
   for (const ConfiguredLimit* limit : yaml.limits()) {
     if (limit->unlimited || limit->requests_per_unit == 0) continue;
-    limits_.emplace(
-        limit, countedLimit(limit->name.empty() ? limit->path : limit->name,
-                            limit->requests_per_unit, limit->unit, limit->shadow_mode, settings));
+    limits_.emplace(limit, Counted{countedLimit(limit->name.empty() ? limit->path : limit->name,
+                                                limit->requests_per_unit, limit->unit,
+                                                limit->shadow_mode, settings),
+                                   limitKeyName(limit->path)});
   }
 }
 
-const config::LimitConfig* YamlLimitSet::find(const ConfiguredLimit* limit) const {
+const YamlLimitSet::Counted* YamlLimitSet::find(const ConfiguredLimit* limit) const {
   auto it = limits_.find(limit);
-  return it == limits_.end() ? nullptr : it->second.get();
+  return it == limits_.end() ? nullptr : &it->second;
 }
+
+std::string limitKeyName(std::string_view path) { return "rls." + ratelimit::encodeKeyPart(path); }
 
 std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet& limits,
                                    const RateLimitRequest& request,
@@ -103,13 +106,16 @@ std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet
   for (size_t i = 0; i < request.descriptors.size(); ++i) {
     const Descriptor& descriptor = request.descriptors[i];
     DescriptorPlan& out = plan->descriptors[i];
-    std::string path;
+    std::string override_name;  // an override's key name (a configured limit's is kept)
+    std::string_view key_name;
     const config::LimitConfig* limit_config = nullptr;
     std::vector<std::string> shared;
     if (descriptor.limit) {
       // An override from Envoy's route: that limit, never in shadow mode.
       out.current = {descriptor.limit->requests_per_unit, descriptor.limit->unit, ""};
-      path = descriptorPath(request.domain, descriptor);
+      const std::string path = descriptorPath(request.domain, descriptor);
+      override_name = limitKeyName(path);
+      key_name = override_name;
       if (descriptor.limit->requests_per_unit > 0) {
         plan->overrides.push_back(countedLimit(path, descriptor.limit->requests_per_unit,
                                                descriptor.limit->unit, false, settings));
@@ -125,8 +131,10 @@ std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet
       if (!limit->name.empty() && replaced.count(limit->name) != 0) continue;
       out.current = {limit->requests_per_unit, limit->unit, limit->name};
       out.shadow = limit->shadow_mode;
-      path = limit->path;
-      limit_config = limits.find(limit);
+      if (const YamlLimitSet::Counted* counted = limits.find(limit)) {
+        limit_config = counted->config.get();
+        key_name = counted->key_name;
+      }
       shared = std::move(matches[i].shared_values);
     }
     if (!limit_config) {
@@ -137,7 +145,7 @@ std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet
     out.index = plan->applied.size();
     ratelimit::AppliedLimit applied;
     applied.config = limit_config;
-    applied.key = counterKey(settings, path, descriptor, shared);
+    applied.key = counterKey(settings, key_name, descriptor, shared);
     applied.limit = limit_config->limit;
     applied.burst = limit_config->burst;
     // Any hits a call asks for, bounded: a cost past the largest count is that count (over any

@@ -39,12 +39,21 @@ struct ServiceSettings {
 // fixed_window of the limit's unit and requests_per_unit, shadow as shadow_mode says.
 class YamlLimitSet {
  public:
+  struct Counted {
+    std::unique_ptr<config::LimitConfig> config;
+    std::string key_name;  // the limit's part of its counters' keys (limitKeyName of its path)
+  };
+
   YamlLimitSet(const RateLimitYaml& yaml, const ServiceSettings& settings);
-  const config::LimitConfig* find(const ConfiguredLimit* limit) const;
+  // Null for a limit that counts nothing (unlimited, requests_per_unit 0).
+  const Counted* find(const ConfiguredLimit* limit) const;
 
  private:
-  std::unordered_map<const ConfiguredLimit*, std::unique_ptr<config::LimitConfig>> limits_;
+  std::unordered_map<const ConfiguredLimit*, Counted> limits_;
 };
+
+// "rls." and the limit's path as a key part (readable when short and safe, else hashed).
+std::string limitKeyName(std::string_view path);
 
 // A Sluice limit for a limit that counts: fixed_window, `requests_per_unit` per `unit`.
 std::unique_ptr<config::LimitConfig> countedLimit(std::string name, uint32_t requests_per_unit,
