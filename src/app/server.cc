@@ -199,6 +199,9 @@ int Server::run() {
   updateAdminStore();
   SLUICE_LOG_INFO("sluice {} listening on {} with {} workers, admin on {}", SLUICE_VERSION,
                   config_->server.listen.text, workers_.size(), config_->admin.listen.text);
+  if (config_->rls) {
+    SLUICE_LOG_INFO("rate limit service for Envoy (gRPC) on {}", config_->rls->listen.text);
+  }
 
   uv_run(&loop_, UV_RUN_DEFAULT);
   for (auto& w : workers_) w->join();
@@ -239,6 +242,11 @@ void Server::reload() {
   if (config && !makeGeneration(config, &generation, &error)) config = nullptr;
   if (config && config->server.listen.text != config_->server.listen.text &&
       !canListen(config->server.listen, &error)) {
+    config = nullptr;
+  }
+  if (config && config->rls &&
+      (!config_->rls || config->rls->listen.text != config_->rls->listen.text) &&
+      !canListen(config->rls->listen, &error)) {
     config = nullptr;
   }
   if (!config) {

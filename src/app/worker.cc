@@ -14,6 +14,7 @@
 #include "ratelimit/deny_cache.h"
 #include "ratelimit/leases.h"
 #include "ratelimit/scripts.h"
+#include "rls/service.h"
 #include "upstream/cluster.h"
 #include "valkey/client.h"
 #include "valkey/cluster_client.h"
@@ -126,21 +127,24 @@ void Worker::run(Generation generation, std::promise<std::pair<int, std::string>
   uv_unref(end_of_iteration_.as<uv_handle_t>());
   const config::ConfigPtr config = generation.config;
   applyConfig(std::move(generation));
-  listener_ = std::make_unique<net::Listener>(
-      &loop_, [this](std::unique_ptr<net::TcpTransport> t) { onAccept(std::move(t)); });
   const char* what = "";
-  int rc = listener_->listen(config->server.listen, true, &what);
+  const config::SocketAddress* address = &config->server.listen;
+  int rc = listen(proxy::Listener::Gateway, *address, &listener_, &what);
+  if (rc == 0 && config->rls) {
+    address = &config->rls->listen;
+    rc = listen(proxy::Listener::RateLimitService, *address, &rls_listener_, &what);
+  }
   if (rc == 0) {
     rc = uv_async_init(&loop_, &async_, onAsync);
     what = "uv_async_init";
   }
   if (rc != 0) {
     listener_.reset();
+    rls_listener_.reset();
     context_->setSnapshot(nullptr);
     closeLoop();
     finished_.store(true, std::memory_order_release);
-    bound.set_value(
-        {rc, std::string(what) + " " + config->server.listen.text + ": " + uv_strerror(rc)});
+    bound.set_value({rc, std::string(what) + " " + address->text + ": " + uv_strerror(rc)});
     return;
   }
   async_.data = this;
@@ -230,25 +234,49 @@ void Worker::applyConfig(Generation generation) {
   snapshot->policy_items = ratelimit::PolicyItems(*config);
   snapshot->tenant_cache =
       std::make_shared<identity::TenantCache>(config->identity.tenant_cache_entries);
+  if (config->rls) snapshot->rls = std::make_shared<const rls::Service>(*config);
   const bool listen_changed =
       old && listener_ && old->config->server.listen.text != config->server.listen.text;
+  // The rate limit service's listener follows [rls] listen (once the worker listens).
+  const std::string old_rls = old && old->config->rls ? old->config->rls->listen.text : "";
+  const bool rls_changed =
+      old && listener_ && old_rls != (config->rls ? config->rls->listen.text : "");
   snapshot->config = std::move(config);
   snapshot->resolveStats(stats_);
   context_->setSnapshot(std::move(snapshot));
-  if (listen_changed) rebind(context_->snapshot()->config->server.listen);
+  const config::Config& now = *context_->snapshot()->config;
+  if (listen_changed) rebind(proxy::Listener::Gateway, &now.server.listen);
+  if (rls_changed) {
+    rebind(proxy::Listener::RateLimitService, now.rls ? &now.rls->listen : nullptr);
+  }
 }
 
-void Worker::rebind(const config::SocketAddress& address) {
+int Worker::listen(proxy::Listener which, const config::SocketAddress& address,
+                   std::unique_ptr<net::Listener>* out, const char** what) {
   auto listener = std::make_unique<net::Listener>(
-      &loop_, [this](std::unique_ptr<net::TcpTransport> t) { onAccept(std::move(t)); });
-  const char* what = "";
-  if (const int rc = listener->listen(address, true, &what); rc != 0) {
-    SLUICE_LOG_ERROR("worker {}: cannot listen on {} ({} {}); still on the old address", index_,
-                     address.text, what, uv_strerror(rc));
+      &loop_,
+      [this, which](std::unique_ptr<net::TcpTransport> t) { onAccept(std::move(t), which); });
+  if (const int rc = listener->listen(address, true, what); rc != 0) return rc;
+  *out = std::move(listener);  // an old socket closes; its connections go on
+  return 0;
+}
+
+void Worker::rebind(proxy::Listener which, const config::SocketAddress* address) {
+  std::unique_ptr<net::Listener>& listener =
+      which == proxy::Listener::Gateway ? listener_ : rls_listener_;
+  const char* kind = which == proxy::Listener::Gateway ? "" : " (rate limit service)";
+  if (!address) {
+    listener.reset();
+    SLUICE_LOG_INFO("worker {}: no longer listening{}", index_, kind);
     return;
   }
-  listener_ = std::move(listener);  // the old socket closes; its connections go on
-  SLUICE_LOG_INFO("worker {}: now listening on {}", index_, address.text);
+  const char* what = "";
+  if (const int rc = listen(which, *address, &listener, &what); rc != 0) {
+    SLUICE_LOG_ERROR("worker {}: cannot listen on {}{} ({} {}); still on the old address", index_,
+                     address->text, kind, what, uv_strerror(rc));
+    return;
+  }
+  SLUICE_LOG_INFO("worker {}: now listening on {}{}", index_, address->text, kind);
 }
 
 void Worker::onMail() {
@@ -263,7 +291,7 @@ void Worker::onMail() {
   if (drain && !draining_) beginDrain();
 }
 
-void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport) {
+void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport, proxy::Listener listener) {
   const config::ServerConfig& server = context_->snapshot()->config->server;
   const net::ConnectionBudget::Limits limits{server.max_connections,
                                              server.max_connections_per_client};
@@ -289,7 +317,8 @@ void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport) {
     return;
   }
   std::unique_ptr<net::Transport> t;
-  if (const auto& tls = context_->snapshot()->tls) {
+  const auto& tls = context_->snapshot()->tls;  // [server.tls]: the gateway's listener's
+  if (tls && listener == proxy::Listener::Gateway) {
     SSL* ssl = tls->newSession();
     if (!ssl) {
       net::TcpTransport::closeAndDestroy(transport.release());
@@ -300,7 +329,8 @@ void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport) {
   } else {
     t = std::move(transport);
   }
-  auto* connection = new downstream::Connection(*context_, std::move(t), std::move(ticket));
+  auto* connection =
+      new downstream::Connection(*context_, std::move(t), std::move(ticket), listener);
   connection->start();
 }
 
@@ -308,6 +338,7 @@ void Worker::beginDrain() {
   draining_ = true;
   context_->setDraining();
   listener_.reset();
+  rls_listener_.reset();
   for (worker::ClientConnection* connection : context_->connections()) connection->drain();
   const auto timeout = context_->snapshot()->config->server.drain_timeout.count();
   drain_deadline_ = std::make_unique<Timer>(&loop_, onDrainTimer, this);

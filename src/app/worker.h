@@ -29,6 +29,7 @@
 #include "core/uv_handle.h"
 #include "net/listener.h"
 #include "net/tls_context.h"
+#include "proxy/exchange_owner.h"
 #include "stats/stats.h"
 #include "worker/worker_context.h"
 
@@ -79,11 +80,16 @@ class Worker {
  private:
   void run(Generation generation, std::promise<std::pair<int, std::string>> bound);
   void applyConfig(Generation generation);
-  void rebind(const config::SocketAddress& address);
+  // A listener on `address` (0, or a libuv error with *what saying which step failed): the
+  // gateway's, or the rate limit service's.
+  int listen(proxy::Listener which, const config::SocketAddress& address,
+             std::unique_ptr<net::Listener>* out, const char** what);
+  // A reload changed the listener's address (`address` null: [rls] is gone).
+  void rebind(proxy::Listener which, const config::SocketAddress* address);
   void onMail();
   void beginDrain();
   void checkDrained();
-  void onAccept(std::unique_ptr<net::TcpTransport> transport);
+  void onAccept(std::unique_ptr<net::TcpTransport> transport, proxy::Listener listener);
   static void onDrainTimer(void* self) noexcept;
   static void onDrainPoll(void* self) noexcept;
   static void onEndOfIteration(uv_prepare_t* handle) noexcept;
@@ -100,6 +106,7 @@ class Worker {
   stats::WorkerStats stats_;
   std::unique_ptr<worker::WorkerContext> context_;
   std::unique_ptr<net::Listener> listener_;
+  std::unique_ptr<net::Listener> rls_listener_;  // [rls] listen
   std::unique_ptr<Timer> drain_deadline_;
   std::unique_ptr<Timer> drain_poll_;
   bool draining_ = false;

@@ -228,6 +228,10 @@ struct RouteConfig {
   // or the target's path exactly as the client sent it.
   enum class ForwardPath { Normalized, Original };
   ForwardPath forward_path = ForwardPath::Normalized;
+  // A call Sluice answers itself, on the [rls] listener and only there (its routes are added
+  // by the loader, named "rls:..." which no configured route can be): no upstream, no limits.
+  enum class Service { None, RlsShouldRateLimit, GrpcHealthCheck };
+  Service service = Service::None;
 };
 
 struct PlanLimitOverride {

@@ -1,5 +1,6 @@
 #include <filesystem>
 #include <memory>
+#include <tuple>
 #include <utility>
 
 #include "config/loader_sections.h"
@@ -7,21 +8,45 @@
 
 namespace sluice::config::loader_internal {
 
+namespace {
+
+// Two listeners on one port whose hosts overlap (the same, or either a wildcard): with
+// SO_REUSEPORT both would bind, and the kernel would split clients between them.
+bool overlaps(const SocketAddress& a, const SocketAddress& b) {
+  auto wildcard = [](const std::string& host) { return host == "0.0.0.0" || host == "::"; };
+  auto named = [](const std::string& host) -> std::string {
+    return host == "localhost" ? "127.0.0.1" : host;
+  };
+  return a.port == b.port &&
+         (named(a.host) == named(b.host) || wildcard(a.host) || wildcard(b.host));
+}
+
+}  // namespace
+
 // [rls]: Sluice as Envoy's rate limit service.
 
 void Loader::loadRls(TableReader& r) {
   RlsConfig rls;
   if (auto v = r.address("listen", AddressUse::Listen)) {
     rls.listen = *v;
-    // The service is not served yet (issue 45): its configuration is read and checked whole,
-    // its YAML files too, and the listener refused until it answers calls.
-    r.error("listen",
-            "the rate limit service for Envoy is not served in this version yet: [rls] is "
-            "checked (its YAML files too) but cannot be used");
+    for (const auto& [other, key] : {std::pair{&config_.server.listen, "[server] listen"},
+                                     std::pair{&config_.admin.listen, "[admin] listen"}}) {
+      if (overlaps(rls.listen, *other)) {
+        r.error("listen", "the same address as " + std::string(key) + " (" + other->text +
+                              "): the rate limit service needs a port of its own");
+      }
+    }
   } else if (!r.has("listen")) {
     r.missing("listen");
   }
-  section(r, "tls", [&](TableReader& t) { readCertificate(t, &rls.tls.emplace()); });
+  section(r, "tls", [&](TableReader& t) {
+    readCertificate(t, &rls.tls.emplace());
+    // The listener serves h2c only so far: its TLS is checked, and refused until it works.
+    t.error("cert",
+            "TLS on the rate limit service's listener is not served in this version yet: "
+            "[rls.tls] is checked but cannot be used (serve h2c on loopback, or put a TLS "
+            "terminating proxy in front)");
+  });
   if (auto v = r.boolean("merge_domains")) rls.merge_domains = *v;
   if (auto v = r.enumeration<RlsConfig::Charge>(
           "charge", {{"all_or_nothing", RlsConfig::Charge::AllOrNothing},
@@ -59,6 +84,20 @@ void Loader::loadRls(TableReader& r) {
     }
   }
   config_.rls = std::move(rls);
+  // The calls the listener answers, as routes of their own (the requests, the access log
+  // and the gRPC counters name them like any route).
+  for (const auto& [name, path, service] :
+       {std::tuple{"rls:should_rate_limit",
+                   "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+                   RouteConfig::Service::RlsShouldRateLimit},
+        std::tuple{"rls:health_check", "/grpc.health.v1.Health/Check",
+                   RouteConfig::Service::GrpcHealthCheck}}) {
+    RouteConfig& route = config_.routes.emplace_back();
+    route.name = name;
+    route.match.path = path;
+    route.match.methods = {"POST"};
+    route.service = service;
+  }
 }
 
 }  // namespace sluice::config::loader_internal

@@ -21,14 +21,16 @@ std::optional<IpAddress> peerOf(const net::Transport& transport) {
 }  // namespace
 
 Connection::Connection(worker::WorkerContext& worker, std::unique_ptr<net::Transport> transport,
-                       net::ConnectionBudget::Ticket ticket)
+                       net::ConnectionBudget::Ticket ticket, proxy::Listener listener)
     : worker_(worker),
       ticket_(std::move(ticket)),
       transport_(std::move(transport)),
       peer_ip_(peerOf(*transport_)),
       peer_text_(peer_ip_ ? peer_ip_->toString() : std::string()),
-      sniffing_(worker.snapshot()->config->server.http2),
-      http1_(worker, *transport_, peer_ip_, peer_text_) {
+      listener_(listener),
+      sniffing_(worker.snapshot()->config->server.http2 ||
+                listener == proxy::Listener::RateLimitService),
+      http1_(worker, *transport_, peer_ip_, peer_text_, listener) {
   transport_->setCallbacks(this);
   worker_.add(this);
   worker_.stats().connections_open.add(1);
@@ -70,7 +72,7 @@ void Connection::sniff(const char* data, size_t len) {
   sniffing_ = false;
   http1_.handOver();
   received.swap(sniffed_);
-  h2_ = std::make_unique<H2Session>(worker_, *transport_, peer_ip_, peer_text_);
+  h2_ = std::make_unique<H2Session>(worker_, *transport_, peer_ip_, peer_text_, listener_);
   h2_->start(received);
 }
 

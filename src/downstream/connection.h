@@ -26,8 +26,11 @@ class H2Session;
 class Connection final : public worker::ClientConnection, public net::TransportCallbacks {
  public:
   // `ticket`: its place in the process's connection budget, given back when it is destroyed.
+  // `listener`: which one accepted it (the rate limit service's speaks HTTP/2 whatever
+  // [server] http2 says: gRPC needs it).
   Connection(worker::WorkerContext& worker, std::unique_ptr<net::Transport> transport,
-             net::ConnectionBudget::Ticket ticket = {});
+             net::ConnectionBudget::Ticket ticket = {},
+             proxy::Listener listener = proxy::Listener::Gateway);
   ~Connection() override;
 
   // Starts reading; called once by the listener.
@@ -51,6 +54,7 @@ class Connection final : public worker::ClientConnection, public net::TransportC
   std::unique_ptr<net::Transport> transport_;
   std::optional<IpAddress> peer_ip_;
   std::string peer_text_;
+  const proxy::Listener listener_;
   std::string sniffed_;  // the first bytes, while they do not decide yet
   bool sniffing_;        // no byte decided the protocol yet (only when [server] http2 is on)
   Http1Connection http1_;

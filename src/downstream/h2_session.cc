@@ -51,11 +51,13 @@ uint64_t nowMs(worker::WorkerContext& worker) { return uv_now(worker.loop()); }
 }  // namespace
 
 H2Session::H2Session(worker::WorkerContext& worker, net::Transport& transport,
-                     const std::optional<IpAddress>& peer_ip, const std::string& peer_text)
+                     const std::optional<IpAddress>& peer_ip, const std::string& peer_text,
+                     proxy::Listener listener)
     : worker_(worker),
       transport_(transport),
       peer_ip_(peer_ip),
       peer_text_(peer_text),
+      listener_(listener),
       timer_(worker.loop(), onTimer, this),
       send_later_(worker.loop(), onSendTimer, this),
       send_timeout_(worker.loop(), onSendTimeout, this),

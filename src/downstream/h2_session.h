@@ -30,6 +30,7 @@
 #include "core/ip_address.h"
 #include "core/timer.h"
 #include "net/transport.h"
+#include "proxy/exchange_owner.h"
 
 namespace sluice::worker {
 class WorkerContext;
@@ -45,7 +46,8 @@ inline constexpr std::string_view kClientPreface = "PRI * HTTP/2.0\r\n\r\nSM\r\n
 class H2Session {
  public:
   H2Session(worker::WorkerContext& worker, net::Transport& transport,
-            const std::optional<IpAddress>& peer_ip, const std::string& peer_text);
+            const std::optional<IpAddress>& peer_ip, const std::string& peer_text,
+            proxy::Listener listener);
   ~H2Session();
   H2Session(const H2Session&) = delete;
   H2Session& operator=(const H2Session&) = delete;
@@ -67,6 +69,7 @@ class H2Session {
   const std::optional<IpAddress>& peerIp() const { return peer_ip_; }
   const std::string& peerText() const { return peer_text_; }
   std::string_view scheme() const { return transport_.scheme(); }
+  proxy::Listener listener() const { return listener_; }
   nghttp2_session* nghttp2() const { return session_; }
   // Frames are waiting (a response head or body, a reset, a window update): sent from the
   // loop, once the caller's call has returned.
@@ -128,6 +131,7 @@ class H2Session {
   net::Transport& transport_;
   const std::optional<IpAddress>& peer_ip_;
   const std::string& peer_text_;
+  const proxy::Listener listener_;
   nghttp2_session* session_ = nullptr;
   std::unordered_map<int32_t, std::unique_ptr<H2Stream>> streams_;
   std::vector<int32_t> to_begin_;  // streams whose head came in the read in progress

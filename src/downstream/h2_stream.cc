@@ -72,6 +72,7 @@ worker::WorkerContext& H2Stream::worker() const { return session_.worker(); }
 const std::optional<IpAddress>& H2Stream::peerIp() const { return session_.peerIp(); }
 const std::string& H2Stream::peerText() const { return session_.peerText(); }
 std::string_view H2Stream::scheme() const { return session_.scheme(); }
+proxy::Listener H2Stream::listener() const { return session_.listener(); }
 
 void H2Stream::accountField(std::string_view name, std::string_view value) {
   header_bytes_ += name.size() + value.size() + 32;

@@ -81,6 +81,7 @@ class H2Stream final : public proxy::ExchangeOwner {
   const std::string& peerText() const override;
   std::string_view scheme() const override;
   std::string_view protocol() const override { return "h2"; }
+  proxy::Listener listener() const override;
   size_t writeContinue() override;
   size_t writeResponseHead(const http::MessageHead& response, std::string_view extra_headers,
                            proxy::ResponseContext& context) override;

@@ -27,11 +27,12 @@ http::ParserLimits requestLimits(const config::ServerConfig& server) {
 
 Http1Connection::Http1Connection(worker::WorkerContext& worker, net::Transport& transport,
                                  const std::optional<IpAddress>& peer_ip,
-                                 const std::string& peer_text)
+                                 const std::string& peer_text, proxy::Listener listener)
     : worker_(worker),
       transport_(transport),
       peer_ip_(peer_ip),
       peer_text_(peer_text),
+      listener_(listener),
       timer_(worker.loop(), onTimer, this),
       deferred_(worker.loop(), onDeferred, this),
       send_timer_(worker.loop(), onSendTimeout, this),

@@ -32,7 +32,8 @@ class Http1Connection final : public proxy::ExchangeOwner, public http::ParserCa
  public:
   // `peer_ip`, `peer_text`: the Connection's, which outlive this.
   Http1Connection(worker::WorkerContext& worker, net::Transport& transport,
-                  const std::optional<IpAddress>& peer_ip, const std::string& peer_text);
+                  const std::optional<IpAddress>& peer_ip, const std::string& peer_text,
+                  proxy::Listener listener);
   ~Http1Connection() override;
 
   // The first request's head has request_header_timeout from now.
@@ -79,6 +80,7 @@ class Http1Connection final : public proxy::ExchangeOwner, public http::ParserCa
   const std::optional<IpAddress>& peerIp() const override { return peer_ip_; }
   const std::string& peerText() const override { return peer_text_; }
   std::string_view scheme() const override { return transport_.scheme(); }
+  proxy::Listener listener() const override { return listener_; }
   std::string_view protocol() const override { return "http/1.1"; }
   size_t writeContinue() override { return sent(encoder_.writeContinue()); }
   size_t writeResponseHead(const http::MessageHead& response, std::string_view extra_headers,
@@ -156,6 +158,7 @@ class Http1Connection final : public proxy::ExchangeOwner, public http::ParserCa
   net::Transport& transport_;
   const std::optional<IpAddress>& peer_ip_;
   const std::string& peer_text_;
+  const proxy::Listener listener_;
   Timer timer_;
   Timer deferred_;    // runs onDeferred() on the next loop iteration
   Timer send_timer_;  // send_timeout: bytes unsent since it started

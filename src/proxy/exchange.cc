@@ -13,6 +13,7 @@
 #include "proxy/access_record.h"
 #include "proxy/exchange_owner.h"
 #include "ratelimit/keys.h"
+#include "rls/service.h"
 #include "stats/access_log.h"
 #include "stats/stats.h"
 #include "upstream/cluster.h"
@@ -224,7 +225,8 @@ void Exchange::begin(http::MessageHead&& head) {
   }
   std::string host;
   if (const std::string* value = req_.head.headers.get("host")) host = normalizeHost(*value);
-  req_.route = matchRoute(*req_.snapshot->config, req_.head.method, host, req_.target.match_path);
+  req_.route = matchRoute(*req_.snapshot->config, req_.head.method, host, req_.target.match_path,
+                          owner_.listener() == Listener::RateLimitService);
   if (!req_.route) {
     respondLocal(http::problemResponse(404, "no route matches this request"));
     return;
@@ -234,8 +236,9 @@ void Exchange::begin(http::MessageHead&& head) {
     respondLocal(http::problemResponse(504, "the call's grpc-timeout had expired on arrival"));
     return;
   }
-  if (req_.route->limit_indices.empty() &&
-      !req_.snapshot->config->identity.reject_unknown_api_keys) {
+  if (req_.route->service != config::RouteConfig::Service::None ||
+      (req_.route->limit_indices.empty() &&
+       !req_.snapshot->config->identity.reject_unknown_api_keys)) {
     forward();
   } else {
     admission_.start(*req_.snapshot, *req_.route, req_.head, req_.target, req_.client);
@@ -255,6 +258,18 @@ void Exchange::sendContinue() {
 }
 
 void Exchange::forward() {
+  if (req_.route->service != config::RouteConfig::Service::None) {
+    // A call Sluice answers itself (the rate limit service): in process, as if upstream.
+    if (!req_.grpc) {
+      respondLocal(http::problemResponse(
+          415, "the rate limit service speaks gRPC (application/grpc over HTTP/2)"));
+      return;
+    }
+    req_.state = State::Connecting;
+    req_.upstream = rls::Call::make(owner_.worker(), req_.snapshot, req_.route->service, this);
+    sendRequestHead();
+    return;
+  }
   req_.cluster = req_.snapshot->clusters[req_.route->upstream_index].get();
   connectUpstream(false);
 }
@@ -292,10 +307,12 @@ void Exchange::sendRequestHead() {
   context.scheme = owner_.scheme();
   context.tunnel = req_.wants_upgrade;
   context.body = req_.request_framing;
-  context.default_host = req_.cluster->endpointAuthority(req_.upstream->endpoint());
+  // (A call the gateway answers itself has neither: its deadline is the decision's.)
+  if (req_.cluster)
+    context.default_host = req_.cluster->endpointAuthority(req_.upstream->endpoint());
   // A gRPC call's deadline bounds the wait when it is the shorter one (then 504:
   // DEADLINE_EXCEEDED).
-  uint64_t response_timeout_ms = req_.cluster->responseTimeoutMs();
+  uint64_t response_timeout_ms = req_.cluster ? req_.cluster->responseTimeoutMs() : 0;
   if (req_.grpc_timeout_ms && *req_.grpc_timeout_ms < response_timeout_ms)
     response_timeout_ms = *req_.grpc_timeout_ms;
   // A request without a body goes as one: an HTTP/2 upstream gets HEADERS with END_STREAM.
@@ -372,7 +389,7 @@ int Exchange::onUpstreamHead(http::MessageHead& head) {
   req_.state = State::Responding;
   const uint64_t now = uv_hrtime();
   req_.upstream_head_ns = now;
-  if (req_.upstream_sent_ns != 0) {
+  if (req_.upstream_sent_ns != 0 && req_.cluster) {
     req_.snapshot->upstreamLatency(req_.route->upstream_index)
         .observeMicros((now - req_.upstream_sent_ns) / 1000);
   }

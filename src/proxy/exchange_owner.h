@@ -38,6 +38,10 @@ struct ResponseContext {
   int grpc_status = -1;  // a gRPC call's answer: sent trailers-only with this grpc-status
 };
 
+// The listener a client came to: the gateway's ([server] listen), or the rate limit
+// service's ([rls] listen), whose only routes are the calls Sluice answers itself.
+enum class Listener { Gateway, RateLimitService };
+
 class ExchangeOwner {
  public:
   virtual ~ExchangeOwner() = default;
@@ -52,6 +56,7 @@ class ExchangeOwner {
   virtual std::string_view scheme() const = 0;
   // "http/1.1" or "h2": what the access log says.
   virtual std::string_view protocol() const = 0;
+  virtual Listener listener() const = 0;
 
   // The response, as a head of fields and body bytes: the owner's codec frames them (HTTP/1.1
   // text, HTTP/2 frames). Each call returns the bytes it counts as sent (the access log's

@@ -86,9 +86,10 @@ std::string normalizeHost(std::string_view host) {
 }
 
 const config::RouteConfig* matchRoute(const config::Config& config, std::string_view method,
-                                      std::string_view host, std::string_view path) {
+                                      std::string_view host, std::string_view path, bool services) {
   std::string lowered;  // the path in lower case, made once, for the first route that needs it
   for (const auto& route : config.routes) {
+    if ((route.service != config::RouteConfig::Service::None) != services) continue;
     const auto& m = route.match;
     if (!m.host.empty() && m.host != host) continue;
     if (!m.methods.empty() &&

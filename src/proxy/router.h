@@ -42,8 +42,10 @@ std::optional<Target> parseTarget(std::string_view target, std::string* error);
 std::string normalizeHost(std::string_view host);
 
 // The first route whose match holds, or nullptr. `host` is normalized, `path` is a
-// Target::match_path.
+// Target::match_path. `services`: the request came to the [rls] listener, which has only the
+// routes Sluice answers itself (RouteConfig::service), and the gateway's listener none of them.
 const config::RouteConfig* matchRoute(const config::Config& config, std::string_view method,
-                                      std::string_view host, std::string_view path);
+                                      std::string_view host, std::string_view path,
+                                      bool services = false);
 
 }  // namespace sluice::proxy

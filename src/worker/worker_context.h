@@ -39,6 +39,10 @@ namespace sluice::identity {
 class TenantCache;
 }
 
+namespace sluice::rls {
+class Service;
+}
+
 namespace sluice::net {
 class TlsServerContext;
 }
@@ -73,6 +77,7 @@ struct Snapshot {
   std::shared_ptr<identity::TenantCache> tenant_cache;       // per configuration generation
   std::shared_ptr<stats::AccessLog> access_log;              // null: access_log = "off"
   std::shared_ptr<net::TlsServerContext> tls;                // null: plain HTTP listener
+  std::shared_ptr<const rls::Service> rls;                   // null without [rls]
 
   // The series of this generation's routes, limits and upstreams, resolved once by
   // resolveStats() when the snapshot is built (a reload resolves its new names then; a name

@@ -351,7 +351,7 @@ void http2Frames(const uint8_t* data, size_t size) {
     const std::optional<IpAddress> peer = IpAddress::parse("192.0.2.1");
     const std::string peer_text = "192.0.2.1";
     {
-      downstream::H2Session session(worker, transport, peer, peer_text);
+      downstream::H2Session session(worker, transport, peer, peer_text, proxy::Listener::Gateway);
       std::string_view rest = input;
       session.start(rest.substr(0, std::min(piece, rest.size())));
       rest.remove_prefix(std::min(piece, rest.size()));

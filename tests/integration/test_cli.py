@@ -366,7 +366,7 @@ def test_bad_file_refused_at_startup(tmp_path):
 def test_check_config_reads_the_rls_yaml_folder(tmp_path):
     """[rls] config: envoyproxy/ratelimit's YAML files are checked with the configuration, a
     file that service refuses named with its own line and column; the folder is relative to
-    the configuration file's. (listen is refused while the service is not served.)"""
+    the configuration file's; fixed, the configuration is OK."""
     folder = tmp_path / "ratelimit"
     folder.mkdir()
     (folder / "edge.yaml").write_text(
@@ -380,4 +380,7 @@ def test_check_config_reads_the_rls_yaml_folder(tmp_path):
         config = "ratelimit"
         """, '"ratelimit"', "rls.config",
         re.escape(f"{folder / 'other.yaml'}:4:5: config error, unknown key 'ratelimit'"))
-    assert any("rls.listen" in l and "not served" in l for l in error_lines(r.stderr)), r.stderr
+    assert len(error_lines(r.stderr)) == 1, r.stderr
+    (folder / "other.yaml").write_text("domain: other\n")
+    r = run("--check-config", "-c", str(tmp_path / "sluice.toml"))
+    assert r.returncode == 0 and "configuration OK" in r.stdout, (r.stdout, r.stderr)

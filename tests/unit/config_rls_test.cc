@@ -1,6 +1,6 @@
 // [rls] (src/config/loader_rls.cc): every key read and checked, the envoyproxy/ratelimit YAML
 // folder loaded with the configuration (its errors as the configuration's, naming the YAML
-// file and line), and `listen` refused while the service is not served.
+// file and line), the listener's routes, and [rls.tls] refused while it is not served.
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -17,9 +17,6 @@ using namespace sluice::config;
 using namespace sluice::config::testing;
 
 namespace {
-
-constexpr std::string_view kRefusedListen =
-    "rls.listen: the rate limit service for Envoy is not served in this version yet";
 
 // A folder of YAML files, removed with it.
 struct YamlFolder {
@@ -42,14 +39,41 @@ std::vector<ConfigError> errorsFor(const std::string& toml) {
 }  // namespace
 
 TEST_SUITE("config: [rls]") {
-  TEST_CASE("listen is required, and refused while the service is not served") {
+  TEST_CASE("listen is required, gets the service's two routes, and a port of its own") {
     const std::vector<ConfigError> missing = errorsFor("[rls]\non_error = \"deny\"\n");
     REQUIRE(missing.size() == 1);
     CHECK(missing[0].toString() == "t.toml:1:1: rls.listen: required key is missing");
-    const std::vector<ConfigError> refused = errorsFor("[rls]\nlisten = \"127.0.0.1:8081\"\n");
-    REQUIRE(refused.size() == 1);
-    CHECK(refused[0].toString().find(std::string("t.toml:2:10: ") + std::string(kRefusedListen)) ==
-          0);
+    LoadResult ok = loadConfigString("[rls]\nlisten = \"127.0.0.1:8081\"\n", "t.toml");
+    REQUIRE(ok.ok());
+    REQUIRE(ok.config->rls);
+    CHECK(ok.config->rls->listen.port == 8081);
+    REQUIRE(ok.config->routes.size() == 2);
+    CHECK(ok.config->routes[0].name == "rls:should_rate_limit");
+    CHECK(ok.config->routes[0].match.path ==
+          "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit");
+    CHECK((ok.config->routes[0].service == RouteConfig::Service::RlsShouldRateLimit));
+    CHECK(ok.config->routes[1].name == "rls:health_check");
+    CHECK((ok.config->routes[1].service == RouteConfig::Service::GrpcHealthCheck));
+    // The gateway's or the admin's address (a wildcard overlaps every host of its port).
+    for (const char* listen : {"0.0.0.0:8080", "127.0.0.1:8080", "localhost:9901"}) {
+      CAPTURE(listen);
+      const std::vector<ConfigError> same =
+          errorsFor(std::string("[rls]\nlisten = \"") + listen + "\"\n");
+      REQUIRE(same.size() == 1);
+      CHECK(same[0].key == "rls.listen");
+      CHECK(same[0].message.find("needs a port of its own") != std::string::npos);
+    }
+    CHECK(loadConfigString("[server]\nlisten = \"127.0.0.1:8080\"\n[rls]\n"
+                           "listen = \"127.0.0.2:8080\"\n",
+                           "t.toml")
+              .ok());
+    // TLS is checked, and refused while the listener serves h2c only.
+    const std::vector<ConfigError> tls = errorsFor(
+        "[rls]\nlisten = \"127.0.0.1:8081\"\n[rls.tls]\ncert = \"/etc/hostname\"\n"
+        "key = \"/etc/hostname\"\n");
+    REQUIRE(tls.size() == 1);
+    CHECK(tls[0].key == "rls.tls.cert");
+    CHECK(tls[0].message.find("not served in this version yet") != std::string::npos);
   }
 
   TEST_CASE("the YAML folder is loaded with the configuration: its errors name file and line") {
@@ -63,28 +87,28 @@ TEST_SUITE("config: [rls]") {
     const std::string toml = "[rls]\nlisten = \"127.0.0.1:8081\"\nconfig = \"" +
                              folder.path.string() + "\"\non_error = \"deny\"\n";
     std::vector<ConfigError> errors = errorsFor(toml);
-    REQUIRE(errors.size() == 2);
-    CHECK(errors[0].toString().find(std::string(kRefusedListen)) != std::string::npos);
-    CHECK(errors[1].toString() ==
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].toString() ==
           "t.toml:3:10: rls.config: " + (folder.path / "bad.yaml").string() +
               ":5:7: invalid rate limit unit 'fortnight'");
-    // Fixed, only the refused listener is left.
+    // Fixed, the configuration loads with both files.
     folder.write("bad.yaml", "domain: other\n");
-    errors = errorsFor(toml);
-    REQUIRE(errors.size() == 1);
-    CHECK(errors[0].key == "rls.listen");
+    LoadResult fixed = loadConfigString(toml, "t.toml");
+    REQUIRE(fixed.ok());
+    REQUIRE(fixed.config->rls->yaml);
+    CHECK(fixed.config->rls->yaml->domainCount() == 2);
   }
 
   TEST_CASE("config: a folder, relative to the configuration file's; keys checked") {
     std::vector<ConfigError> errors =
         errorsFor("[rls]\nlisten = \"127.0.0.1:8081\"\nconfig = \"no/such/folder\"\n");
-    REQUIRE(errors.size() == 2);
-    CHECK(errors[1].key == "rls.config");
-    CHECK(errors[1].message.find("not a folder: 'no/such/folder'") == 0);
+    REQUIRE(errors.size() == 1);
+    CHECK(errors[0].key == "rls.config");
+    CHECK(errors[0].message.find("not a folder: 'no/such/folder'") == 0);
     LoadResult relative = loadConfigString(
         "[rls]\nlisten = \"127.0.0.1:8081\"\nconfig = \"ratelimit\"\n", "/etc/sluice/sluice.toml");
-    REQUIRE(relative.errors.size() == 2);
-    CHECK(relative.errors[1].message.find("'/etc/sluice/ratelimit'") != std::string::npos);
+    REQUIRE(relative.errors.size() == 1);
+    CHECK(relative.errors[0].message.find("'/etc/sluice/ratelimit'") != std::string::npos);
     errors = errorsFor(
         "[rls]\nlisten = \"127.0.0.1:8081\"\ncharge = \"some\"\non_error = \"maybe\"\n"
         "merge_domains = 1\nconfig = \"\"\nfoo = 1\n[rls.tls]\ncert = \"/no/such.crt\"\n");

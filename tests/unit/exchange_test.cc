@@ -46,6 +46,7 @@ struct FakeOwner final : sluice::proxy::ExchangeOwner {
   const std::string& peerText() const override { return text; }
   std::string_view scheme() const override { return "http"; }
   std::string_view protocol() const override { return framing ? "h2" : "http/1.1"; }
+  sluice::proxy::Listener listener() const override { return sluice::proxy::Listener::Gateway; }
   size_t writeContinue() override { return ++continues; }
   size_t writeResponseHead(const sluice::http::MessageHead& response, std::string_view,
                            sluice::proxy::ResponseContext&) override {

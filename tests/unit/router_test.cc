@@ -374,6 +374,19 @@ TEST_SUITE("router: matchRoute") {
     CHECK(routeName(c, "GET", "a.example", "/y/1") == "-");
   }
 
+  TEST_CASE(
+      "a service route matches on the service's listener only, and only service routes "
+      "do") {
+    Config c;
+    c.routes.push_back(route("all", "/", "", "", {}));
+    c.routes.push_back(route("rls:should_rate_limit", "", "/svc/Method", "", {"POST"}));
+    c.routes.back().service = RouteConfig::Service::RlsShouldRateLimit;
+    CHECK(matchRoute(c, "POST", "", "/svc/Method") == &c.routes[0]);
+    CHECK(matchRoute(c, "POST", "", "/svc/Method", true) == &c.routes[1]);
+    CHECK(matchRoute(c, "POST", "", "/other", true) == nullptr);
+    CHECK(matchRoute(c, "GET", "", "/svc/Method", true) == nullptr);
+  }
+
   TEST_CASE("no routes: nothing matches") {
     Config c;
     CHECK(matchRoute(c, "GET", "h", "/") == nullptr);

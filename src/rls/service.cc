@@ -1,0 +1,264 @@
+#include "rls/service.h"
+
+#include <utility>
+
+#include "core/logging.h"
+#include "http/grpc.h"
+#include "http/message.h"
+#include "stats/stats.h"
+#include "worker/worker_context.h"
+
+namespace sluice::rls {
+
+namespace {
+
+// gRPC's Length-Prefixed-Message header: the compressed flag and the length.
+constexpr size_t kFrameHeader = 5;
+
+// The health service's names a Check may ask for: the server as a whole ("") and this one.
+bool knownHealthService(std::string_view name) {
+  return name.empty() || name == "envoy.service.ratelimit.v3.RateLimitService";
+}
+
+}  // namespace
+
+Service::Service(const config::Config& config)
+    : settings_([&] {
+        ServiceSettings s;
+        s.key_prefix = config.valkey.key_prefix;
+        s.key_secret = config.valkey.key_secret;
+        s.headers = config.server.rate_limit_headers;
+        if (config.rls) s.on_error = config.rls->on_error;
+        return s;
+      }()),
+      yaml_(config.rls && config.rls->yaml ? config.rls->yaml
+                                           : std::make_shared<const RateLimitYaml>()),
+      limits_(*yaml_, settings_),
+      charge_(config.rls ? config.rls->charge : config::RlsConfig::Charge::AllOrNothing) {}
+
+UnaryMessage unaryMessage(std::string_view body, size_t max_bytes) {
+  UnaryMessage out;
+  out.grpc_status = http::kGrpcInvalidArgument;
+  if (body.size() < kFrameHeader) {
+    out.error = "a unary call carries one message; the request has none";
+    return out;
+  }
+  const auto* b = reinterpret_cast<const unsigned char*>(body.data());
+  const uint64_t length =
+      (uint64_t{b[1]} << 24) | (uint64_t{b[2]} << 16) | (uint64_t{b[3]} << 8) | uint64_t{b[4]};
+  if (b[0] != 0) {
+    out.grpc_status = http::kGrpcUnimplemented;
+    out.error = "compressed messages are not accepted (grpc-encoding identity)";
+    return out;
+  }
+  if (length > max_bytes) {
+    out.grpc_status = http::kGrpcResourceExhausted;
+    out.error = "the message is larger than " + std::to_string(max_bytes) + " bytes";
+    return out;
+  }
+  if (body.size() - kFrameHeader != length) {
+    out.error = body.size() - kFrameHeader < length
+                    ? "the message is cut short"
+                    : "a unary call carries one message; the request has more";
+    return out;
+  }
+  out.grpc_status = http::kGrpcOk;
+  out.message = body.substr(kFrameHeader);
+  return out;
+}
+
+std::string frameMessage(std::string_view message) {
+  std::string out;
+  out.reserve(kFrameHeader + message.size());
+  const auto n = static_cast<uint32_t>(message.size());
+  out += '\0';
+  out += static_cast<char>(n >> 24);
+  out += static_cast<char>((n >> 16) & 0xff);
+  out += static_cast<char>((n >> 8) & 0xff);
+  out += static_cast<char>(n & 0xff);
+  out += message;
+  return out;
+}
+
+Call* Call::make(worker::WorkerContext& worker, std::shared_ptr<worker::Snapshot> snapshot,
+                 config::RouteConfig::Service service, upstream::UpstreamCallbacks* owner) {
+  return new Call(worker, std::move(snapshot), service, owner);
+}
+
+Call::Call(worker::WorkerContext& worker, std::shared_ptr<worker::Snapshot> snapshot,
+           config::RouteConfig::Service service, upstream::UpstreamCallbacks* owner)
+    : worker_(worker),
+      snapshot_(std::move(snapshot)),
+      kind_(service),
+      owner_(owner),
+      deliver_(worker.loop(), onDeliver, this) {
+  // A body past the largest message (and its frame) is refused without reading the rest.
+  max_body_ = snapshot_->rls->requestLimits().max_message_bytes + kFrameHeader;
+}
+
+Call::~Call() {
+  for (Group& group : groups_) worker_.decisions().cancel(group.pending);
+}
+
+void Call::start(const upstream::OutgoingRequest& request) {
+  sendBody(request.body);
+  if (request.complete) run();
+}
+
+void Call::sendBody(std::string_view data) {
+  if (ran_) return;
+  if (body_.size() + data.size() > max_body_) {
+    fail(http::kGrpcResourceExhausted,
+         "the message is larger than " +
+             std::to_string(snapshot_->rls->requestLimits().max_message_bytes) + " bytes");
+    return;
+  }
+  body_.append(data);
+}
+
+void Call::endRequest(const http::HeaderMap&) { run(); }
+
+void Call::run() {
+  if (ran_) return;
+  ran_ = true;
+  const UnaryMessage unary = unaryMessage(body_, snapshot_->rls->requestLimits().max_message_bytes);
+  if (unary.grpc_status != http::kGrpcOk) {
+    fail(unary.grpc_status, unary.error);
+    return;
+  }
+  switch (kind_) {
+    case config::RouteConfig::Service::RlsShouldRateLimit:
+      runShouldRateLimit(unary.message);
+      break;
+    case config::RouteConfig::Service::GrpcHealthCheck:
+      runHealthCheck(unary.message);
+      break;
+    case config::RouteConfig::Service::None:
+      fail(http::kGrpcUnimplemented, "no such method");
+      break;
+  }
+}
+
+void Call::runHealthCheck(std::string_view message) {
+  const std::optional<std::string> name = decodeHealthCheckRequest(message);
+  if (!name) {
+    fail(http::kGrpcInvalidArgument, "malformed HealthCheckRequest");
+    return;
+  }
+  if (!knownHealthService(*name)) {
+    fail(http::kGrpcNotFound, "unknown service");
+    return;
+  }
+  const bool serving =
+      !worker_.draining() && snapshot_->valkey && worker_.stats().valkey_connected.value() == 1;
+  answer(encodeHealthCheckResponse(serving ? ServingStatus::Serving : ServingStatus::NotServing));
+}
+
+void Call::runShouldRateLimit(std::string_view message) {
+  const Service& service = *snapshot_->rls;
+  RateLimitRequest request;
+  const DecodeResult decoded = decodeRateLimitRequest(message, service.requestLimits(), request);
+  if (!decoded.ok) {
+    fail(http::kGrpcInvalidArgument, decoded.error);
+    return;
+  }
+  plan_ = planCall(service.yaml(), service.limits(), request, service.settings());
+  const std::vector<ratelimit::AppliedLimit>& applied = plan_->applied;
+  if (applied.empty()) {
+    answer(encodeRateLimitResponse(rls::answer(*plan_, nullptr, service.settings())));
+    return;
+  }
+  decision_.limits.resize(applied.size());
+  const bool each = service.charge() == config::RlsConfig::Charge::Each && applied.size() > 1;
+  groups_ = std::vector<Group>(each ? applied.size() : 1);
+  waiting_ = groups_.size();
+  // What the batcher reads after a cancel (a call split over cluster slots, taking back its
+  // charges): the plan's limits (an override's configuration is the plan's) and the YAML
+  // limits' (the service's, in this generation's snapshot).
+  const std::shared_ptr<const void> keep =
+      std::make_shared<std::pair<std::shared_ptr<CallPlan>, std::shared_ptr<worker::Snapshot>>>(
+          plan_, snapshot_);
+  for (size_t i = 0; i < groups_.size(); ++i) {
+    Group& group = groups_[i];
+    group.call = this;
+    group.first = each ? i : 0;
+    if (each) group.own.push_back(applied[i]);
+    group.pending =
+        worker_.decisions().decide(snapshot_->valkey, each ? group.own : applied, &group, keep);
+  }
+  // A group Valkey takes no call for (not connected, not answering) is decided by on_error
+  // now; its answer still goes from the loop.
+  for (Group& group : groups_) {
+    if (!group.pending) decided(group, ratelimit::decisionOnError(each ? group.own : applied));
+  }
+}
+
+void Call::Group::onDecision(const ratelimit::Decision& decision) {
+  pending = nullptr;
+  call->decided(*this, decision);
+}
+
+void Call::Group::onDecisionError(std::string_view why) {
+  pending = nullptr;
+  SLUICE_LOG_DEBUG("valkey: no decision ({}), on_error decides", logging::sanitize(why));
+  call->decided(*this, ratelimit::decisionOnError(own.empty() ? call->plan_->applied : own));
+}
+
+void Call::decided(const Group& group, const ratelimit::Decision& decision) {
+  for (size_t i = 0; i < decision.limits.size() && group.first + i < decision_.limits.size(); ++i) {
+    decision_.limits[group.first + i] = decision.limits[i];
+  }
+  if (decision.verdict != ratelimit::Decision::Verdict::Allow) {
+    decision_.verdict = decision.verdict;
+    decision_.retry_after_s = std::max(decision_.retry_after_s, decision.retry_after_s);
+  }
+  decision_.charged_at_us = std::max(decision_.charged_at_us, decision.charged_at_us);
+  if (--waiting_ > 0) return;
+  answer(encodeRateLimitResponse(rls::answer(*plan_, &decision_, snapshot_->rls->settings())));
+}
+
+void Call::answer(std::string message) {
+  if (deliver_.active() || grpc_status_ != 0) return;
+  message_ = frameMessage(message);
+  deliver_.start(0);
+}
+
+void Call::fail(int grpc_status, std::string error) {
+  if (deliver_.active() || grpc_status_ != 0) return;
+  ran_ = true;
+  grpc_status_ = grpc_status;
+  error_ = std::move(error);
+  message_.clear();
+  deliver_.start(0);
+}
+
+void Call::onDeliver(void* self) { static_cast<Call*>(self)->deliver(); }
+
+void Call::deliver() {
+  delivering_ = true;
+  http::MessageHead head;
+  head.status = 200;
+  head.version_major = 2;
+  head.version_minor = 0;
+  head.headers.add("content-type", "application/grpc");
+  owner_->onUpstreamHead(head);  // (refuses only a 101)
+  if (!finished_) {
+    if (!message_.empty()) owner_->onUpstreamBody(message_.data(), message_.size());
+    if (!finished_) {
+      http::HeaderMap trailers;
+      trailers.add("grpc-status", std::to_string(grpc_status_));
+      if (!error_.empty()) trailers.add("grpc-message", http::grpcPercentEncode(error_));
+      owner_->onUpstreamTrailers(trailers);
+    }
+    if (!finished_) owner_->onUpstreamComplete();  // the owner releases the call
+  }
+  delivering_ = false;
+  if (finished_) delete this;
+}
+
+void Call::finish() {
+  finished_ = true;
+  if (!delivering_) delete this;
+}
+
+}  // namespace sluice::rls

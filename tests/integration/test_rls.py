@@ -1,0 +1,442 @@
+"""Sluice as Envoy's rate limit service ([rls], PRODUCT.md "Rate limit service for Envoy"):
+envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit and grpc.health.v1.Health/Check on
+the [rls] listener (h2c), called as Envoy calls them, by a grpcio client whose messages are
+built from protocol/envoy_rls.proto and protocol/grpc_health.proto (protoc --python_out).
+
+The limits are envoyproxy/ratelimit's YAML ([rls] config), counted on a real redis-server in
+fixed windows (aligned as that service aligns them): per-descriptor statuses, the RateLimit
+fields for Envoy's response, all-or-nothing across descriptors (and charge = "each" for that
+service's way), hits_addend, a limit override, unlimited, shadow_mode, bad messages
+(INVALID_ARGUMENT, nothing charged), Valkey down (on_error, within the deadline), health.
+Run time: about 10 s."""
+
+from __future__ import annotations
+
+import http.client
+import importlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from conftest import free_port, metric_sum, ratelimit_toml, route_cfg
+from harness.gateway import wait_admin, wait_until
+from harness.valkey import avoid_window_boundary, hashed_part
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOULD = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+HEALTH = "/grpc.health.v1.Health/Check"
+
+EDGE_YAML = """\
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: hour
+      requests_per_unit: 3
+  - key: api_key
+    descriptors:
+      - key: path
+        value: /login
+        rate_limit:
+          unit: hour
+          requests_per_unit: 2
+  - key: internal
+    rate_limit:
+      unlimited: true
+  - key: trial
+    shadow_mode: true
+    rate_limit:
+      unit: hour
+      requests_per_unit: 1
+  - key: closed
+    rate_limit:
+      unit: hour
+      requests_per_unit: 0
+"""
+
+
+@pytest.fixture(scope="module")
+def pb(tmp_path_factory):
+    """The messages' Python classes, made by protoc from the repository's .proto files."""
+    out = tmp_path_factory.mktemp("proto")
+    subprocess.run(["protoc", f"-I{ROOT / 'protocol'}", f"--python_out={out}",
+                    "envoy_rls.proto", "grpc_health.proto"], check=True)
+    sys.path.insert(0, str(out))
+    try:
+        rls = importlib.import_module("envoy_rls_pb2")
+        health = importlib.import_module("grpc_health_pb2")
+    finally:
+        sys.path.remove(str(out))
+    return rls, health
+
+
+def start_rls(sluice_factory, upstream, valkey, tmp_path, yaml_files=None, rls_options="",
+              valkey_options=None, wait_ready=True, workers=1, time_client=None):
+    folder = tmp_path / "ratelimit"
+    folder.mkdir(exist_ok=True)
+    for name, text in (yaml_files or {"edge.yaml": EDGE_YAML}).items():
+        (folder / name).write_text(text)
+    port = free_port()
+    toml = ratelimit_toml(valkey, valkey_options=valkey_options) + (
+        f'\n[rls]\nlisten = "127.0.0.1:{port}"\nconfig = "ratelimit"\n{rls_options}\n')
+    gw = sluice_factory(upstream, routes=[route_cfg("api")], extra_toml=toml,
+                        log={"access_log": str(tmp_path / f"access{port}.log")},
+                        workers=workers)
+    gw.rls_port = port
+    if wait_ready:
+        wait_admin(gw, "/ready", 200)
+        avoid_window_boundary(time_client or valkey.client, 3600, 8.0)
+    return gw
+
+
+class Client:
+    def __init__(self, pb, port):
+        self.rls, self.health = pb
+        # Its own connection (grpcio would share one among channels to the same address).
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}",
+                                             options=[("grpc.use_local_subchannel_pool", 1)])
+        self.should = self.channel.unary_unary(
+            SHOULD, request_serializer=self.rls.RateLimitRequest.SerializeToString,
+            response_deserializer=self.rls.RateLimitResponse.FromString)
+        self.check = self.channel.unary_unary(
+            HEALTH, request_serializer=self.health.HealthCheckRequest.SerializeToString,
+            response_deserializer=self.health.HealthCheckResponse.FromString)
+
+    def request(self, *descriptors, domain="edge", hits_addend=0):
+        """descriptors: lists of (key, value) pairs, or dicts with entries/hits_addend/limit."""
+        req = self.rls.RateLimitRequest(domain=domain, hits_addend=hits_addend)
+        for d in descriptors:
+            if not isinstance(d, dict):
+                d = {"entries": d}
+            out = req.descriptors.add()
+            for key, value in d["entries"]:
+                out.entries.add(key=key, value=value)
+            if "hits_addend" in d:
+                out.hits_addend.value = d["hits_addend"]
+            if "limit" in d:
+                out.limit.requests_per_unit, out.limit.unit = d["limit"]
+        return req
+
+    def call(self, *descriptors, timeout=5.0, **kw):
+        return self.should(self.request(*descriptors, **kw), timeout=timeout)
+
+    def close(self):
+        self.channel.close()
+
+
+@pytest.fixture
+def client_factory(pb):
+    clients = []
+
+    def make(port):
+        clients.append(Client(pb, port))
+        return clients[-1]
+    yield make
+    for c in clients:
+        c.close()
+
+
+def codes(pb, response):
+    rls = pb[0]
+    return [rls.RateLimitResponse.Code.Name(s.code) for s in response.statuses]
+
+
+def test_per_descriptor_statuses_and_the_fields_for_envoys_answer(
+        sluice_factory, upstream, valkey, tmp_path, pb, client_factory):
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path)
+    c = client_factory(gw.rls_port)
+    rls = pb[0]
+    ip = [("remote_address", "203.0.113.7")]
+    for remaining in (2, 1, 0):
+        r = c.call(ip)
+        assert r.overall_code == rls.RateLimitResponse.OK, r
+        (s,) = r.statuses
+        assert s.code == rls.RateLimitResponse.OK, r
+        assert s.current_limit.requests_per_unit == 3, r
+        assert s.current_limit.unit == rls.HOUR, r
+        assert s.limit_remaining == remaining, r
+        assert 0 < s.duration_until_reset.seconds <= 3600, r
+    r = c.call(ip)
+    assert r.overall_code == rls.RateLimitResponse.OVER_LIMIT, r
+    assert codes(pb, r) == ["OVER_LIMIT"] and r.statuses[0].limit_remaining == 0, r
+    # The RateLimit fields Envoy adds to its 429 (IETF by default, as the gateway sends them).
+    fields = {h.key.lower(): h.value for h in r.response_headers_to_add}
+    assert "ratelimit-policy" in fields and "ratelimit" in fields, r
+    assert fields["ratelimit-policy"] == '"edge.remote_address";q=3;w=3600', fields
+    assert fields["ratelimit"].startswith('"edge.remote_address";r=0;t='), fields
+    # Another address has its own counter; no limit for an unknown key or domain: OK, no limit.
+    assert c.call([("remote_address", "203.0.113.8")]).overall_code == rls.RateLimitResponse.OK
+    r = c.call([("unknown", "x")])
+    assert r.overall_code == rls.RateLimitResponse.OK and not r.statuses[0].HasField(
+        "current_limit"), r
+    assert c.call(ip, domain="nobody").overall_code == rls.RateLimitResponse.OK
+    # Nested descriptors: the value must match; unlimited; shadow_mode never refuses; 0 always.
+    login = [("api_key", "k1"), ("path", "/login")]
+    assert codes(pb, c.call(login)) == ["OK"]
+    assert codes(pb, c.call(login)) == ["OK"]
+    assert codes(pb, c.call(login)) == ["OVER_LIMIT"]
+    assert codes(pb, c.call([("api_key", "k1"), ("path", "/other")])) == ["OK"]
+    r = c.call([("internal", "yes")])
+    assert codes(pb, r) == ["OK"] and r.statuses[0].limit_remaining == 2**32 - 1, r
+    for _ in range(3):
+        assert c.call([("trial", "t")]).overall_code == rls.RateLimitResponse.OK
+    assert codes(pb, c.call([("closed", "c")])) == ["OVER_LIMIT"]
+    # The calls are requests of their own route: counted, and in the access log.
+    assert metric_sum(gw, "sluice_requests_total", route="rls:should_rate_limit") >= 14
+    assert metric_sum(gw, "sluice_grpc_requests_total", route="rls:should_rate_limit",
+                      grpc_status="0") >= 14
+    log = tmp_path / f"access{gw.rls_port}.log"
+    records = wait_until(lambda: [json.loads(l) for l in log.read_text().splitlines()]
+                         if log.exists() else [], lambda recs: len(recs) >= 14, timeout=5)
+    rec = [r for r in records if r.get("route") == "rls:should_rate_limit"][-1]
+    assert rec["status"] == 200 and rec["grpc_status"] == 0 and rec["path"] == SHOULD, rec
+
+
+def test_one_call_is_all_or_nothing_unless_charge_is_each(
+        sluice_factory, upstream, valkey, tmp_path, pb, client_factory):
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path)
+    c = client_factory(gw.rls_port)
+    rls = pb[0]
+    ip = [("remote_address", "198.51.100.1")]
+    login = [("api_key", "k2"), ("path", "/login")]
+    c.call(login)
+    c.call(login)  # the login limit is spent
+    r = c.call(ip, login)
+    assert codes(pb, r) == ["OK", "OVER_LIMIT"] and r.overall_code == rls.RateLimitResponse.OVER_LIMIT
+    # Nothing was charged to the address: it still has its 3.
+    assert c.call(ip).statuses[0].limit_remaining == 2
+
+    gw2 = start_rls(sluice_factory, upstream, valkey, tmp_path, rls_options='charge = "each"')
+    c2 = client_factory(gw2.rls_port)
+    ip2 = [("remote_address", "198.51.100.2")]
+    login2 = [("api_key", "k3"), ("path", "/login")]
+    c2.call(login2)
+    c2.call(login2)
+    assert codes(pb, c2.call(ip2, login2)) == ["OK", "OVER_LIMIT"]
+    # envoyproxy/ratelimit's way: the address was charged although the call was refused.
+    assert c2.call(ip2).statuses[0].limit_remaining == 1
+
+
+def test_hits_addend_and_a_limit_override(sluice_factory, upstream, valkey, tmp_path, pb,
+                                          client_factory):
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path)
+    c = client_factory(gw.rls_port)
+    rls = pb[0]
+    ip = [("remote_address", "192.0.2.1")]
+    r = c.call(ip, hits_addend=2)
+    assert codes(pb, r) == ["OK"] and r.statuses[0].limit_remaining == 1, r
+    # A descriptor's own hits_addend wins; 0 checks without charging.
+    r = c.call({"entries": ip, "hits_addend": 0}, hits_addend=5)
+    assert codes(pb, r) == ["OK"] and r.statuses[0].limit_remaining == 1, r
+    assert codes(pb, c.call(ip, hits_addend=2)) == ["OVER_LIMIT"]
+    # Any value a client can send is bounded: never wraps into an allowance.
+    r = c.call({"entries": [("remote_address", "192.0.2.2")], "hits_addend": 2**64 - 1})
+    assert codes(pb, r) == ["OVER_LIMIT"], r
+    assert codes(pb, c.call([("remote_address", "192.0.2.2")])) == ["OK"]
+    # An override replaces the configured limit for this call's descriptor.
+    over = {"entries": [("remote_address", "192.0.2.3")], "limit": (5, rls.MINUTE)}
+    r = c.call(over)
+    assert r.statuses[0].current_limit.requests_per_unit == 5, r
+    assert r.statuses[0].current_limit.unit == rls.MINUTE, r
+
+
+def test_bad_messages_are_invalid_argument_and_charge_nothing(
+        sluice_factory, upstream, valkey, tmp_path, pb, client_factory):
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path)
+    c = client_factory(gw.rls_port)
+    ip = ("remote_address", "192.0.2.9")
+    bad = {
+        "no domain": c.request([ip], domain=""),
+        "no descriptor": c.request(),
+        "no entries": c.request([]),
+        "empty key": c.request([("", "v")]),
+        "65 descriptors": c.request(*[[ip]] * 65),
+        "17 entries": c.request([ip] * 17),
+        "a long value": c.request([("remote_address", "v" * 1025)]),
+    }
+    for what, req in bad.items():
+        with pytest.raises(grpc.RpcError) as info:
+            c.should(req, timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, info.value)
+    # Bytes that are no message at all.
+    raw = c.channel.unary_unary(SHOULD)
+    for body in (b"\xff\xff\xff", b"\x0a\x05ab"):
+        with pytest.raises(grpc.RpcError) as info:
+            raw(body, timeout=5)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (body, info.value)
+    # Past gRPC's 4 MiB receive limit: refused before the rest is read.
+    with pytest.raises(grpc.RpcError) as info:
+        raw(b"\x0a" + b"\x80\x80\x80\x03" + b"d" * (6 << 20), timeout=10)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value
+    # Nothing was charged by any of them.
+    assert c.call([ip]).statuses[0].limit_remaining == 2
+    # Another method of the service, or another service: UNIMPLEMENTED. The gateway's own
+    # listener does not serve the rate limit service.
+    with pytest.raises(grpc.RpcError) as info:
+        c.channel.unary_unary("/envoy.service.ratelimit.v3.RateLimitService/Other")(
+            b"", timeout=5)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with grpc.insecure_channel(f"127.0.0.1:{gw.port}") as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary(SHOULD)(c.request([ip]).SerializeToString(), timeout=5)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    # Not gRPC (HTTP/1.1 here): an HTTP answer.
+    conn = http.client.HTTPConnection("127.0.0.1", gw.rls_port, timeout=5)
+    conn.request("POST", SHOULD, body=b"x", headers={"Content-Type": "application/grpc"})
+    answer = conn.getresponse()
+    assert answer.status == 415, (answer.status, answer.read())
+    conn.close()
+
+
+def test_health_is_serving_only_while_valkey_answers(sluice_factory, upstream, valkey, tmp_path,
+                                                     pb, client_factory):
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path)
+    c = client_factory(gw.rls_port)
+    health = pb[1]
+    serving = health.HealthCheckResponse.SERVING
+    assert c.check(health.HealthCheckRequest(), timeout=5).status == serving
+    assert c.check(health.HealthCheckRequest(
+        service="envoy.service.ratelimit.v3.RateLimitService"), timeout=5).status == serving
+    with pytest.raises(grpc.RpcError) as info:
+        c.check(health.HealthCheckRequest(service="other"), timeout=5)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND
+    valkey.stop()
+    status = wait_until(lambda: c.check(health.HealthCheckRequest(), timeout=5).status,
+                        lambda s: s == health.HealthCheckResponse.NOT_SERVING, timeout=10)
+    assert status == health.HealthCheckResponse.NOT_SERVING
+
+
+@pytest.mark.parametrize("on_error", ["allow", "deny"])
+def test_valkey_down_is_decided_by_on_error_within_the_deadline(
+        sluice_factory, upstream, valkey, tmp_path, pb, client_factory, on_error):
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path,
+                   rls_options=f'on_error = "{on_error}"', valkey_options={"timeout": "200ms"})
+    c = client_factory(gw.rls_port)
+    rls = pb[0]
+    ip = [("remote_address", "192.0.2.20")]
+    assert c.call(ip).overall_code == rls.RateLimitResponse.OK
+    valkey.pause()  # connected, never answering: each call waits for its deadline
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            r = c.call(ip, timeout=5)
+            took = time.monotonic() - started
+            want = rls.RateLimitResponse.OK if on_error == "allow" else \
+                rls.RateLimitResponse.OVER_LIMIT
+            assert r.overall_code == want, r
+            assert took < 1.0, took  # [valkey] timeout 200ms, and a margin
+            # Unknown: no remaining, no reset; no RateLimit fields to add.
+            assert not r.response_headers_to_add, r
+    finally:
+        valkey.resume()
+
+
+HAMMER = """
+import sys, grpc
+port, n, request = int(sys.argv[1]), int(sys.argv[2]), bytes.fromhex(sys.argv[3])
+with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+    call = channel.unary_unary(sys.argv[4])
+    futures = [call.future(request, timeout=30) for _ in range(n)]
+    # overall_code is field 1: OK is 08 01, OVER_LIMIT 08 02.
+    print(sum(1 for f in futures if f.result().startswith(bytes([8, 1]))))
+"""
+
+
+def test_exact_under_8_processes_on_two_instances_of_two_workers(
+        sluice_factory, upstream, valkey, tmp_path, pb, client_factory):
+    """One descriptor's 50 per hour, asked for 240 times at once by 8 client processes over
+    two gateways of two workers each on one Valkey: exactly 50 calls are OK."""
+    yaml = {"edge.yaml": "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit:\n"
+                         "      unit: hour\n      requests_per_unit: 50\n"}
+    gateways = [start_rls(sluice_factory, upstream, valkey, tmp_path, yaml_files=yaml, workers=2)
+                for _ in range(2)]
+    request = client_factory(gateways[0].rls_port).request([("tenant", "acme")])
+    hexed = request.SerializeToString().hex()
+    procs = [subprocess.Popen([sys.executable, "-c", HAMMER, str(gateways[i % 2].rls_port), "30",
+                               hexed, SHOULD], stdout=subprocess.PIPE, text=True)
+             for i in range(8)]
+    allowed = 0
+    for p in procs:
+        out, _ = p.communicate(timeout=60)
+        assert p.returncode == 0
+        allowed += int(out.strip())
+    assert allowed == 50
+    r = client_factory(gateways[1].rls_port).call([("tenant", "acme")], hits_addend=0)
+    assert r.statuses[0].limit_remaining == 0, r
+
+
+@pytest.fixture
+def valkey_cluster(tmp_path):
+    from test_valkey_cluster import Cluster
+    c = Cluster(tmp_path)
+    yield c
+    c.stop()
+
+
+def test_on_a_cluster_a_call_over_two_slots_is_still_all_or_nothing(
+        sluice_factory, upstream, valkey_cluster, tmp_path, pb, client_factory):
+    """Descriptor values are the keys' hash tags: a call's descriptors land on different
+    primaries, each counted on the owner of its slot, and a refusal on one takes back the
+    charge made on the other."""
+    import redis
+    cluster = valkey_cluster
+    nodes = [f"127.0.0.1:{p}" for p in cluster.ports]
+    clock = redis.Redis(host="127.0.0.1", port=cluster.ports[0], socket_timeout=5)
+    gw = start_rls(sluice_factory, upstream, None, tmp_path, valkey_options={"nodes": nodes},
+                   time_client=clock)
+    c = client_factory(gw.rls_port)
+    login = [("api_key", "k9"), ("path", "/login")]
+    assert codes(pb, c.call(login)) == ["OK"]
+    assert codes(pb, c.call(login)) == ["OK"]
+    login_owner = next(p for p in cluster.ports
+                       if cluster.cli(p, "--scan", "--pattern", "*rls.*").strip())
+
+    def owner_of(ip):
+        key = f"rl:v2:rls.edge.remote_address:{{{hashed_part(ip)}}}"
+        return cluster.owner(int(cluster.cli(cluster.ports[0], "CLUSTER", "KEYSLOT", key))), key
+    ip = next(f"192.0.2.{i}" for i in range(1, 200) if owner_of(f"192.0.2.{i}")[0] != login_owner)
+    owner, key = owner_of(ip)
+    r = c.call([("remote_address", ip)], login)
+    assert codes(pb, r) == ["OK", "OVER_LIMIT"], r
+    # The address's charge on its own primary was taken back: 3 left, 2 after this call.
+    assert c.call([("remote_address", ip)]).statuses[0].limit_remaining == 2
+    assert cluster.cli(owner, "EXISTS", key) == "1"
+    # One take-back, done.
+    assert metric_sum(gw, "sluice_valkey_compensations_total", result="done") == 1
+    assert metric_sum(gw, "sluice_valkey_compensations_total", result="failed") == 0
+
+
+def test_a_reload_moves_the_listener_and_changes_the_limits(
+        sluice_factory, upstream, valkey, tmp_path, pb, client_factory):
+    from test_operations_reload import reload
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path)
+    rls = pb[0]
+    ip = [("remote_address", "192.0.2.77")]
+    assert client_factory(gw.rls_port).call(ip).statuses[0].current_limit.requests_per_unit == 3
+    # New YAML and a new port: served there at once, with the new limits.
+    (tmp_path / "ratelimit" / "edge.yaml").write_text(EDGE_YAML.replace(
+        "requests_per_unit: 3", "requests_per_unit: 7"))
+    new_port = free_port()
+    text = gw.config_path.read_text()
+    reload(gw, text.replace(f"127.0.0.1:{gw.rls_port}", f"127.0.0.1:{new_port}"))
+    r = client_factory(new_port).call(ip)
+    assert r.overall_code == rls.RateLimitResponse.OK, r
+    assert r.statuses[0].current_limit.requests_per_unit == 7, r
+    assert r.statuses[0].limit_remaining == 5, r  # the same counter, the new limit
+    with pytest.raises(grpc.RpcError) as info:
+        client_factory(gw.rls_port).call(ip, timeout=2)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    # A YAML file that service would refuse: the reload is refused, the service goes on.
+    (tmp_path / "ratelimit" / "edge.yaml").write_text("domain: edge\nratelimit: 1\n")
+    reload(gw, gw.config_path.read_text(), expect="failure")
+    assert client_factory(new_port).call(ip).statuses[0].limit_remaining == 4
+    # Without [rls], nothing listens there any more (a connection made before is served on).
+    reload(gw, text[:text.index("[rls]")])
+    with pytest.raises(grpc.RpcError) as info:
+        client_factory(new_port).call(ip, timeout=2)
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
