@@ -234,7 +234,7 @@ void Worker::applyConfig(Generation generation) {
   snapshot->policy_items = ratelimit::PolicyItems(*config);
   snapshot->tenant_cache =
       std::make_shared<identity::TenantCache>(config->identity.tenant_cache_entries);
-  if (config->rls) snapshot->rls = std::make_shared<const rls::Service>(*config);
+  if (config->rls) snapshot->rls = std::make_shared<const rls::Service>(*config, &stats_);
   const bool listen_changed =
       old && listener_ && old->config->server.listen.text != config->server.listen.text;
   // The rate limit service's listener follows [rls] listen (once the worker listens).

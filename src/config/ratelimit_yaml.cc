@@ -181,6 +181,9 @@ class Loader {
  public:
   explicit Loader(const std::string& file) : file_(file) {}
 
+  // The domain of the descriptors loaded next (their limits' paths begin with it).
+  std::string domain;
+
   const std::string& error() const { return error_; }
 
   bool fail(const YAML::Mark& mark, const std::string& why) {
@@ -344,6 +347,7 @@ class Loader {
         limit->quota_mode = quota_mode;
         limit->detailed_metric = detailed_metric;
         limit->path = full_path;
+        limit->domain = domain;
         limit->where = where(rate_limit);
         limits.push_back(limit.get());
         node->limit = std::move(limit);
@@ -489,6 +493,7 @@ bool RateLimitYaml::addFile(const std::string& file, std::string_view text, bool
       return false;
     }
     const YAML::Node descriptors = root["descriptors"];
+    loader.domain = domain;
     if (!loader.listField(descriptors, "descriptors") ||
         !loader.loadDescriptors(descriptors, *fresh, domain + ".", limits)) {
       error = loader.error();
@@ -542,6 +547,13 @@ bool RateLimitYaml::addDirectory(const std::string& dir, bool merge_domains, std
     if (!addFile(path.string(), text, merge_domains, error)) return false;
   }
   return true;
+}
+
+std::vector<std::string> RateLimitYaml::domains() const {
+  std::vector<std::string> out;
+  out.reserve(domains_.size());
+  for (const auto& entry : domains_) out.push_back(entry.first);
+  return out;
 }
 
 bool RateLimitYaml::hasDomain(std::string_view domain) const {

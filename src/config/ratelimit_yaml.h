@@ -62,7 +62,8 @@ struct ConfiguredLimit {
   // The descriptor path that holds it, as that service names its stats:
   // "domain.key1_value1.subkey1".
   std::string path;
-  std::string where;  // "FILE:LINE" of its rate_limit, for messages
+  std::string domain;  // of its file (the start of `path`)
+  std::string where;   // "FILE:LINE" of its rate_limit, for messages
 };
 
 // What a descriptor matched.
@@ -91,6 +92,7 @@ class RateLimitYaml {
 
   bool hasDomain(std::string_view domain) const;
   size_t domainCount() const { return domains_.size(); }
+  std::vector<std::string> domains() const;  // in name order
   // Every configured limit (for metrics and --check-config), in load order.
   std::vector<const ConfiguredLimit*> limits() const;
 

@@ -124,6 +124,7 @@ std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet
     } else {
       const ConfiguredLimit* limit = matches[i].limit;
       if (!limit) continue;
+      out.configured = limit;
       if (limit->unlimited) {
         out.kind = DescriptorPlan::Kind::Unlimited;
         continue;
@@ -156,6 +157,54 @@ std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet
     plan->applied.push_back(std::move(applied));
   }
   return plan;
+}
+
+const char* toString(DescriptorResult result) {
+  switch (result) {
+    case DescriptorResult::WithinLimit:
+      return "within_limit";
+    case DescriptorResult::NearLimit:
+      return "near_limit";
+    case DescriptorResult::OverLimit:
+      return "over_limit";
+    case DescriptorResult::ShadowOverLimit:
+      return "shadow_over_limit";
+    case DescriptorResult::Error:
+      return "error";
+    case DescriptorResult::None:
+      break;
+  }
+  return "none";
+}
+
+DescriptorResult descriptorResult(const DescriptorPlan& descriptor,
+                                  const ratelimit::Decision* decision) {
+  switch (descriptor.kind) {
+    case DescriptorPlan::Kind::NoLimit:
+      return DescriptorResult::None;
+    case DescriptorPlan::Kind::Unlimited:
+      return DescriptorResult::WithinLimit;
+    case DescriptorPlan::Kind::Zero:
+      return descriptor.shadow ? DescriptorResult::ShadowOverLimit : DescriptorResult::OverLimit;
+    case DescriptorPlan::Kind::Counted:
+      break;
+  }
+  if (!decision || descriptor.index >= decision->limits.size()) return DescriptorResult::Error;
+  const ratelimit::LimitResult& r = decision->limits[descriptor.index];
+  switch (r.outcome) {
+    case ratelimit::Outcome::Denied:
+      return DescriptorResult::OverLimit;
+    case ratelimit::Outcome::ShadowDenied:
+      return DescriptorResult::ShadowOverLimit;
+    case ratelimit::Outcome::ErrorAllowed:
+    case ratelimit::Outcome::ErrorDenied:
+      return DescriptorResult::Error;
+    case ratelimit::Outcome::Allowed:
+    case ratelimit::Outcome::Skipped:
+      break;
+  }
+  // Near: at most a fifth of the limit left after this call (r.limit * 0.2, without rounding).
+  return r.remaining * 5 <= r.limit ? DescriptorResult::NearLimit : DescriptorResult::WithinLimit;
 }
 
 RateLimitResponse answer(const CallPlan& plan, const ratelimit::Decision* decision,

@@ -71,6 +71,9 @@ struct DescriptorPlan {
   CurrentLimit current;  // the limit as the response states it (Counted, Zero)
   bool shadow = false;
   size_t index = 0;
+  // The YAML limit that applied (what its metrics are counted under); null for none, or for
+  // a limit override of the call.
+  const ConfiguredLimit* configured = nullptr;
 };
 
 struct CallPlan {
@@ -83,6 +86,20 @@ struct CallPlan {
 std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet& limits,
                                    const RateLimitRequest& request,
                                    const ServiceSettings& settings);
+
+// What became of a descriptor, as the service's metrics count it (in the order of
+// stats::RlsResult's values).
+enum class DescriptorResult {
+  WithinLimit,      // OK (an unlimited limit too)
+  NearLimit,        // OK, with at most a fifth of the limit left (envoyproxy/ratelimit's 80%)
+  OverLimit,        // OVER_LIMIT
+  ShadowOverLimit,  // over its limit in shadow_mode: answered OK
+  Error,            // Valkey did not decide: on_error answered
+  None,             // no limit applied: not counted
+};
+const char* toString(DescriptorResult result);
+DescriptorResult descriptorResult(const DescriptorPlan& descriptor,
+                                  const ratelimit::Decision* decision);
 
 // The response to a call: `decision` is Valkey's (or the on_error policy's, as the decision
 // code makes it), null when the plan applied no limit.

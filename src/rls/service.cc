@@ -22,7 +22,7 @@ bool knownHealthService(std::string_view name) {
 
 }  // namespace
 
-Service::Service(const config::Config& config)
+Service::Service(const config::Config& config, stats::WorkerStats* stats)
     : settings_([&] {
         ServiceSettings s;
         s.key_prefix = config.valkey.key_prefix;
@@ -34,7 +34,31 @@ Service::Service(const config::Config& config)
       yaml_(config.rls && config.rls->yaml ? config.rls->yaml
                                            : std::make_shared<const RateLimitYaml>()),
       limits_(*yaml_, settings_),
-      charge_(config.rls ? config.rls->charge : config::RlsConfig::Charge::AllOrNothing) {}
+      charge_(config.rls ? config.rls->charge : config::RlsConfig::Charge::AllOrNothing) {
+  if (!stats) return;
+  // A limit's pattern is its path within its domain (envoyproxy/ratelimit's stats key):
+  // "remote_address", "api_key.path_/login".
+  for (const ConfiguredLimit* limit : yaml_->limits()) {
+    const std::string_view path = limit->path;
+    counters_.emplace(limit,
+                      &stats->rls_descriptors.resolve(limit->domain)
+                           .resolve(path.substr(std::min(path.size(), limit->domain.size() + 1))));
+  }
+  for (const std::string& domain : yaml_->domains()) {
+    overrides_.emplace(domain, &stats->rls_descriptors.resolve(domain).resolve("override"));
+  }
+}
+
+Service::Counters* Service::counters(std::string_view domain,
+                                     const DescriptorPlan& descriptor) const {
+  if (descriptor.configured) {
+    auto it = counters_.find(descriptor.configured);
+    return it == counters_.end() ? nullptr : it->second;
+  }
+  if (descriptor.kind == DescriptorPlan::Kind::NoLimit) return nullptr;
+  auto it = overrides_.find(domain);  // a limit override of the call
+  return it == overrides_.end() ? nullptr : it->second;
+}
 
 UnaryMessage unaryMessage(std::string_view body, size_t max_bytes) {
   UnaryMessage out;
@@ -163,9 +187,10 @@ void Call::runShouldRateLimit(std::string_view message) {
     return;
   }
   plan_ = planCall(service.yaml(), service.limits(), request, service.settings());
+  domain_ = std::move(request.domain);
   const std::vector<ratelimit::AppliedLimit>& applied = plan_->applied;
   if (applied.empty()) {
-    answer(encodeRateLimitResponse(rls::answer(*plan_, nullptr, service.settings())));
+    answerPlan(nullptr);
     return;
   }
   decision_.limits.resize(applied.size());
@@ -214,7 +239,19 @@ void Call::decided(const Group& group, const ratelimit::Decision& decision) {
   }
   decision_.charged_at_us = std::max(decision_.charged_at_us, decision.charged_at_us);
   if (--waiting_ > 0) return;
-  answer(encodeRateLimitResponse(rls::answer(*plan_, &decision_, snapshot_->rls->settings())));
+  answerPlan(&decision_);
+}
+
+void Call::answerPlan(const ratelimit::Decision* decision) {
+  const Service& service = *snapshot_->rls;
+  for (const DescriptorPlan& descriptor : plan_->descriptors) {
+    const DescriptorResult result = descriptorResult(descriptor, decision);
+    if (result == DescriptorResult::None) continue;
+    if (Service::Counters* counters = service.counters(domain_, descriptor)) {
+      (*counters)[result].inc();
+    }
+  }
+  answer(encodeRateLimitResponse(rls::answer(*plan_, decision, service.settings())));
 }
 
 void Call::answer(std::string message) {

@@ -13,9 +13,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "config/config.h"
@@ -23,6 +25,7 @@
 #include "ratelimit/batcher.h"
 #include "rls/call_plan.h"
 #include "rls/messages.h"
+#include "stats/stats.h"
 #include "upstream/upstream_request.h"
 
 namespace sluice::worker {
@@ -36,13 +39,19 @@ namespace sluice::rls {
 // when it takes the generation): the settings, and the YAML limits as Sluice limits.
 class Service {
  public:
-  explicit Service(const config::Config& config);
+  using Counters = stats::Indexed<stats::Counter, stats::RlsResult>;
+
+  // `stats`: the worker's, whose series of the YAML limits it resolves (null: none counted).
+  Service(const config::Config& config, stats::WorkerStats* stats);
 
   const ServiceSettings& settings() const { return settings_; }
   const RateLimitYaml& yaml() const { return *yaml_; }
   const YamlLimitSet& limits() const { return limits_; }
   config::RlsConfig::Charge charge() const { return charge_; }
   const RequestLimits& requestLimits() const { return request_limits_; }
+  // The series a descriptor counts in: its YAML limit's, or its domain's "override"; null
+  // when none (no limit applied, or no stats).
+  Counters* counters(std::string_view domain, const DescriptorPlan& descriptor) const;
 
  private:
   ServiceSettings settings_;
@@ -50,6 +59,8 @@ class Service {
   YamlLimitSet limits_;
   config::RlsConfig::Charge charge_;
   RequestLimits request_limits_;
+  std::unordered_map<const ConfiguredLimit*, Counters*> counters_;
+  std::map<std::string, Counters*, std::less<>> overrides_;  // by domain
 };
 
 // A unary gRPC call's message in its frame (gRPC's Length-Prefixed-Message: a compressed flag
@@ -107,6 +118,8 @@ class Call final : public upstream::UpstreamRequest {
   void runHealthCheck(std::string_view message);
   // A group's decision (Valkey's, or its on_error's) came: the answer once every one did.
   void decided(const Group& group, const ratelimit::Decision& decision);
+  // The answer to ShouldRateLimit (`decision` null: no limit counted), its descriptors counted.
+  void answerPlan(const ratelimit::Decision* decision);
   // The answer: a message with grpc-status 0, or none with `grpc_status` and `error`. It goes
   // to the owner from the loop (these may run inside the owner's call).
   void answer(std::string message);
@@ -127,6 +140,7 @@ class Call final : public upstream::UpstreamRequest {
   bool finished_ = false;    // released or aborted: deleted when the owner's callback is over
   // ShouldRateLimit: the plan, its decisions, and their results in plan order.
   std::shared_ptr<CallPlan> plan_;
+  std::string domain_;
   std::vector<Group> groups_;
   ratelimit::Decision decision_;
   size_t waiting_ = 0;

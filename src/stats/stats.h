@@ -192,6 +192,14 @@ struct UpstreamProtocol {
 struct Node {
   static constexpr const char* kName = "node";
 };  // a Valkey Cluster node, host:port
+// The rate limit service's: a YAML domain, and a limit's descriptor path within it
+// ("remote_address", "api_key.path_/login"; "override" for a call's own limit).
+struct RlsDomain {
+  static constexpr const char* kName = "domain";
+};
+struct RlsPattern {
+  static constexpr const char* kName = "pattern";
+};
 
 // An HTTP status: llhttp reads three digits at most, the gateway's own are below 600.
 struct Status {
@@ -287,6 +295,14 @@ struct Redirect : Listed<Redirect> {
   static constexpr const char* kName = "kind";
   enum Value : size_t { Moved, Ask, TryAgain, kSize };
   static constexpr std::array<const char*, kSize> kValues = {"moved", "ask", "tryagain"};
+};
+
+// In the order of rls::DescriptorResult (stats_test checks the names against its toString).
+struct RlsResult : Listed<RlsResult> {
+  static constexpr const char* kName = "result";
+  static constexpr std::array kValues = {"within_limit", "near_limit", "over_limit",
+                                         "shadow_over_limit", "error"};
+  static constexpr size_t kSize = kValues.size();
 };
 
 struct CompensationResult : Listed<CompensationResult> {
@@ -388,6 +404,11 @@ enum class Show { Always, Counted };
     "Requests answered, by route and status.", Route, Status)                                      \
   M(decisions, Counter, "sluice_ratelimit_decisions_total", Show::Counted,                       \
     "Rate-limit decisions, by limit and outcome.", Limit, Outcome)                                 \
+  M(rls_descriptors, Counter, "sluice_rls_descriptors_total", Show::Counted,                     \
+    "Rate limit service: descriptors of ShouldRateLimit calls that a limit applied to, by domain, " \
+    "pattern (the limit's descriptor path) and result (within_limit, near_limit: a fifth or less " \
+    "left, over_limit, shadow_over_limit, error: on_error answered).", RlsDomain, RlsPattern,       \
+    RlsResult)                                                                                     \
   M(upstream_errors, Counter, "sluice_upstream_errors_total", Show::Counted,                     \
     "Upstream failures, by upstream and kind.", Upstream, UpstreamError)                           \
   M(upstream_latency, Histogram, "sluice_upstream_latency_seconds", Show::Counted,               \

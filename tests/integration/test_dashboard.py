@@ -272,10 +272,16 @@ def test_grafana_provisioning_points_at_prometheus_and_the_dashboard():
 
 # ------------------------------------------------------------------ queries against a real Sluice
 
-def test_every_metric_the_dashboard_queries_is_exposed_by_sluice(sluice_factory, upstream, valkey):
+def pb_field(number, data):
+    """A length-delimited protobuf field (lengths below 128 here)."""
+    return bytes([number << 3 | 2, len(data)]) + data
+
+
+def test_every_metric_the_dashboard_queries_is_exposed_by_sluice(sluice_factory, upstream, valkey,
+                                                                tmp_path):
     """A gateway with a limit of 2 on route "api" and one on route "other": 2 allowed, 1 refused
-    (429), 1 allowed on "other", a 404 (no route), a 502 (an upstream nobody listens on) and a gRPC
-    call with no route (grpc-status 12). Then
+    (429), 1 allowed on "other", a 404 (no route), a 502 (an upstream nobody listens on), a gRPC
+    call with no route (grpc-status 12) and a ShouldRateLimit call to its [rls] listener. Then
     every metric of every dashboard query must be in its GET /metrics, with the labels it selects
     and groups by (checked on the families that have samples); and a bogus metric must be
     caught."""
@@ -286,7 +292,14 @@ def test_every_metric_the_dashboard_queries_is_exposed_by_sluice(sluice_factory,
               route_cfg("broken", ["per_ip"], match={"path_prefix": "/broken"}, upstream="dead")]
     upstreams = [{"name": "app", "endpoints": [upstream]},
                  {"name": "dead", "endpoints": [free_port()], "fail_timeout": "0s"}]
-    gw = sluice_with_limits(sluice_factory, None, valkey, limits, routes, upstreams=upstreams)
+    (tmp_path / "ratelimit").mkdir()
+    (tmp_path / "ratelimit" / "edge.yaml").write_text(
+        "domain: edge\ndescriptors:\n  - key: remote_address\n"
+        "    rate_limit: {unit: hour, requests_per_unit: 5}\n")
+    rls_port = free_port()
+    gw = sluice_with_limits(sluice_factory, None, valkey, limits, routes, upstreams=upstreams,
+                            extra_toml=f'[rls]\nlisten = "127.0.0.1:{rls_port}"\n'
+                                       'config = "ratelimit"\n')
     statuses = [gw.get("/echo", [("X-Client", "d1")]).status for _ in range(3)]
     assert statuses == [200, 200, 429]
     assert gw.get("/status/200").status == 200
@@ -296,11 +309,22 @@ def test_every_metric_the_dashboard_queries_is_exposed_by_sluice(sluice_factory,
         s = c.response(c.request("POST", "/pkg.Svc/Nope", [("content-type", "application/grpc")],
                                  b"\x00\x00\x00\x00\x00"))
         assert s.status == 200 and s.header("grpc-status") == "12", s
+    # ShouldRateLimit {domain: edge, descriptors: [[remote_address=192.0.2.1]]}, framed.
+    message = pb_field(1, b"edge") + pb_field(2, pb_field(1, pb_field(1, b"remote_address") +
+                                                   pb_field(2, b"192.0.2.1")))
+    with open_h2(rls_port) as c:
+        s = c.response(c.request(
+            "POST", "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            [("content-type", "application/grpc"), ("te", "trailers")],
+            b"\x00" + len(message).to_bytes(4, "big") + message))
+        assert s.status == 200 and dict(s.trailers).get("grpc-status") == "0", s
 
-    m = scrape(gw, requests=7)
+    m = scrape(gw, requests=8)
     assert m.get("sluice_ratelimit_decisions_total", limit="per_client", outcome="denied") == 1
     assert m.get("sluice_requests_total", route="api", status="429") == 1
     assert m.get("sluice_upstream_errors_total", upstream="dead", kind="connect_failed") == 1
+    assert m.get("sluice_rls_descriptors_total", domain="edge", pattern="remote_address",
+                 result="within_limit") == 1
 
     queries = dashboard_queries(dashboard())
     assert len(queries) >= 10, queries
@@ -314,7 +338,7 @@ def test_every_metric_the_dashboard_queries_is_exposed_by_sluice(sluice_factory,
     for family in ("sluice_requests_total", "sluice_ratelimit_decisions_total",
                    "sluice_valkey_latency_seconds", "sluice_upstream_latency_seconds",
                    "sluice_connections_open", "sluice_valkey_errors_total",
-                   "sluice_grpc_requests_total"):
+                   "sluice_grpc_requests_total", "sluice_rls_descriptors_total"):
         assert family in used, family
     assert any(f.startswith("sluice_valkey_node_") for f in used)
 

@@ -186,6 +186,17 @@ def test_per_descriptor_statuses_and_the_fields_for_envoys_answer(
     for _ in range(3):
         assert c.call([("trial", "t")]).overall_code == rls.RateLimitResponse.OK
     assert codes(pb, c.call([("closed", "c")])) == ["OVER_LIMIT"]
+    # Each descriptor a limit applied to, by domain, pattern and result.
+    def counted(pattern, result):
+        return metric_sum(gw, "sluice_rls_descriptors_total", domain="edge", pattern=pattern,
+                          result=result)
+    assert counted("remote_address", "within_limit") == 3  # 2 and 1 left, and the other address
+    assert counted("remote_address", "near_limit") == 1    # 0 left: a fifth of 3 or less
+    assert counted("remote_address", "over_limit") == 1
+    assert counted("api_key.path_/login", "over_limit") == 1
+    assert counted("trial", "shadow_over_limit") == 2
+    assert counted("closed", "over_limit") == 1
+    assert counted("internal", "within_limit") == 1
     # The calls are requests of their own route: counted, and in the access log.
     assert metric_sum(gw, "sluice_requests_total", route="rls:should_rate_limit") >= 14
     assert metric_sum(gw, "sluice_grpc_requests_total", route="rls:should_rate_limit",
@@ -242,6 +253,8 @@ def test_hits_addend_and_a_limit_override(sluice_factory, upstream, valkey, tmp_
     over = {"entries": [("remote_address", "192.0.2.3")], "limit": (5, rls.MINUTE)}
     r = c.call(over)
     assert r.statuses[0].current_limit.requests_per_unit == 5, r
+    assert metric_sum(gw, "sluice_rls_descriptors_total", domain="edge", pattern="override",
+                      result="within_limit") == 1
     assert r.statuses[0].current_limit.unit == rls.MINUTE, r
 
 
@@ -332,6 +345,8 @@ def test_valkey_down_is_decided_by_on_error_within_the_deadline(
             assert took < 1.0, took  # [valkey] timeout 200ms, and a margin
             # Unknown: no remaining, no reset; no RateLimit fields to add.
             assert not r.response_headers_to_add, r
+        assert metric_sum(gw, "sluice_rls_descriptors_total", domain="edge",
+                          pattern="remote_address", result="error") == 3
     finally:
         valkey.resume()
 

@@ -170,6 +170,43 @@ TEST_SUITE("rls: a call planned and answered") {
     }
   }
 
+  TEST_CASE("each descriptor's result, as the metrics count it, and the limit it counts under") {
+    Fixture f;
+    const auto plan = f.plan(
+        call({entry("remote_address", "10.0.0.1"), entry("api_key", "k1"), entry("trial", "t"),
+              entry("trusted", "y"), entry("blocked", "b"), entry("unknown", "x")}));
+    REQUIRE(plan->descriptors.size() == 6);
+    CHECK(plan->descriptors[0].configured->path == "edge.remote_address");
+    CHECK(plan->descriptors[0].configured->domain == "edge");
+    CHECK(plan->descriptors[3].configured->unlimited);
+    CHECK(plan->descriptors[5].configured == nullptr);
+    // 20 per minute: 4 left is near (a fifth), 5 is not; 201 of 1000 is not, 200 is.
+    ratelimit::Decision d = decided(*plan, {4, 201, 0}, {false, false, true});
+    const auto result = [&](size_t i, const ratelimit::Decision* dd) {
+      return descriptorResult(plan->descriptors[i], dd);
+    };
+    CHECK((result(0, &d) == DescriptorResult::NearLimit));
+    CHECK((result(1, &d) == DescriptorResult::WithinLimit));
+    CHECK((result(2, &d) == DescriptorResult::ShadowOverLimit));  // shadow_mode refused
+    CHECK((result(3, &d) == DescriptorResult::WithinLimit));      // unlimited
+    CHECK((result(4, &d) == DescriptorResult::OverLimit));        // requests_per_unit 0
+    CHECK((result(5, &d) == DescriptorResult::None));
+    d = decided(*plan, {5, 200, 1}, {false, false, false});
+    CHECK((result(0, &d) == DescriptorResult::WithinLimit));
+    CHECK((result(2, &d) == DescriptorResult::WithinLimit));
+    d = decided(*plan, {6, 200, 1}, {true, false, false});
+    CHECK((result(0, &d) == DescriptorResult::OverLimit));
+    CHECK((result(1, &d) == DescriptorResult::NearLimit));
+    d = ratelimit::decisionOnError(plan->applied);
+    CHECK((result(0, &d) == DescriptorResult::Error));
+    CHECK((result(4, &d) == DescriptorResult::OverLimit));  // decided without Valkey
+    CHECK((result(0, nullptr) == DescriptorResult::Error));
+    // An override counts under no YAML limit (its domain's "override").
+    Descriptor own = entry("remote_address", "10.0.0.1");
+    own.limit = LimitOverride{5, Unit::Second};
+    CHECK(f.plan(call({own}))->descriptors[0].configured == nullptr);
+  }
+
   TEST_CASE("hits_addend: the request's, a descriptor's own (0 checks only), bounded") {
     Fixture f;
     RateLimitRequest r =

@@ -20,6 +20,7 @@
 #include "admin/metrics.h"
 #include "config/loader.h"
 #include "ratelimit/decision.h"
+#include "rls/call_plan.h"
 #include "upstream/upstream_connection.h"
 #include "valkey/store.h"
 #include "worker/worker_context.h"
@@ -341,6 +342,11 @@ TEST_SUITE("stats") {
     }
     CHECK(std::string(sluice::upstream::toString(
               sluice::upstream::UpstreamError(UpstreamError::kSize))) == "unknown");
+    for (size_t i = 0; i < RlsResult::kSize; ++i) {
+      CHECK(RlsResult::value(i) == sluice::rls::toString(sluice::rls::DescriptorResult(i)));
+    }
+    CHECK(std::string(sluice::rls::toString(sluice::rls::DescriptorResult(RlsResult::kSize))) ==
+          "none");
     using sluice::valkey::Failure;
     CHECK(ValkeyError::value(ValkeyError::NotConnected) == toString(Failure::NotConnected));
     CHECK(ValkeyError::value(ValkeyError::Timeout) == toString(Failure::Timeout));
@@ -357,7 +363,7 @@ TEST_SUITE("stats") {
 
   TEST_CASE("the table: every name once, a known type, help, and valid label names") {
     const auto& table = metricTable();
-    CHECK(table.size() == 34);
+    CHECK(table.size() == 35);
     std::set<std::string_view> names;
     for (const MetricInfo& m : table) {
       INFO(std::string(m.name));

@@ -321,15 +321,17 @@ def hashed_part(value) -> str:
 def sluice_with_limits(sluice_factory, upstream, valkey, limits: list, routes: Optional[list] = None,
                        *, identity: Optional[dict] = None, plans: Iterable = (),
                        tenants: Iterable = (), valkey_options: Optional[dict] = None,
-                       wait_ready: bool = True, **kw) -> Sluice:
+                       wait_ready: bool = True, extra_toml: str = "", **kw) -> Sluice:
     """A gateway in front of `upstream` with these limits (by default one catch-all route "api"
-    with all of them), waiting until /ready says Valkey answers on every worker."""
+    with all of them), waiting until /ready says Valkey answers on every worker. `extra_toml`
+    follows the limits' tables."""
     if routes is None:
         routes = [route_cfg("api", [l["name"] for l in limits])]
     gw = sluice_factory(upstream, routes=routes,
                         extra_toml=ratelimit_toml(valkey, limits=limits, identity=identity,
                                                   plans=plans, tenants=tenants,
-                                                  valkey_options=valkey_options), **kw)
+                                                  valkey_options=valkey_options) + extra_toml,
+                        **kw)
     if wait_ready:
         wait_admin(gw, "/ready", 200)
         # Counts in these tests are exact: never start one a few seconds before a boundary of a
