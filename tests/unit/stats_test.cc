@@ -437,6 +437,9 @@ TEST_SUITE("admin metrics") {
     w.requests.resolve("api")[200].inc();
     w.grpc_requests.resolve("api")[sluice::stats::GrpcCode::index(8)].inc();
     w.decisions.resolve("per_ip")[sluice::ratelimit::Outcome::Denied].inc();
+    w.rls_descriptors.resolve("edge")
+        .resolve("remote_address")[RlsResult::index("over_limit")]
+        .inc();
     w.upstream_errors.resolve("app")[sluice::upstream::UpstreamError::Reset].inc();
     w.upstream_latency.resolve("app").observeMicros(100);
     w.upstream_connections_open.resolve("app").resolve("h2c").add(1);
