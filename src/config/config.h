@@ -256,6 +256,23 @@ struct TenantConfig {
 
 class RateLimitYaml;
 
+// [[rls.descriptor]]: the descriptors of a domain whose keys are `entries` (in order, each
+// value that one when set) are decided by a Sluice limit, keyed by their values.
+struct RlsDescriptorConfig {
+  struct Entry {
+    std::string key;
+    std::string value;  // "": any value
+  };
+  std::string domain;
+  std::vector<Entry> entries;
+  std::string limit;
+  size_t limit_index = 0;  // into Config::limits
+  // For each part of the limit's `by`, in order: the entry whose value it is.
+  std::vector<size_t> key_entries;
+  // As the metrics name it, envoyproxy/ratelimit's way: "key1_value1.key2".
+  std::string pattern;
+};
+
 // [rls]: Sluice as Envoy's rate limit service (PRODUCT.md "Rate limit service for Envoy").
 struct RlsConfig {
   SocketAddress listen;               // gRPC, h2c (TLS with [rls.tls])
@@ -267,7 +284,8 @@ struct RlsConfig {
   // under its limit is charged anyway (envoyproxy/ratelimit's way).
   enum class Charge { AllOrNothing, Each };
   Charge charge = Charge::AllOrNothing;
-  OnError on_error = OnError::Allow;  // the YAML limits' policy when Valkey fails
+  OnError on_error = OnError::Allow;             // the YAML limits' policy when Valkey fails
+  std::vector<RlsDescriptorConfig> descriptors;  // [[rls.descriptor]], in order
 };
 
 struct Config {

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <tuple>
@@ -83,6 +84,7 @@ void Loader::loadRls(TableReader& r) {
       }
     }
   }
+  entries(r, "descriptor", [&](TableReader& e) { loadRlsDescriptor(e, rls); });
   config_.rls = std::move(rls);
   // The calls the listener answers, as routes of their own (the requests, the access log
   // and the gRPC counters name them like any route).
@@ -98,6 +100,105 @@ void Loader::loadRls(TableReader& r) {
     route.match.methods = {"POST"};
     route.service = service;
   }
+}
+
+// [[rls.descriptor]]: a descriptor pattern of a domain decided by a Sluice limit.
+void Loader::loadRlsDescriptor(TableReader& r, RlsConfig& rls) {
+  RlsDescriptorConfig d;
+  if (auto v = r.string("domain")) {
+    if (v->empty()) r.error("domain", "must not be empty");
+    d.domain = *v;
+  } else if (!r.has("domain")) {
+    r.missing("domain");
+  }
+  bool entries_ok = false;
+  if (auto items = r.strings("entries")) {
+    entries_ok = true;
+    if (items->empty() || items->size() > 16) {
+      r.error("entries", "must list 1 to 16 keys, as a descriptor has them");
+      entries_ok = false;
+    }
+    for (const StringItem& item : *items) {
+      // "key", or "key=value" (the first '=' ends the key).
+      const size_t eq = item.value.find('=');
+      RlsDescriptorConfig::Entry entry{item.value.substr(0, eq),
+                                       eq == std::string::npos ? "" : item.value.substr(eq + 1)};
+      if (entry.key.empty() || (eq != std::string::npos && entry.value.empty())) {
+        diag_.add(*item.node, item.path,
+                  "expected \"key\" or \"key=value\", got " + loader_internal::quoted(item.value));
+        entries_ok = false;
+      }
+      if (!d.pattern.empty()) d.pattern += '.';
+      d.pattern += entry.value.empty() ? entry.key : entry.key + "_" + entry.value;
+      d.entries.push_back(std::move(entry));
+    }
+  } else if (!r.has("entries")) {
+    r.missing("entries");
+  }
+  const LimitConfig* limit = nullptr;
+  if (auto name = r.string("limit")) {
+    d.limit = *name;
+    if (const auto* entry = limits_.find(*name)) {
+      d.limit_index = entry->index;
+      limit = &config_.limits[entry->index];
+      if (limit->algorithm == Algorithm::Concurrency) {
+        r.error("limit", "limit " + loader_internal::quoted(*name) +
+                             " is a concurrency limit: its slot would need a release, which "
+                             "ShouldRateLimit has no call for (not served in this version)");
+        limit = nullptr;
+      } else if (!limit->cost_from_header.empty()) {
+        r.error("limit", "limit " + loader_internal::quoted(*name) +
+                             " has cost_from: a rate limit service never sees the response");
+        limit = nullptr;
+      }
+    } else {
+      r.error("limit",
+              "unknown limit " + loader_internal::quoted(*name) + didYouMean(*name, limits_.names));
+    }
+  } else if (!r.has("limit")) {
+    r.missing("limit");
+  }
+  // The entries whose values key the limit: `key`, else every entry without a fixed value.
+  const bool has_key = r.has("key");
+  if (auto items = r.strings("key")) {
+    for (const StringItem& item : *items) {
+      size_t i = 0;
+      while (i < d.entries.size() && d.entries[i].key != item.value) ++i;
+      if (i == d.entries.size()) {
+        if (entries_ok) {
+          diag_.add(*item.node, item.path,
+                    "not a key of entries: " + loader_internal::quoted(item.value));
+        }
+        entries_ok = false;
+      }
+      d.key_entries.push_back(i);
+    }
+  } else if (!has_key) {
+    for (size_t i = 0; i < d.entries.size(); ++i) {
+      if (d.entries[i].value.empty()) d.key_entries.push_back(i);
+    }
+  }
+  if (limit && entries_ok && d.key_entries.size() != limit->by.size()) {
+    std::string by;
+    for (const KeyPart& part : limit->by) by += (by.empty() ? "" : ", ") + part.text;
+    r.error(has_key ? "key" : "entries",
+            "limit " + loader_internal::quoted(d.limit) + " is keyed on " +
+                std::to_string(limit->by.size()) + " part(s) (" + by + "), and " +
+                std::to_string(d.key_entries.size()) +
+                " entry value(s) key it here: name the entries that do in `key`, in the order "
+                "of its `by`");
+  }
+  for (size_t i = 0; i < rls.descriptors.size(); ++i) {
+    const RlsDescriptorConfig& other = rls.descriptors[i];
+    const bool same_entries = std::equal(
+        other.entries.begin(), other.entries.end(), d.entries.begin(), d.entries.end(),
+        [](const auto& a, const auto& b) { return a.key == b.key && a.value == b.value; });
+    if (other.domain == d.domain && same_entries && !d.entries.empty()) {
+      r.error("entries", "the same pattern as rls.descriptor[" + std::to_string(i) +
+                             "] (the first would always match)");
+    }
+  }
+  rls.descriptors.push_back(std::move(d));
 }
 
 }  // namespace sluice::config::loader_internal

@@ -133,6 +133,7 @@ class Loader {
   void loadTenant(TableReader& r);
 
   void loadRls(TableReader& r);
+  void loadRlsDescriptor(TableReader& r, RlsConfig& rls);
 
   Diagnostics& diag_;
   Config& config_;

@@ -4,9 +4,11 @@
 #include <limits>
 #include <unordered_set>
 
+#include "core/ip_address.h"
 #include "http/headers.h"
 #include "ratelimit/headers.h"
 #include "ratelimit/keys.h"
+#include "ratelimit/quota.h"
 
 namespace sluice::rls {
 
@@ -84,12 +86,82 @@ const YamlLimitSet::Counted* YamlLimitSet::find(const ConfiguredLimit* limit) co
 
 std::string limitKeyName(std::string_view path) { return "rls." + ratelimit::encodeKeyPart(path); }
 
+TomlMappings::TomlMappings(const config::Config& config) {
+  if (!config.rls) return;
+  for (const config::RlsDescriptorConfig& pattern : config.rls->descriptors) {
+    by_domain_[pattern.domain].push_back(patterns_.size());
+    patterns_.push_back(&pattern);
+    limits_.push_back(&config.limits[pattern.limit_index]);
+  }
+}
+
+size_t TomlMappings::find(std::string_view domain, const Descriptor& descriptor) const {
+  auto it = by_domain_.find(domain);
+  if (it == by_domain_.end()) return kNone;
+  for (size_t index : it->second) {
+    const auto& entries = patterns_[index]->entries;
+    if (entries.size() != descriptor.entries.size()) continue;
+    bool match = true;
+    for (size_t i = 0; match && i < entries.size(); ++i) {
+      match = entries[i].key == descriptor.entries[i].key &&
+              (entries[i].value.empty() || entries[i].value == descriptor.entries[i].value);
+    }
+    if (match) return index;
+  }
+  return kNone;
+}
+
+namespace {
+
+// The unit a Sluice limit's window is stated in: the unit of that length, else the next one
+// up (current_limit has no other way to say it; the RateLimit fields carry the window itself).
+Unit unitOfWindow(config::Duration window) {
+  const uint64_t seconds = static_cast<uint64_t>(std::max<int64_t>(window.count(), 0) + 999) / 1000;
+  for (Unit unit : {Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Month}) {
+    if (unitSeconds(unit) >= seconds) return unit;
+  }
+  return Unit::Year;
+}
+
+// A descriptor decided by the Sluice limit of a [[rls.descriptor]] pattern: its key is the
+// limit's own, of the entries' values in the order of its `by` (so that the gateway's requests
+// and the service's calls share a counter when their values agree; an ip part in its
+// canonical text, as the gateway writes it).
+ratelimit::AppliedLimit mappedLimit(const TomlMappings& toml, size_t index,
+                                    const Descriptor& descriptor, uint64_t hits,
+                                    const ServiceSettings& settings) {
+  const config::RlsDescriptorConfig& pattern = toml.pattern(index);
+  const config::LimitConfig& limit = toml.limit(index);
+  ratelimit::AppliedLimit applied;
+  applied.config = &limit;
+  ratelimit::beginLimitKey(&applied.key, settings.key_prefix, limit.name);
+  for (size_t part = 0; part < limit.by.size() && part < pattern.key_entries.size(); ++part) {
+    const std::string& value = descriptor.entries[pattern.key_entries[part]].value;
+    std::optional<IpAddress> ip;
+    if (limit.by[part].kind == config::KeyPartKind::Ip) ip = IpAddress::parse(value);
+    ratelimit::appendKeyPart(&applied.key, part, limit.by[part],
+                             ip ? ip->unmapped().toString() : value, settings.key_secret);
+  }
+  ratelimit::endLimitKey(&applied.key);
+  ratelimit::resolveQuota(limit, nullptr, &applied);
+  // The limit's cost for each hit, bounded: never a wrapped one.
+  const uint64_t max = static_cast<uint64_t>(ratelimit::kMaxCost);
+  const uint64_t cost = static_cast<uint64_t>(std::max<int64_t>(limit.cost, 0));
+  applied.cost =
+      static_cast<int64_t>(cost != 0 && hits > max / cost ? max : std::min(hits * cost, max));
+  applied.charge = ratelimit::Charge::Now;
+  return applied;
+}
+
+}  // namespace
+
 std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet& limits,
-                                   const RateLimitRequest& request,
-                                   const ServiceSettings& settings) {
+                                   const RateLimitRequest& request, const ServiceSettings& settings,
+                                   const TomlMappings* toml) {
   auto plan = std::make_shared<CallPlan>();
   plan->descriptors.resize(request.descriptors.size());
-  if (!yaml.hasDomain(request.domain)) return plan;  // an unknown domain limits nothing
+  // An unknown domain limits nothing.
+  if (!yaml.hasDomain(request.domain) && !(toml && toml->hasDomain(request.domain))) return plan;
 
   // Each descriptor's limit, and the names the matched limits replace (envoyproxy/ratelimit's
   // constructLimitsToCheck).
@@ -97,6 +169,8 @@ std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet
   std::unordered_set<std::string> replaced;
   for (size_t i = 0; i < request.descriptors.size(); ++i) {
     if (request.descriptors[i].limit) continue;  // the override, below
+    if (toml) plan->descriptors[i].mapping = toml->find(request.domain, request.descriptors[i]);
+    if (plan->descriptors[i].mapping != TomlMappings::kNone) continue;  // a Sluice limit's
     matches[i] = yaml.find(request.domain, request.descriptors[i].entries);
     if (matches[i].limit) {
       for (const std::string& name : matches[i].limit->replaces) replaced.insert(name);
@@ -121,6 +195,17 @@ std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet
                                                descriptor.limit->unit, false, settings));
         limit_config = plan->overrides.back().get();
       }
+    } else if (out.mapping != TomlMappings::kNone) {
+      const config::LimitConfig& limit = toml->limit(out.mapping);
+      out.kind = DescriptorPlan::Kind::Counted;
+      out.current = {static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(limit.limit, 0),
+                                                             std::numeric_limits<uint32_t>::max())),
+                     unitOfWindow(limit.window), limit.name};
+      out.shadow = limit.shadow;
+      out.index = plan->applied.size();
+      plan->applied.push_back(
+          mappedLimit(*toml, out.mapping, descriptor, request.hitsFor(i), settings));
+      continue;
     } else {
       const ConfiguredLimit* limit = matches[i].limit;
       if (!limit) continue;

@@ -9,8 +9,10 @@
 // fields to add to Envoy's response.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -60,6 +62,29 @@ std::unique_ptr<config::LimitConfig> countedLimit(std::string name, uint32_t req
                                                   Unit unit, bool shadow,
                                                   const ServiceSettings& settings);
 
+// The [[rls.descriptor]] patterns of a configuration (which outlives this), each with the
+// Sluice limit it maps to.
+class TomlMappings {
+ public:
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+
+  TomlMappings() = default;
+  explicit TomlMappings(const config::Config& config);
+
+  // The first pattern of `domain` (in the configuration's order) that `descriptor` matches:
+  // the same keys in the same order, and each value the pattern sets; kNone when none does.
+  size_t find(std::string_view domain, const Descriptor& descriptor) const;
+  bool hasDomain(std::string_view domain) const { return by_domain_.count(domain) != 0; }
+  size_t size() const { return patterns_.size(); }
+  const config::RlsDescriptorConfig& pattern(size_t i) const { return *patterns_[i]; }
+  const config::LimitConfig& limit(size_t i) const { return *limits_[i]; }
+
+ private:
+  std::vector<const config::RlsDescriptorConfig*> patterns_;
+  std::vector<const config::LimitConfig*> limits_;
+  std::map<std::string, std::vector<size_t>, std::less<>> by_domain_;
+};
+
 struct DescriptorPlan {
   enum class Kind {
     NoLimit,    // no limit matched (or it was replaced): OK
@@ -74,6 +99,8 @@ struct DescriptorPlan {
   // The YAML limit that applied (what its metrics are counted under); null for none, or for
   // a limit override of the call.
   const ConfiguredLimit* configured = nullptr;
+  // The [[rls.descriptor]] pattern that applied (TomlMappings' index), or kNone.
+  size_t mapping = TomlMappings::kNone;
 };
 
 struct CallPlan {
@@ -83,9 +110,11 @@ struct CallPlan {
   std::vector<std::unique_ptr<config::LimitConfig>> overrides;
 };
 
+// `toml`: the [[rls.descriptor]] patterns, which a descriptor matches before the YAML (a
+// limit override of the call still comes first); null: none.
 std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet& limits,
-                                   const RateLimitRequest& request,
-                                   const ServiceSettings& settings);
+                                   const RateLimitRequest& request, const ServiceSettings& settings,
+                                   const TomlMappings* toml = nullptr);
 
 // What became of a descriptor, as the service's metrics count it (in the order of
 // stats::RlsResult's values).

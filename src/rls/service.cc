@@ -34,6 +34,7 @@ Service::Service(const config::Config& config, stats::WorkerStats* stats)
       yaml_(config.rls && config.rls->yaml ? config.rls->yaml
                                            : std::make_shared<const RateLimitYaml>()),
       limits_(*yaml_, settings_),
+      toml_(config),
       charge_(config.rls ? config.rls->charge : config::RlsConfig::Charge::AllOrNothing) {
   if (!stats) return;
   // A limit's pattern is its path within its domain (envoyproxy/ratelimit's stats key):
@@ -44,7 +45,15 @@ Service::Service(const config::Config& config, stats::WorkerStats* stats)
                       &stats->rls_descriptors.resolve(limit->domain)
                            .resolve(path.substr(std::min(path.size(), limit->domain.size() + 1))));
   }
-  for (const std::string& domain : yaml_->domains()) {
+  for (size_t i = 0; i < toml_.size(); ++i) {
+    const config::RlsDescriptorConfig& pattern = toml_.pattern(i);
+    mapping_counters_.push_back(
+        &stats->rls_descriptors.resolve(pattern.domain).resolve(pattern.pattern));
+  }
+  std::vector<std::string> domains = yaml_->domains();
+  for (size_t i = 0; i < toml_.size(); ++i) domains.push_back(toml_.pattern(i).domain);
+  for (const std::string& domain : domains) {
+    if (overrides_.count(domain) != 0) continue;
     overrides_.emplace(domain, &stats->rls_descriptors.resolve(domain).resolve("override"));
   }
 }
@@ -54,6 +63,10 @@ Service::Counters* Service::counters(std::string_view domain,
   if (descriptor.configured) {
     auto it = counters_.find(descriptor.configured);
     return it == counters_.end() ? nullptr : it->second;
+  }
+  if (descriptor.mapping != TomlMappings::kNone) {
+    return descriptor.mapping < mapping_counters_.size() ? mapping_counters_[descriptor.mapping]
+                                                         : nullptr;
   }
   if (descriptor.kind == DescriptorPlan::Kind::NoLimit) return nullptr;
   auto it = overrides_.find(domain);  // a limit override of the call
@@ -186,7 +199,7 @@ void Call::runShouldRateLimit(std::string_view message) {
     fail(http::kGrpcInvalidArgument, decoded.error);
     return;
   }
-  plan_ = planCall(service.yaml(), service.limits(), request, service.settings());
+  plan_ = planCall(service.yaml(), service.limits(), request, service.settings(), &service.toml());
   domain_ = std::move(request.domain);
   const std::vector<ratelimit::AppliedLimit>& applied = plan_->applied;
   if (applied.empty()) {

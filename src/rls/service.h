@@ -47,6 +47,7 @@ class Service {
   const ServiceSettings& settings() const { return settings_; }
   const RateLimitYaml& yaml() const { return *yaml_; }
   const YamlLimitSet& limits() const { return limits_; }
+  const TomlMappings& toml() const { return toml_; }
   config::RlsConfig::Charge charge() const { return charge_; }
   const RequestLimits& requestLimits() const { return request_limits_; }
   // The series a descriptor counts in: its YAML limit's, or its domain's "override"; null
@@ -57,10 +58,12 @@ class Service {
   ServiceSettings settings_;
   std::shared_ptr<const RateLimitYaml> yaml_;  // the configuration's, or an empty one
   YamlLimitSet limits_;
+  TomlMappings toml_;
   config::RlsConfig::Charge charge_;
   RequestLimits request_limits_;
   std::unordered_map<const ConfiguredLimit*, Counters*> counters_;
   std::map<std::string, Counters*, std::less<>> overrides_;  // by domain
+  std::vector<Counters*> mapping_counters_;                  // by TomlMappings index
 };
 
 // A unary gRPC call's message in its frame (gRPC's Length-Prefixed-Message: a compressed flag

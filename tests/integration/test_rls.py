@@ -455,3 +455,48 @@ def test_a_reload_moves_the_listener_and_changes_the_limits(
     with pytest.raises(grpc.RpcError) as info:
         client_factory(new_port).call(ip, timeout=2)
     assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_toml_patterns_decide_with_sluice_limits_shared_with_the_gateway(
+        sluice_factory, upstream, valkey, tmp_path, pb, client_factory):
+    """[[rls.descriptor]] maps a descriptor pattern to a [[limit]]: the gateway's requests and
+    Envoy's calls from one address count in one counter; the limit's own algorithm, cost and
+    on_error apply."""
+    from conftest import limit_cfg, sluice_with_limits
+    rls = pb[0]
+    port = free_port()
+    limits = [limit_cfg("per_ip", "fixed_window", 5, "1h"),
+              limit_cfg("per_user", "token_bucket", 10, "1h", by=["header:X-User"], burst=4,
+                        cost=2, on_error="deny")]
+    gw = sluice_with_limits(
+        sluice_factory, upstream, valkey, limits, [route_cfg("api", ["per_ip"])],
+        extra_toml=f'[rls]\nlisten = "127.0.0.1:{port}"\non_error = "allow"\n'
+                   '[[rls.descriptor]]\ndomain = "edge"\nentries = ["remote_address"]\n'
+                   'limit = "per_ip"\n'
+                   '[[rls.descriptor]]\ndomain = "edge"\nentries = ["path=/login", "user"]\n'
+                   'limit = "per_user"\n',
+        valkey_options={"timeout": "200ms"})
+    c = client_factory(port)
+    assert [gw.get("/echo").status for _ in range(2)] == [200, 200]
+    r = c.call([("remote_address", "127.0.0.1")])
+    assert codes(pb, r) == ["OK"] and r.statuses[0].limit_remaining == 2, r
+    assert r.statuses[0].current_limit.name == "per_ip", r
+    assert r.statuses[0].current_limit.unit == rls.HOUR, r
+    fields = {h.key.lower(): h.value for h in r.response_headers_to_add}
+    assert fields["ratelimit-policy"] == '"per_ip";q=5;w=3600', fields
+    assert codes(pb, c.call([("remote_address", "127.0.0.1")], hits_addend=2)) == ["OK"]
+    assert gw.get("/echo").status == 429  # the calls spent the gateway's quota for this address
+    assert codes(pb, c.call([("remote_address", "127.0.0.1")])) == ["OVER_LIMIT"]
+    assert metric_sum(gw, "sluice_rls_descriptors_total", domain="edge", pattern="remote_address",
+                      result="over_limit") == 1
+    # A token bucket of burst 4, cost 2 per hit: two calls pass, the third does not.
+    login = [("path", "/login"), ("user", "u1")]
+    assert [codes(pb, c.call(login))[0] for _ in range(3)] == ["OK", "OK", "OVER_LIMIT"]
+    assert codes(pb, c.call([("path", "/other"), ("user", "u1")])) == ["OK"]  # no limit
+    # Valkey silent: each limit's own on_error (per_user denies; [rls] on_error is the YAML's).
+    valkey.pause()
+    try:
+        r = c.call([("path", "/login"), ("user", "u2")], [("remote_address", "10.1.1.1")])
+        assert codes(pb, r) == ["OVER_LIMIT", "OK"], r
+    finally:
+        valkey.resume()

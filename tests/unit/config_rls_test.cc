@@ -123,3 +123,90 @@ TEST_SUITE("config: [rls]") {
     CHECK(all.find("rls.tls.key: required key is missing") != std::string::npos);
   }
 }
+
+TEST_SUITE("config: [[rls.descriptor]]") {
+  constexpr std::string_view kLimits = R"([[limit]]
+name = "per_ip"
+algorithm = "token_bucket"
+by = ["ip"]
+limit = 10
+window = "1m"
+burst = 20
+[[limit]]
+name = "per_user_path"
+algorithm = "sliding_window"
+by = ["header:X-User", "route"]
+limit = 5
+window = "1h"
+[[limit]]
+name = "slots"
+algorithm = "concurrency"
+by = ["ip"]
+limit = 3
+)";
+
+  LoadResult load(std::string_view rls) {
+    return loadConfigString(
+        std::string(kLimits) + "[rls]\nlisten = \"127.0.0.1:8081\"\n" + std::string(rls), "t.toml");
+  }
+
+  TEST_CASE("a pattern maps a domain's descriptors to a Sluice limit, keyed by their values") {
+    LoadResult ok = load(R"([[rls.descriptor]]
+domain = "edge"
+entries = ["remote_address"]
+limit = "per_ip"
+[[rls.descriptor]]
+domain = "edge"
+entries = ["path=/login", "user", "route"]
+limit = "per_user_path"
+key = ["user", "route"]
+)");
+    REQUIRE_MESSAGE(ok.ok(), (ok.errors.empty() ? "" : ok.errors[0].toString()));
+    const auto& d = ok.config->rls->descriptors;
+    REQUIRE(d.size() == 2);
+    CHECK(d[0].domain == "edge");
+    CHECK(d[0].pattern == "remote_address");
+    CHECK(d[0].limit_index == 0);
+    CHECK(d[0].key_entries == std::vector<size_t>{0});
+    CHECK(d[1].entries[0].key == "path");
+    CHECK(d[1].entries[0].value == "/login");
+    CHECK(d[1].pattern == "path_/login.user.route");
+    CHECK(d[1].key_entries == std::vector<size_t>{1, 2});
+  }
+
+  TEST_CASE("refused: missing keys, bad entries, unknown or unusable limits, part counts") {
+    auto errors = [&](std::string_view rls) {
+      LoadResult r = load(rls);
+      std::string all;
+      for (const ConfigError& e : r.errors) all += e.toString() + "\n";
+      return all;
+    };
+    CHECK(errors("[[rls.descriptor]]\n").find("rls.descriptor[0].domain: required key") !=
+          std::string::npos);
+    std::string e = errors(
+        "[[rls.descriptor]]\ndomain = \"\"\nentries = [\"=v\", \"k=\"]\n"
+        "limit = \"per_iq\"\n");
+    CHECK(e.find("rls.descriptor[0].domain: must not be empty") != std::string::npos);
+    CHECK(e.find("rls.descriptor[0].entries[0]: expected \"key\" or \"key=value\"") !=
+          std::string::npos);
+    CHECK(e.find("rls.descriptor[0].entries[1]") != std::string::npos);
+    CHECK(e.find("unknown limit 'per_iq', did you mean 'per_ip'?") != std::string::npos);
+    CHECK(errors("[[rls.descriptor]]\ndomain = \"d\"\nentries = []\nlimit = \"per_ip\"\n")
+              .find("must list 1 to 16 keys") != std::string::npos);
+    CHECK(errors("[[rls.descriptor]]\ndomain = \"d\"\nentries = [\"a\"]\nlimit = \"slots\"\n")
+              .find("is a concurrency limit") != std::string::npos);
+    e = errors(
+        "[[rls.descriptor]]\ndomain = \"d\"\nentries = [\"a\", \"b\"]\nlimit = \"per_ip\"\n");
+    CHECK(e.find("t.toml:23:11: rls.descriptor[0].entries: limit 'per_ip' is keyed on 1 part(s) "
+                 "(ip), and 2 entry value(s) key it here") != std::string::npos);
+    e = errors(
+        "[[rls.descriptor]]\ndomain = \"d\"\nentries = [\"a\", \"b\"]\nlimit = \"per_ip\"\n"
+        "key = [\"c\"]\n");
+    CHECK(e.find("rls.descriptor[0].key[0]: not a key of entries: 'c'") != std::string::npos);
+    e = errors(
+        "[[rls.descriptor]]\ndomain = \"d\"\nentries = [\"a\"]\nlimit = \"per_ip\"\n"
+        "[[rls.descriptor]]\ndomain = \"d\"\nentries = [\"a\"]\nlimit = \"per_ip\"\n");
+    CHECK(e.find("rls.descriptor[1].entries: the same pattern as rls.descriptor[0]") !=
+          std::string::npos);
+  }
+}

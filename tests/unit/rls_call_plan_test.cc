@@ -7,7 +7,9 @@
 #include <limits>
 #include <string>
 
+#include "config/loader.h"
 #include "ratelimit/decision.h"
+#include "ratelimit/keys.h"
 #include "rls/call_plan.h"
 
 using namespace sluice;
@@ -267,5 +269,86 @@ TEST_SUITE("rls: a call planned and answered") {
     CHECK(a == b);
     CHECK(f.plan(call({entry("remote_address", "a")}))->applied[0].key !=
           f.plan(call({entry("remote_address", "b")}))->applied[0].key);
+  }
+
+  TEST_CASE("[[rls.descriptor]]: a Sluice limit first, keyed as the gateway keys it") {
+    const config::LoadResult loaded = config::loadConfigString(R"([[limit]]
+name = "per_ip"
+algorithm = "token_bucket"
+by = ["ip"]
+limit = 10
+window = "1m"
+burst = 20
+cost = 3
+[[limit]]
+name = "per_user"
+algorithm = "sliding_window"
+by = ["header:X-User"]
+limit = 5
+window = "90s"
+shadow = true
+[rls]
+listen = "127.0.0.1:8081"
+[[rls.descriptor]]
+domain = "edge"
+entries = ["remote_address"]
+limit = "per_ip"
+[[rls.descriptor]]
+domain = "edge"
+entries = ["path=/login", "user"]
+limit = "per_user"
+)",
+                                                               "t.toml");
+    REQUIRE(loaded.ok());
+    const config::Config& config = *loaded.config;
+    const TomlMappings toml(config);
+    Fixture f;  // its YAML has edge.remote_address too: the TOML pattern comes first
+    f.settings.key_prefix = config.valkey.key_prefix;
+    Descriptor other_path = entry("path", "/other");
+    other_path.entries.push_back({"user", "u1"});
+    Descriptor login = entry("path", "/login");
+    login.entries.push_back({"user", "u1"});
+    RateLimitRequest request =
+        call({entry("remote_address", "2001:DB8::7"), login, other_path, entry("api_key", "k1")});
+    request.hits_addend = 2;
+    const auto plan = planCall(f.yaml, *f.set, request, f.settings, &toml);
+    REQUIRE(plan->descriptors.size() == 4);
+    CHECK(plan->descriptors[0].mapping == 0);
+    CHECK(plan->descriptors[1].mapping == 1);
+    CHECK(plan->descriptors[2].mapping == TomlMappings::kNone);  // the value differs
+    CHECK(plan->descriptors[3].mapping == TomlMappings::kNone);  // the YAML's
+    CHECK(plan->descriptors[0].configured == nullptr);
+    REQUIRE(plan->applied.size() == 3);
+    const ratelimit::AppliedLimit& ip = plan->applied[0];
+    CHECK(ip.config == &config.limits[0]);
+    // The gateway's key for that client (the address in its canonical text): one counter.
+    CHECK(ip.key == ratelimit::limitKey(config.valkey, config.limits[0], {"2001:db8::7"}));
+    CHECK(ip.limit == 10);
+    CHECK(ip.burst == 20);
+    CHECK(ip.cost == 6);  // the limit's cost per hit
+    CHECK(plan->applied[1].key ==
+          ratelimit::limitKey(config.valkey, config.limits[1], {std::string("u1")}));
+    CHECK(plan->descriptors[1].shadow);
+    CHECK(plan->descriptors[0].current.requests_per_unit == 10);
+    CHECK((plan->descriptors[0].current.unit == Unit::Minute));
+    CHECK(plan->descriptors[0].current.name == "per_ip");
+    CHECK((plan->descriptors[1].current.unit == Unit::Hour));  // 90 s: the next unit up
+    // Any hits are bounded, never wrapped; an override of the call still comes first.
+    RateLimitRequest huge = call({entry("remote_address", "10.0.0.1")});
+    huge.descriptors[0].hits_addend = std::numeric_limits<uint64_t>::max();
+    CHECK(planCall(f.yaml, *f.set, huge, f.settings, &toml)->applied[0].cost ==
+          ratelimit::kMaxCost);
+    huge.descriptors[0].limit = LimitOverride{7, Unit::Second};
+    const auto overridden = planCall(f.yaml, *f.set, huge, f.settings, &toml);
+    CHECK(overridden->descriptors[0].mapping == TomlMappings::kNone);
+    CHECK(overridden->applied[0].limit == 7);
+    // Without any YAML, the TOML's domains are known.
+    const RateLimitYaml none;
+    const YamlLimitSet none_set(none, f.settings);
+    CHECK(planCall(none, none_set, call({entry("remote_address", "10.0.0.1")}), f.settings, &toml)
+              ->applied.size() == 1);
+    CHECK(planCall(none, none_set, call({entry("remote_address", "10.0.0.1")}, "api"), f.settings,
+                   &toml)
+              ->applied.empty());
   }
 }
