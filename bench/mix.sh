@@ -97,7 +97,9 @@ variant_sluice_mix() {
       printf '[[plan]]\nname = "pro"\nlimits = { per_key = %s }\n' "$pro"
     else
       mix_limit_toml per_ip "$algo"
-    fi)
+    fi
+    # sluice+rls (bench/rls.sh): the rate limit service's listener too.
+    [[ -z ${GW_RLS_PORT[$name]:-} ]] || rls_toml "$name")
   GW_VALKEY[$name]=1
 }
 

@@ -17,6 +17,9 @@
 #                                     # of idle pooled upstream connections; see bench/h2_upstream.sh
 #   bench/run.sh --mode grpc          # unary gRPC calls: h2load against nginx grpc_pass and
 #                                     # Sluice, h2c both sides; see bench/grpc.sh
+#   bench/run.sh --mode rls           # Sluice as Envoy's rate limit service: the mix as
+#                                     # ShouldRateLimit calls (bench/rls_load.c) against the
+#                                     # same mix through the gateway, both engines; see bench/rls.sh
 #   bench/run.sh --variants "nginx sluice sluice+limit"
 #   BENCH_DURATION=30s BENCH_CONNECTIONS=100 bench/run.sh
 #
@@ -41,7 +44,10 @@
 #                            idle pooled connection test (0: skip it)
 #   BENCH_GRPC_SHAPES="c10m10 c50m1"  --mode grpc: its h2load shapes
 #   BENCH_MODE=all           all | throughput | idle | handshake | mix | mix-cluster | h2 |
-#                            h2-upstream | grpc
+#                            h2-upstream | grpc | rls
+#   BENCH_RLS_CONNECTIONS=5 BENCH_RLS_STREAMS=10  --mode rls: h2c connections of the calls, and
+#                            calls in flight on each
+#   BENCH_RLS_CALLS=200000   --mode rls: distinct calls, cycled
 #   BENCH_VARIANTS="nginx sluice sluice+limit nginx-tls sluice-tls"
 #                            gateways to compare (columns); see "Variants" in README.md
 #                            (--mode mix: "nginx sluice sluice+mix sluice+mix:fixed_window
@@ -133,14 +139,16 @@ while [[ $# -gt 0 ]]; do
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-case "$MODE" in all|throughput|idle|handshake|mix|mix-cluster|h2|h2-upstream|grpc) ;;
-  *) echo "BENCH_MODE must be all, throughput, idle, handshake, mix, mix-cluster, h2, h2-upstream or grpc" >&2
+case "$MODE" in all|throughput|idle|handshake|mix|mix-cluster|h2|h2-upstream|grpc|rls) ;;
+  *) echo "BENCH_MODE must be all, throughput, idle, handshake, mix, mix-cluster, h2, h2-upstream, grpc or rls" >&2
      exit 2 ;;
 esac
-MIX_MODE=0  # the modes of the traffic mix: mix, mix-cluster
-[[ $MODE == mix || $MODE == mix-cluster ]] && MIX_MODE=1
+MIX_MODE=0  # the modes of the traffic mix: mix, mix-cluster, rls
+[[ $MODE == mix || $MODE == mix-cluster || $MODE == rls ]] && MIX_MODE=1
 # shellcheck source=bench/mix.sh
 . "$BENCH_DIR/mix.sh"
+# shellcheck source=bench/rls.sh
+. "$BENCH_DIR/rls.sh"
 # shellcheck source=bench/cluster.sh
 . "$BENCH_DIR/cluster.sh"
 # shellcheck source=bench/h2.sh
@@ -162,6 +170,7 @@ if [[ -z $VARIANTS ]]; then
   [[ $MODE == h2 ]] && VARIANTS=$H2_VARIANTS
   [[ $MODE == h2-upstream ]] && VARIANTS=$H2UP_VARIANTS
   [[ $MODE == grpc ]] && VARIANTS=$GRPC_VARIANTS
+  [[ $MODE == rls ]] && VARIANTS=$RLS_VARIANTS
 fi
 if [[ -z $REFERENCE ]]; then
   REFERENCE=nginx
@@ -169,6 +178,7 @@ if [[ -z $REFERENCE ]]; then
   [[ $MODE == h2 ]] && REFERENCE=nginx-h2
   [[ $MODE == h2-upstream ]] && REFERENCE=sluice
   [[ $MODE == grpc ]] && REFERENCE=nginx-grpc
+  [[ $MODE == rls ]] && REFERENCE=sluice
 fi
 [[ $MODE == h2 ]] && IDLE_CONNECTIONS=$H2_IDLE_CONNECTIONS
 [[ $MODE == mix-cluster && -z ${BENCH_ROUNDS:-} ]] && ROUNDS=5
@@ -212,6 +222,10 @@ command -v wrk >/dev/null || APT+=(wrk)
 [[ $MODE != h2* && $MODE != grpc ]] || command -v h2load >/dev/null || APT+=(nghttp2-client)
 [[ $MODE != grpc ]] || "$PY" -c "import h2" 2>/dev/null || APT+=(python3-h2)
 command -v nginx >/dev/null || APT+=(nginx-light)  # nginx-light has the ssl module
+if [[ $MODE == rls ]]; then  # bench/rls_load.c is built here
+  command -v cc >/dev/null || APT+=(gcc libc6-dev)
+  [[ -f /usr/include/nghttp2/nghttp2.h ]] || APT+=(libnghttp2-dev)
+fi
 if { needs '*limit*' || needs '*mix*'; } && [[ -z ${BENCH_VALKEY_SERVER:-} ]] &&
    ! command -v valkey-server >/dev/null && ! command -v redis-server >/dev/null; then
   APT+=(redis-server)
@@ -601,6 +615,7 @@ for v in $VARIANTS; do start_variant "$v"; done
 [[ $MIX_MODE != 1 ]] || mix_prepare
 [[ $MODE != h2 ]] || h2_prepare
 [[ $MODE != grpc ]] || grpc_prepare
+[[ $MODE != rls ]] || rls_prepare
 
 url_of() {  # $1 = variant
   if [[ ${GW_TLS[$1]:-0} == 1 ]]; then echo "https://127.0.0.1:${GW_PORT[$1]}/"
@@ -613,6 +628,10 @@ url_of() {  # $1 = variant
 WRK_ENV=()
 run_wrk() {
   local v=$1 secs conns=${4:-$CONNECTIONS}
+  if [[ -n ${GW_RLS_PORT[$v]:-} ]]; then  # a rate-limit-service variant: its calls instead
+    run_rls_load "$@"
+    return
+  fi
   secs=$(seconds "$2")
   run_child timeout --signal=INT --kill-after=10 $((secs + 30)) \
     env "${WRK_ENV[@]}" "${TASKSET_CLIENT[@]}" wrk -t"$THREADS" -c"$conns" -d"$2" --latency \
@@ -968,6 +987,10 @@ elif [[ $MODE == h2-upstream ]]; then
   SUMMARY=$RESULTS_DIR/h2-upstream-$STAMP.json
   h2up_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/h2-upstream-$STAMP.txt"
   echo "Report: $RESULTS_DIR/h2-upstream-$STAMP.txt"
+elif [[ $MODE == rls ]]; then
+  SUMMARY=$RESULTS_DIR/rls-$STAMP.json
+  rls_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/rls-$STAMP.txt"
+  echo "Report: $RESULTS_DIR/rls-$STAMP.txt"
 elif [[ $MODE == mix-cluster ]]; then
   SUMMARY=$RESULTS_DIR/mix-cluster-$STAMP.json
   cluster_report "$meta" "$SUMMARY" | tee "$RESULTS_DIR/mix-cluster-$STAMP.txt"

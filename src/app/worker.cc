@@ -185,6 +185,7 @@ void Worker::applyConfig(Generation generation) {
   auto snapshot = std::make_shared<worker::Snapshot>();
   snapshot->access_log = std::move(generation.access_log);
   snapshot->tls = generation.tls.server;
+  snapshot->rls_tls = generation.tls.rls;
   const std::shared_ptr<worker::Snapshot>& old = context_->snapshot();
   // This worker's series of an upstream: by its name and protocol.
   auto upstreamStats = [this](const config::UpstreamConfig& upstream) {
@@ -317,8 +318,9 @@ void Worker::onAccept(std::unique_ptr<net::TcpTransport> transport, proxy::Liste
     return;
   }
   std::unique_ptr<net::Transport> t;
-  const auto& tls = context_->snapshot()->tls;  // [server.tls]: the gateway's listener's
-  if (tls && listener == proxy::Listener::Gateway) {
+  const auto& tls = listener == proxy::Listener::Gateway ? context_->snapshot()->tls
+                                                         : context_->snapshot()->rls_tls;
+  if (tls) {
     SSL* ssl = tls->newSession();
     if (!ssl) {
       net::TcpTransport::closeAndDestroy(transport.release());

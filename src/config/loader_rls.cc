@@ -40,14 +40,7 @@ void Loader::loadRls(TableReader& r) {
   } else if (!r.has("listen")) {
     r.missing("listen");
   }
-  section(r, "tls", [&](TableReader& t) {
-    readCertificate(t, &rls.tls.emplace());
-    // The listener serves h2c only so far: its TLS is checked, and refused until it works.
-    t.error("cert",
-            "TLS on the rate limit service's listener is not served in this version yet: "
-            "[rls.tls] is checked but cannot be used (serve h2c on loopback, or put a TLS "
-            "terminating proxy in front)");
-  });
+  section(r, "tls", [&](TableReader& t) { readCertificate(t, &rls.tls.emplace()); });
   if (auto v = r.boolean("merge_domains")) rls.merge_domains = *v;
   if (auto v = r.enumeration<RlsConfig::Charge>(
           "charge", {{"all_or_nothing", RlsConfig::Charge::AllOrNothing},

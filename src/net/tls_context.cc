@@ -219,10 +219,18 @@ SSL* TlsClientContext::newSession(const std::string& host) const {
 
 bool buildTlsContexts(const config::Config& config, TlsContexts* out, std::string* error) {
   out->server.reset();
+  out->rls.reset();
   out->upstreams.clear();
   if (config.server.tls) {
     out->server = TlsServerContext::create(*config.server.tls, config.server.http2, error);
     if (!out->server) return false;
+  }
+  if (config.rls && config.rls->tls) {
+    // gRPC: ALPN offers h2 whatever [server] http2 says.
+    config::ServerTlsConfig rls;
+    rls.default_certificate = *config.rls->tls;
+    out->rls = TlsServerContext::create(rls, true, error);
+    if (!out->rls) return false;
   }
   for (const auto& upstream : config.upstreams) {
     std::shared_ptr<TlsClientContext> client;

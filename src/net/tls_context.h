@@ -67,6 +67,7 @@ class TlsClientContext {
 // Every TLS context of a configuration: the listener's and one per upstream (null when plain).
 struct TlsContexts {
   std::shared_ptr<TlsServerContext> server;
+  std::shared_ptr<TlsServerContext> rls;  // [rls.tls]: the rate limit service's listener
   std::vector<std::shared_ptr<TlsClientContext>> upstreams;  // by upstream index
 };
 

@@ -77,6 +77,7 @@ struct Snapshot {
   std::shared_ptr<identity::TenantCache> tenant_cache;       // per configuration generation
   std::shared_ptr<stats::AccessLog> access_log;              // null: access_log = "off"
   std::shared_ptr<net::TlsServerContext> tls;                // null: plain HTTP listener
+  std::shared_ptr<net::TlsServerContext> rls_tls;            // null: the [rls] listener is h2c
   std::shared_ptr<const rls::Service> rls;                   // null without [rls]
 
   // The series of this generation's routes, limits and upstreams, resolved once by

@@ -500,3 +500,212 @@ def test_toml_patterns_decide_with_sluice_limits_shared_with_the_gateway(
         assert codes(pb, r) == ["OVER_LIMIT", "OK"], r
     finally:
         valkey.resume()
+
+
+README_EXAMPLES = {
+    "1.yaml": """domain: mongo_cps
+descriptors:
+  - key: database
+    value: users
+    rate_limit: {unit: second, requests_per_unit: 500}
+  - key: database
+    value: default
+    rate_limit: {unit: second, requests_per_unit: 500}
+""",
+    "2.yaml": """domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit: {unit: day, requests_per_unit: 5}
+  - key: to_number
+    rate_limit: {unit: day, requests_per_unit: 100}
+""",
+    "3.yaml": """domain: edge_proxy_per_ip
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: remote_address
+    value: 50.0.0.5
+    rate_limit: {unit: second, requests_per_unit: 0}
+""",
+    "4a.yaml": """domain: example4a
+descriptors:
+  - key: key
+    value: value
+    rate_limit: {requests_per_unit: 300, unit: second}
+""",
+    "4b.yaml": """domain: example4b
+descriptors:
+  - key: key
+    value: value
+    descriptors:
+      - key: subkey
+        rate_limit: {requests_per_unit: 300, unit: second}
+""",
+    "5.yaml": """domain: internal
+descriptors:
+  - key: ldap
+    rate_limit: {unlimited: true}
+  - key: azure
+    rate_limit: {unit: minute, requests_per_unit: 100}
+""",
+    "6.yaml": """domain: example6
+descriptors:
+  - key: service
+    descriptors:
+      - key: user
+        value: user-a
+        rate_limit: {requests_per_unit: 10, unit: second}
+        shadow_mode: true
+      - key: user
+        value: user-b
+        rate_limit: {requests_per_unit: 20, unit: second}
+""",
+    "7.yaml": """domain: example7
+descriptors:
+  - key: key_1
+    value: value_1
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit: {name: specific_limit, requests_per_unit: 5, unit: second}
+  - key: key_2
+    value: value_2
+    descriptors:
+      - key: user
+        value: bkthomps
+        rate_limit:
+          replaces:
+            - name: specific_limit
+          requests_per_unit: 10
+          unit: second
+""",
+    "9.yaml": """domain: example9
+descriptors:
+  - key: key1
+    value: value*
+    rate_limit: {unit: minute, requests_per_unit: 20}
+  - key: path
+    value: /api/*/action
+    rate_limit: {unit: minute, requests_per_unit: 21}
+  - key: route
+    value: /api/*/resource/*/action
+    rate_limit: {unit: minute, requests_per_unit: 22}
+""",
+    "11.yaml": """domain: example11
+descriptors:
+  - key: files
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: files_no_share
+    value: files_no_share/*
+    share_threshold: false
+    rate_limit: {unit: hour, requests_per_unit: 10}
+""",
+}
+
+
+def test_envoyproxy_ratelimit_readme_examples_get_the_answers_it_documents(
+        sluice_factory, upstream, valkey, tmp_path, pb, client_factory):
+    """The configuration examples of envoyproxy/ratelimit's README (1-7, 9, 11), loaded as they
+    are, give the answers that README describes."""
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path, yaml_files=README_EXAMPLES)
+    c = client_factory(gw.rls_port)
+    rls = pb[0]
+
+    def limit_of(r, i=0):
+        s = r.statuses[i]
+        if not s.HasField("current_limit"):
+            return None
+        return s.current_limit.requests_per_unit, rls.RateLimitUnit.Name(s.current_limit.unit)
+
+    # 1: two values of one key, 500 per second each; another value has no limit.
+    assert limit_of(c.call([("database", "users")], domain="mongo_cps")) == (500, "SECOND")
+    assert limit_of(c.call([("database", "default")], domain="mongo_cps")) == (500, "SECOND")
+    assert limit_of(c.call([("database", "other")], domain="mongo_cps")) is None
+    # 2: nested (5 marketing messages a day per number) and 100 a day per number; both
+    # descriptors in one call, a logical OR of the two decisions.
+    marketing = [("message_type", "marketing"), ("to_number", "2061111111")]
+    number = [("to_number", "2061111111")]
+    r = c.call(marketing, number, domain="messaging")
+    assert [limit_of(r, 0), limit_of(r, 1)] == [(5, "DAY"), (100, "DAY")], r
+    assert [s.limit_remaining for s in r.statuses] == [4, 99], r
+    r = c.call(marketing, number, domain="messaging", hits_addend=4)
+    assert r.overall_code == rls.RateLimitResponse.OK, r
+    r = c.call(marketing, number, domain="messaging")
+    assert codes(pb, r) == ["OVER_LIMIT", "OK"], r  # 99 left: nothing charged (all or nothing)
+    assert r.statuses[1].limit_remaining == 95, r
+    other = [("message_type", "marketing"), ("to_number", "2062222222")]
+    assert codes(pb, c.call(other, domain="messaging")) == ["OK"]  # a number of its own
+    # 3: the most specific match first: 50.0.0.5 is blocked (0 per second), others get 10.
+    assert limit_of(c.call([("remote_address", "50.0.0.1")], domain="edge_proxy_per_ip")) == \
+        (10, "SECOND")
+    r = c.call([("remote_address", "50.0.0.5")], domain="edge_proxy_per_ip")
+    assert codes(pb, r) == ["OVER_LIMIT"] and limit_of(r) == (0, "SECOND"), r
+    # 4: a descriptor of two entries matches two levels only.
+    two = [("key", "value"), ("subkey", "subvalue")]
+    assert limit_of(c.call(two, domain="example4a")) is None
+    assert limit_of(c.call(two, domain="example4b")) == (300, "SECOND")
+    # 5: unlimited is OK with limit_remaining MaxUint32; azure 100 per minute.
+    r = c.call([("ldap", "x")], domain="internal")
+    assert codes(pb, r) == ["OK"] and r.statuses[0].limit_remaining == 2**32 - 1, r
+    assert limit_of(c.call([("azure", "x")], domain="internal")) == (100, "MINUTE")
+    # 6: user-a in shadow mode is never limited; user-b is, at 20 per second.
+    r = c.call([("service", "auth-service"), ("user", "user-a")], domain="example6",
+               hits_addend=11)
+    assert codes(pb, r) == ["OK"], r
+    r = c.call([("service", "auth-service"), ("user", "user-b")], domain="example6",
+               hits_addend=21)
+    assert codes(pb, r) == ["OVER_LIMIT"], r
+    # 7: replaces: in a call with both, the replaced limit does not apply.
+    one = [("key_1", "value_1"), ("user", "bkthomps")]
+    both = [("key_2", "value_2"), ("user", "bkthomps")]
+    assert limit_of(c.call(one, domain="example7")) == (5, "SECOND")
+    assert limit_of(c.call(both, domain="example7")) == (10, "SECOND")
+    r = c.call(one, both, domain="example7")
+    assert [limit_of(r, 0), limit_of(r, 1)] == [None, (10, "SECOND")], r
+    # 9: wildcards, trailing, in the middle, several.
+    assert limit_of(c.call([("key1", "valueXYZ")], domain="example9")) == (20, "MINUTE")
+    assert limit_of(c.call([("path", "/api/123/action")], domain="example9")) == (21, "MINUTE")
+    assert limit_of(c.call([("path", "/api/123/other")], domain="example9")) is None
+    assert limit_of(c.call([("route", "/api/v1/resource/123/action")], domain="example9")) == \
+        (22, "MINUTE")
+    # 11: share_threshold: every files/* value counts in one threshold; files_no_share/* not.
+    for name in ("files/a.pdf", "files/b.csv"):
+        assert codes(pb, c.call([("files", name)], domain="example11", hits_addend=5)) == ["OK"]
+    assert codes(pb, c.call([("files", "files/c.txt")], domain="example11")) == ["OVER_LIMIT"]
+    assert codes(pb, c.call([("files_no_share", "files_no_share/a.pdf")], domain="example11",
+                            hits_addend=10)) == ["OK"]
+    assert codes(pb, c.call([("files_no_share", "files_no_share/b.csv")],
+                            domain="example11")) == ["OK"]
+
+
+def test_the_listener_serves_tls_with_rls_tls(sluice_factory, upstream, valkey, tmp_path, pb,
+                                              tls_pki):
+    """[rls.tls]: gRPC over TLS (ALPN h2), the certificate its own; the calls as over h2c."""
+    cert = tls_pki.certs["default"]
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path,
+                   rls_options=f'[rls.tls]\ncert = "{cert.cert}"\nkey = "{cert.key}"\n')
+    rls = pb[0]
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=tls_pki.certs["root"].cert.read_bytes())
+    with grpc.secure_channel(f"127.0.0.1:{gw.rls_port}", credentials,
+                             options=[("grpc.ssl_target_name_override", "default.test"),
+                                      ("grpc.use_local_subchannel_pool", 1)]) as channel:
+        should = channel.unary_unary(SHOULD,
+                                     request_serializer=rls.RateLimitRequest.SerializeToString,
+                                     response_deserializer=rls.RateLimitResponse.FromString)
+        request = rls.RateLimitRequest(domain="edge")
+        request.descriptors.add().entries.add(key="remote_address", value="192.0.2.50")
+        r = should(request, timeout=5)
+        assert codes(pb, r) == ["OK"] and r.statuses[0].limit_remaining == 2, r
+    # Plain h2c is not answered on a TLS listener.
+    with grpc.insecure_channel(f"127.0.0.1:{gw.rls_port}",
+                               options=[("grpc.use_local_subchannel_pool", 1)]) as channel:
+        with pytest.raises(grpc.RpcError) as info:
+            channel.unary_unary(SHOULD)(b"", timeout=3)
+        assert info.value.code() in (grpc.StatusCode.UNAVAILABLE,
+                                     grpc.StatusCode.DEADLINE_EXCEEDED), info.value

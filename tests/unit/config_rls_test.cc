@@ -1,6 +1,6 @@
 // [rls] (src/config/loader_rls.cc): every key read and checked, the envoyproxy/ratelimit YAML
 // folder loaded with the configuration (its errors as the configuration's, naming the YAML
-// file and line), the listener's routes, and [rls.tls] refused while it is not served.
+// file and line), the listener's routes and its TLS.
 
 #include <doctest/doctest.h>
 #include <unistd.h>
@@ -67,13 +67,14 @@ TEST_SUITE("config: [rls]") {
                            "listen = \"127.0.0.2:8080\"\n",
                            "t.toml")
               .ok());
-    // TLS is checked, and refused while the listener serves h2c only.
-    const std::vector<ConfigError> tls = errorsFor(
+    // TLS: a certificate and its key, read as [server.tls]'s (the files are loaded later).
+    LoadResult tls = loadConfigString(
         "[rls]\nlisten = \"127.0.0.1:8081\"\n[rls.tls]\ncert = \"/etc/hostname\"\n"
-        "key = \"/etc/hostname\"\n");
-    REQUIRE(tls.size() == 1);
-    CHECK(tls[0].key == "rls.tls.cert");
-    CHECK(tls[0].message.find("not served in this version yet") != std::string::npos);
+        "key = \"/etc/hostname\"\n",
+        "t.toml");
+    REQUIRE(tls.ok());
+    REQUIRE(tls.config->rls->tls);
+    CHECK(tls.config->rls->tls->cert_path == "/etc/hostname");
   }
 
   TEST_CASE("the YAML folder is loaded with the configuration: its errors name file and line") {
