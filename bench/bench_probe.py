@@ -254,7 +254,8 @@ def cmd_valkey_monitor(args):
 SLUICE_METRICS = ("sluice_ratelimit_decisions_total", "sluice_valkey_errors_total",
                   "sluice_valkey_calls_total", "sluice_valkey_reconnects_total",
                   "sluice_valkey_compensations_total",
-                  "sluice_connections_open", "sluice_connections_total", "sluice_requests_total")
+                  "sluice_connections_open", "sluice_connections_total", "sluice_requests_total",
+                  "sluice_rls_descriptors_total")
 
 
 def sluice_metrics(admin_port, names=SLUICE_METRICS):

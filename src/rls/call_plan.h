@@ -108,6 +108,9 @@ struct CallPlan {
   std::vector<ratelimit::AppliedLimit> applied;
   // Configurations of the limits overrides asked for (the applied limits point to them).
   std::vector<std::unique_ptr<config::LimitConfig>> overrides;
+  // What the other applied limits' configurations live in (the caller's: its configuration),
+  // kept as long as the plan.
+  std::shared_ptr<const void> keep_alive;
 };
 
 // `toml`: the [[rls.descriptor]] patterns, which a descriptor matches before the YAML (a

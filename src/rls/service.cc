@@ -15,6 +15,18 @@ namespace {
 // gRPC's Length-Prefixed-Message header: the compressed flag and the length.
 constexpr size_t kFrameHeader = 5;
 
+// Marks the owner's call into a Call: an answer made meanwhile waits for the loop.
+class OwnerCall {
+ public:
+  explicit OwnerCall(bool& flag) : flag_(flag) { flag_ = true; }
+  ~OwnerCall() { flag_ = false; }
+  OwnerCall(const OwnerCall&) = delete;
+  OwnerCall& operator=(const OwnerCall&) = delete;
+
+ private:
+  bool& flag_;
+};
+
 // The health service's names a Check may ask for: the server as a whole ("") and this one.
 bool knownHealthService(std::string_view name) {
   return name.empty() || name == "envoy.service.ratelimit.v3.RateLimitService";
@@ -138,11 +150,13 @@ Call::~Call() {
 }
 
 void Call::start(const upstream::OutgoingRequest& request) {
+  const OwnerCall call(in_owner_call_);
   sendBody(request.body);
   if (request.complete) run();
 }
 
 void Call::sendBody(std::string_view data) {
+  const OwnerCall call(in_owner_call_);
   if (ran_) return;
   if (body_.size() + data.size() > max_body_) {
     fail(http::kGrpcResourceExhausted,
@@ -153,7 +167,10 @@ void Call::sendBody(std::string_view data) {
   body_.append(data);
 }
 
-void Call::endRequest(const http::HeaderMap&) { run(); }
+void Call::endRequest(const http::HeaderMap&) {
+  const OwnerCall call(in_owner_call_);
+  run();
+}
 
 void Call::run() {
   if (ran_) return;
@@ -211,11 +228,10 @@ void Call::runShouldRateLimit(std::string_view message) {
   groups_ = std::vector<Group>(each ? applied.size() : 1);
   waiting_ = groups_.size();
   // What the batcher reads after a cancel (a call split over cluster slots, taking back its
-  // charges): the plan's limits (an override's configuration is the plan's) and the YAML
-  // limits' (the service's, in this generation's snapshot).
-  const std::shared_ptr<const void> keep =
-      std::make_shared<std::pair<std::shared_ptr<CallPlan>, std::shared_ptr<worker::Snapshot>>>(
-          plan_, snapshot_);
+  // charges): the plan's limits (an override's configuration is the plan's) and those of the
+  // YAML and the TOML (this generation's snapshot's).
+  plan_->keep_alive = snapshot_;
+  const std::shared_ptr<const void> keep = plan_;
   for (size_t i = 0; i < groups_.size(); ++i) {
     Group& group = groups_[i];
     group.call = this;
@@ -270,7 +286,11 @@ void Call::answerPlan(const ratelimit::Decision* decision) {
 void Call::answer(std::string message) {
   if (deliver_.active() || grpc_status_ != 0) return;
   message_ = frameMessage(message);
-  deliver_.start(0);
+  if (in_owner_call_) {
+    deliver_.start(0);
+  } else {
+    deliver();  // (may delete this)
+  }
 }
 
 void Call::fail(int grpc_status, std::string error) {
@@ -279,7 +299,11 @@ void Call::fail(int grpc_status, std::string error) {
   grpc_status_ = grpc_status;
   error_ = std::move(error);
   message_.clear();
-  deliver_.start(0);
+  if (in_owner_call_) {
+    deliver_.start(0);
+  } else {
+    deliver();  // (may delete this)
+  }
 }
 
 void Call::onDeliver(void* self) { static_cast<Call*>(self)->deliver(); }

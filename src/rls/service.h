@@ -124,7 +124,7 @@ class Call final : public upstream::UpstreamRequest {
   // The answer to ShouldRateLimit (`decision` null: no limit counted), its descriptors counted.
   void answerPlan(const ratelimit::Decision* decision);
   // The answer: a message with grpc-status 0, or none with `grpc_status` and `error`. It goes
-  // to the owner from the loop (these may run inside the owner's call).
+  // to the owner now, or from the loop when the owner is calling this (in_owner_call_).
   void answer(std::string message);
   void fail(int grpc_status, std::string error);
   static void onDeliver(void* self);
@@ -139,8 +139,9 @@ class Call final : public upstream::UpstreamRequest {
   std::string body_;
   size_t max_body_ = 0;
   bool ran_ = false;
-  bool delivering_ = false;  // calling the owner back: release()/abort() waits for the end
-  bool finished_ = false;    // released or aborted: deleted when the owner's callback is over
+  bool in_owner_call_ = false;  // in start(), sendBody() or endRequest()
+  bool delivering_ = false;     // calling the owner back: release()/abort() waits for the end
+  bool finished_ = false;       // released or aborted: deleted when the owner's callback is over
   // ShouldRateLimit: the plan, its decisions, and their results in plan order.
   std::shared_ptr<CallPlan> plan_;
   std::string domain_;

@@ -709,3 +709,19 @@ def test_the_listener_serves_tls_with_rls_tls(sluice_factory, upstream, valkey, 
             channel.unary_unary(SHOULD)(b"", timeout=3)
         assert info.value.code() in (grpc.StatusCode.UNAVAILABLE,
                                      grpc.StatusCode.DEADLINE_EXCEEDED), info.value
+
+
+def test_the_listener_has_the_http2_flood_limits(sluice_factory, upstream, valkey, tmp_path, pb,
+                                                 client_factory):
+    """Rapid Reset against the rate limit service's listener: GOAWAY ENHANCE_YOUR_CALM, as on
+    the gateway's; Envoy's calls on another connection go on being answered."""
+    from harness.h2client import open_h2
+    from test_http2 import assert_calmed, flood, provoking_frames
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path)
+    with open_h2(gw.rls_port) as c:
+        sent = flood(c, lambda sid: provoking_frames(c, "rapid_reset", sid))
+        time.sleep(0.2)
+    assert_calmed(c, sent)
+    assert metric_sum(gw, "sluice_http2_goaways_total", reason="enhance_your_calm") >= 1
+    assert codes(pb, client_factory(gw.rls_port).call([("remote_address", "192.0.2.60")])) == \
+        ["OK"]
