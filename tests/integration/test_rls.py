@@ -76,7 +76,7 @@ def pb(tmp_path_factory):
 
 
 def start_rls(sluice_factory, upstream, valkey, tmp_path, yaml_files=None, rls_options="",
-              valkey_options=None, wait_ready=True, workers=1, time_client=None):
+              valkey_options=None, wait_ready=True, workers=1, time_client=None, server=None):
     folder = tmp_path / "ratelimit"
     folder.mkdir(exist_ok=True)
     for name, text in (yaml_files or {"edge.yaml": EDGE_YAML}).items():
@@ -86,7 +86,7 @@ def start_rls(sluice_factory, upstream, valkey, tmp_path, yaml_files=None, rls_o
         f'\n[rls]\nlisten = "127.0.0.1:{port}"\nconfig = "ratelimit"\n{rls_options}\n')
     gw = sluice_factory(upstream, routes=[route_cfg("api")], extra_toml=toml,
                         log={"access_log": str(tmp_path / f"access{port}.log")},
-                        workers=workers)
+                        workers=workers, server=server)
     gw.rls_port = port
     if wait_ready:
         wait_admin(gw, "/ready", 200)
@@ -725,3 +725,17 @@ def test_the_listener_has_the_http2_flood_limits(sluice_factory, upstream, valke
     assert metric_sum(gw, "sluice_http2_goaways_total", reason="enhance_your_calm") >= 1
     assert codes(pb, client_factory(gw.rls_port).call([("remote_address", "192.0.2.60")])) == \
         ["OK"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "none"])
+def test_the_fields_for_envoy_follow_server_rate_limit_headers(
+        sluice_factory, upstream, valkey, tmp_path, pb, client_factory, mode):
+    gw = start_rls(sluice_factory, upstream, valkey, tmp_path,
+                   server={"rate_limit_headers": mode})
+    r = client_factory(gw.rls_port).call([("remote_address", "192.0.2.70")])
+    fields = {h.key.lower(): h.value for h in r.response_headers_to_add}
+    if mode == "none":
+        assert fields == {}, r
+    else:
+        assert fields["x-ratelimit-limit"] == "3" and fields["x-ratelimit-remaining"] == "2", r
+        assert "ratelimit" not in fields and "ratelimit-policy" not in fields, r
