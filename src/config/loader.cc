@@ -75,7 +75,7 @@ void Loader::readName(TableReader& r, std::string_view kind, NameIndex& names, s
   if (name->empty()) {
     r.error("name", "must not be empty");
   } else if (!isName(*name)) {
-    r.error("name", std::string(kind) + " name " + quoted(*name) +
+    r.error("name", std::string(kind) + " name " + inQuotes(*name) +
                         " may only hold letters, digits, '_', '.' and '-'");
   }
   const int line = positionOf(node->source()).line;
@@ -83,7 +83,7 @@ void Loader::readName(TableReader& r, std::string_view kind, NameIndex& names, s
   if (inserted) {
     names.names.push_back(*name);
   } else {
-    r.error("name", "duplicate " + std::string(kind) + " name " + quoted(*name) +
+    r.error("name", "duplicate " + std::string(kind) + " name " + inQuotes(*name) +
                         " (first defined at line " + std::to_string(it->second.line) + ")");
   }
 }
@@ -102,7 +102,7 @@ std::optional<std::string> Loader::readFile(TableReader& r, std::string_view key
   if (path->empty()) {
     r.error(key, "must not be empty");
   } else if (auto why = check ? unreadableFile(*path) : std::nullopt) {
-    r.error(key, "cannot read " + quoted(*path) + ": " + *why);
+    r.error(key, "cannot read " + inQuotes(*path) + ": " + *why);
   }
   return path;
 }

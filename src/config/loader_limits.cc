@@ -127,7 +127,7 @@ void Loader::readCostFrom(TableReader& r, const std::string& text, LimitConfig& 
   static constexpr std::string_view kPrefix = "response_header:";
   if (text.rfind(kPrefix, 0) != 0 || !isToken(text.substr(kPrefix.size()))) {
     r.error("cost_from",
-            "expected \"response_header:NAME\" (NAME: a header field name), got " + quoted(text));
+            "expected \"response_header:NAME\" (NAME: a header field name), got " + inQuotes(text));
     return;
   }
   if (l.algorithm != Algorithm::FixedWindow && l.algorithm != Algorithm::SlidingWindow &&
@@ -166,7 +166,7 @@ void Loader::readKeyPart(const StringItem& item, LimitConfig& l) {
   if (colon == std::string::npos) {
     kind = lookup(kSimple, text);
     if (!kind && lookup(kNamed, text)) {
-      return fail(quoted(text) + " needs a name: " + text + ":NAME");
+      return fail(inQuotes(text) + " needs a name: " + text + ":NAME");
     }
   } else {
     kind = lookup(kNamed, prefix);
@@ -176,27 +176,27 @@ void Loader::readKeyPart(const StringItem& item, LimitConfig& l) {
     std::vector<std::string> choices;
     for (const auto& entry : kSimple) choices.push_back(entry.first);
     for (const auto& entry : kNamed) choices.push_back(entry.first);
-    return fail("unknown key part " + quoted(text) +
+    return fail("unknown key part " + inQuotes(text) +
                 " (expected ip, api_key, session, tenant, route, method, header:NAME, "
                 "cookie:NAME, query:NAME, form:FIELD or json:FIELD)" +
                 didYouMean(prefix, choices));
   }
   part.kind = *kind;
   if (colon != std::string::npos) {
-    if (part.name.empty()) return fail(quoted(text) + " needs a name after the ':'");
+    if (part.name.empty()) return fail(inQuotes(text) + " needs a name after the ':'");
     const bool token_only = part.kind == KeyPartKind::Header || part.kind == KeyPartKind::Cookie;
     if (token_only && !isToken(part.name)) {
-      return fail(quoted(part.name) + " is not a valid " + prefix + " name");
+      return fail(inQuotes(part.name) + " is not a valid " + prefix + " name");
     }
     if (hasSpaceOrControl(part.name)) {
-      return fail(quoted(part.name) + " has spaces or control characters");
+      return fail(inQuotes(part.name) + " has spaces or control characters");
     }
     // Header names are case-insensitive; the request side compares them in lower case.
     if (part.kind == KeyPartKind::Header) part.name = lowerCase(part.name);
   }
   for (const KeyPart& earlier : l.by) {
     if (earlier.kind == part.kind && earlier.name == part.name) {
-      return fail("key part " + quoted(text) + " is repeated");
+      return fail("key part " + inQuotes(text) + " is repeated");
     }
   }
   l.by.push_back(std::move(part));
@@ -219,7 +219,7 @@ void Loader::loadPlan(TableReader& r) {
     const auto* entry = limits_.find(name);
     if (!entry) {
       diag_.add(positionOf(key.source()), path,
-                "unknown limit " + quoted(name) + didYouMean(name, limits_.names));
+                "unknown limit " + inQuotes(name) + didYouMean(name, limits_.names));
       continue;
     }
     PlanLimitOverride override;
@@ -266,7 +266,7 @@ void Loader::loadPlan(TableReader& r) {
         bucket ? (follows_limit ? override.limit : override.burst) : override.limit;
     if (capacity && l.cost > *capacity) {
       diag_.add(*capacity_node, capacity_path,
-                "below the cost of limit " + quoted(name) + " (cost = " + std::to_string(l.cost) +
+                "below the cost of limit " + inQuotes(name) + " (cost = " + std::to_string(l.cost) +
                     "): no request could ever pass" +
                     (follows_limit ? " (the bucket's capacity is this limit, as neither the "
                                      "limit nor the plan sets a burst)"
@@ -282,7 +282,7 @@ void Loader::loadTenant(TableReader& r) {
   if (auto plan = r.string("plan")) {
     tenant.plan = *plan;
     if (!plans_.find(*plan)) {
-      r.error("plan", "unknown plan " + quoted(*plan) + didYouMean(*plan, plans_.names));
+      r.error("plan", "unknown plan " + inQuotes(*plan) + didYouMean(*plan, plans_.names));
     }
   }
   if (auto items = r.strings("api_keys")) {
@@ -306,7 +306,7 @@ void Loader::loadTenant(TableReader& r) {
         diag_.add(*item.node, item.path,
                   (owner.tenant_index == config_.tenants.size() - 1
                        ? std::string("this API key is listed twice")
-                       : "this API key already belongs to tenant " + quoted(owner.tenant)) +
+                       : "this API key already belongs to tenant " + inQuotes(owner.tenant)) +
                       " (line " + std::to_string(owner.line) + ")");
         continue;
       }

@@ -64,7 +64,7 @@ void Loader::loadRls(TableReader& r) {
       rls.config_dir = path.lexically_normal().string();
       std::error_code ec;
       if (!std::filesystem::is_directory(rls.config_dir, ec)) {
-        r.error("config", "not a folder: " + loader_internal::quoted(rls.config_dir) +
+        r.error("config", "not a folder: " + inQuotes(rls.config_dir) +
                               (ec ? " (" + ec.message() + ")" : std::string()));
       } else {
         auto yaml = std::make_shared<RateLimitYaml>();
@@ -118,7 +118,7 @@ void Loader::loadRlsDescriptor(TableReader& r, RlsConfig& rls) {
                                        eq == std::string::npos ? "" : item.value.substr(eq + 1)};
       if (entry.key.empty() || (eq != std::string::npos && entry.value.empty())) {
         diag_.add(*item.node, item.path,
-                  "expected \"key\" or \"key=value\", got " + loader_internal::quoted(item.value));
+                  "expected \"key\" or \"key=value\", got " + inQuotes(item.value));
         entries_ok = false;
       }
       if (!d.pattern.empty()) d.pattern += '.';
@@ -135,18 +135,17 @@ void Loader::loadRlsDescriptor(TableReader& r, RlsConfig& rls) {
       d.limit_index = entry->index;
       limit = &config_.limits[entry->index];
       if (limit->algorithm == Algorithm::Concurrency) {
-        r.error("limit", "limit " + loader_internal::quoted(*name) +
+        r.error("limit", "limit " + inQuotes(*name) +
                              " is a concurrency limit: its slot would need a release, which "
                              "ShouldRateLimit has no call for (not served in this version)");
         limit = nullptr;
       } else if (!limit->cost_from_header.empty()) {
-        r.error("limit", "limit " + loader_internal::quoted(*name) +
+        r.error("limit", "limit " + inQuotes(*name) +
                              " has cost_from: a rate limit service never sees the response");
         limit = nullptr;
       }
     } else {
-      r.error("limit",
-              "unknown limit " + loader_internal::quoted(*name) + didYouMean(*name, limits_.names));
+      r.error("limit", "unknown limit " + inQuotes(*name) + didYouMean(*name, limits_.names));
     }
   } else if (!r.has("limit")) {
     r.missing("limit");
@@ -159,8 +158,7 @@ void Loader::loadRlsDescriptor(TableReader& r, RlsConfig& rls) {
       while (i < d.entries.size() && d.entries[i].key != item.value) ++i;
       if (i == d.entries.size()) {
         if (entries_ok) {
-          diag_.add(*item.node, item.path,
-                    "not a key of entries: " + loader_internal::quoted(item.value));
+          diag_.add(*item.node, item.path, "not a key of entries: " + inQuotes(item.value));
         }
         entries_ok = false;
       }
@@ -175,9 +173,8 @@ void Loader::loadRlsDescriptor(TableReader& r, RlsConfig& rls) {
     std::string by;
     for (const KeyPart& part : limit->by) by += (by.empty() ? "" : ", ") + part.text;
     r.error(has_key ? "key" : "entries",
-            "limit " + loader_internal::quoted(d.limit) + " is keyed on " +
-                std::to_string(limit->by.size()) + " part(s) (" + by + "), and " +
-                std::to_string(d.key_entries.size()) +
+            "limit " + inQuotes(d.limit) + " is keyed on " + std::to_string(limit->by.size()) +
+                " part(s) (" + by + "), and " + std::to_string(d.key_entries.size()) +
                 " entry value(s) key it here: name the entries that do in `key`, in the order "
                 "of its `by`");
   }

@@ -44,7 +44,7 @@ void Loader::loadUpstream(TableReader& r) {
   UpstreamTlsConfig tls;
   if (auto v = r.string("tls_server_name")) {
     tls.server_name = lowerCase(*v);
-    if (!isHostName(*v)) r.error("tls_server_name", "not a host name: " + quoted(*v));
+    if (!isHostName(*v)) r.error("tls_server_name", "not a host name: " + inQuotes(*v));
   }
   if (auto v = readFile(r, "tls_ca_file", false, tls_on)) tls.ca_file = *v;
   if (auto v = r.boolean("tls_verify")) tls.verify = *v;
@@ -67,7 +67,7 @@ void Loader::loadUpstream(TableReader& r) {
     } else if (*v == "h2c") {
       u.protocol = UpstreamProtocol::H2c;
     } else if (*v != "http1") {
-      r.error("protocol", "expected 'http1', 'h2c' or 'h2', got " + quoted(*v));
+      r.error("protocol", "expected 'http1', 'h2c' or 'h2', got " + inQuotes(*v));
     }
   }
 }
@@ -101,7 +101,7 @@ void Loader::loadRoute(TableReader& r) {
       route.upstream_index = entry->index;
     } else {
       r.error("upstream",
-              "unknown upstream " + quoted(*name) + didYouMean(*name, upstreams_.names));
+              "unknown upstream " + inQuotes(*name) + didYouMean(*name, upstreams_.names));
     }
   } else if (!r.has("upstream")) {
     r.missing("upstream");
@@ -111,10 +111,10 @@ void Loader::loadRoute(TableReader& r) {
       const auto* entry = limits_.find(item.value);
       if (!entry) {
         diag_.add(*item.node, item.path,
-                  "unknown limit " + quoted(item.value) + didYouMean(item.value, limits_.names));
+                  "unknown limit " + inQuotes(item.value) + didYouMean(item.value, limits_.names));
       } else if (std::find(route.limits.begin(), route.limits.end(), item.value) !=
                  route.limits.end()) {
-        diag_.add(*item.node, item.path, "limit " + quoted(item.value) + " is listed twice");
+        diag_.add(*item.node, item.path, "limit " + inQuotes(item.value) + " is listed twice");
       } else {
         route.limits.push_back(item.value);
         route.limit_indices.push_back(entry->index);
@@ -138,7 +138,7 @@ void Loader::readMatch(TableReader& m, RouteMatch& match) {
     if (!v) return;
     std::string decoded, normal, why;
     if (v->empty() || (*v)[0] != '/') {
-      m.error(key, "must start with '/', got " + quoted(*v));
+      m.error(key, "must start with '/', got " + inQuotes(*v));
     } else if (!http::visibleAscii(*v) || v->find_first_of("?#") != std::string::npos) {
       // (the request targets' rule: a path with other bytes could never match a request)
       m.error(key,
@@ -146,13 +146,13 @@ void Loader::readMatch(TableReader& m, RouteMatch& match) {
               "0x80-0xFF: percent-encode them), without '?' or '#'");
     } else if (!http::decodeUnreserved(*v, &decoded, &why) ||
                !http::normalizePath(decoded, true, &normal, &why)) {
-      m.error(key, why + ": " + quoted(*v));
+      m.error(key, why + ": " + inQuotes(*v));
     } else if (normal != *v) {
       // Requests are matched in normal form (slashes merged, dot-segments resolved, path
       // parameters dropped, unreserved escapes decoded): a path written otherwise never
       // matches anything.
-      m.error(key, "requests are matched in normal form, so " + quoted(*v) +
-                       " would never match; write " + quoted(normal));
+      m.error(key, "requests are matched in normal form, so " + inQuotes(*v) +
+                       " would never match; write " + inQuotes(normal));
     }
     *out = match.case_insensitive ? lowerCase(*v) : *v;
   };
@@ -165,7 +165,7 @@ void Loader::readMatch(TableReader& m, RouteMatch& match) {
     match.host = lowerCase(*v);
     const bool ipv6 = v->size() > 2 && v->front() == '[' && v->back() == ']';
     if (!ipv6 && !isHostName(*v)) {
-      m.error("host", "expected a host name without port, got " + quoted(*v));
+      m.error("host", "expected a host name without port, got " + inQuotes(*v));
     }
   }
   if (auto items = m.strings("methods")) {
@@ -175,10 +175,10 @@ void Loader::readMatch(TableReader& m, RouteMatch& match) {
         // No request could carry it: HTTP/1.1 and HTTP/2 requests with another method get 400.
         diag_.add(*item.node, item.path,
                   "not an HTTP method Sluice accepts (GET, POST, PURGE, M-SEARCH, ...): " +
-                      quoted(item.value));
+                      inQuotes(item.value));
       } else if (std::find(match.methods.begin(), match.methods.end(), method) !=
                  match.methods.end()) {
-        diag_.add(*item.node, item.path, "method " + quoted(method) + " is listed twice");
+        diag_.add(*item.node, item.path, "method " + inQuotes(method) + " is listed twice");
       } else {
         match.methods.push_back(std::move(method));
       }

@@ -155,18 +155,18 @@ void Loader::loadIdentity(TableReader& r) {
         id.trusted_proxies.push_back(*cidr);
       } else {
         diag_.add(*item.node, item.path,
-                  "bad CIDR " + quoted(item.value) +
+                  "bad CIDR " + inQuotes(item.value) +
                       ": expected an address or address/bits, such as \"10.0.0.0/8\"");
       }
     }
   }
   if (auto v = r.integer("ipv6_prefix", 1, 128)) id.ipv6_prefix = static_cast<int>(*v);
   if (auto v = r.string("api_key_header")) {
-    if (!isToken(*v)) r.error("api_key_header", "not a valid header name: " + quoted(*v));
+    if (!isToken(*v)) r.error("api_key_header", "not a valid header name: " + inQuotes(*v));
     id.api_key_header = *v;
   }
   if (auto v = r.string("session_cookie")) {
-    if (!isToken(*v)) r.error("session_cookie", "not a valid cookie name: " + quoted(*v));
+    if (!isToken(*v)) r.error("session_cookie", "not a valid cookie name: " + inQuotes(*v));
     id.session_cookie = *v;
   }
   if (auto v = r.boolean("reject_unknown_api_keys")) id.reject_unknown_api_keys = *v;

@@ -41,7 +41,7 @@ std::vector<ConfigError> Diagnostics::sorted() && {
   return std::move(errors_);
 }
 
-std::string quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
+std::string inQuotes(std::string_view text) { return "'" + std::string(text) + "'"; }
 
 std::string lowerCase(std::string_view text) {
   std::string out(text);
@@ -109,7 +109,7 @@ std::string didYouMean(std::string_view word, const std::vector<std::string>& ca
       }
     }
   }
-  return best ? ", did you mean " + quoted(*best) + "?" : "";
+  return best ? ", did you mean " + inQuotes(*best) + "?" : "";
 }
 
 std::string describe(const toml::node& node) {
@@ -187,7 +187,7 @@ std::optional<Duration> readDuration(const toml::node& node, const std::string& 
   const auto duration = parseDuration(value->get());
   if (!duration) {
     diag.add(node, path,
-             "bad duration " + quoted(value->get()) +
+             "bad duration " + inQuotes(value->get()) +
                  ": expected a number and a unit (ms, s, m, h, d), such as \"250ms\" or \"10s\"");
     return std::nullopt;
   }
@@ -205,12 +205,12 @@ std::optional<SocketAddress> readAddress(const toml::node& node, const std::stri
   std::string why;
   auto address = parseSocketAddress(*text, use == AddressUse::Valkey, &why);
   if (!address) {
-    diag.add(node, path, "bad address " + quoted(*text) + ": " + why);
+    diag.add(node, path, "bad address " + inQuotes(*text) + ": " + why);
     return std::nullopt;
   }
   // Port 0 means "any free port": useful to listen on (tests do), meaningless to connect to.
   if (!address->isUnix() && address->port == 0 && use != AddressUse::Listen) {
-    diag.add(node, path, "bad address " + quoted(*text) + ": port 0 cannot be connected to");
+    diag.add(node, path, "bad address " + inQuotes(*text) + ": port 0 cannot be connected to");
     return std::nullopt;
   }
   return address;
@@ -241,7 +241,7 @@ void reportUnknownValue(const toml::node& node, const std::string& path, const s
     expected += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
   }
   diag.add(node, path,
-           "unknown value " + quoted(value) + " (expected " + expected + ")" +
+           "unknown value " + inQuotes(value) + " (expected " + expected + ")" +
                didYouMean(value, choices));
 }
 
@@ -250,7 +250,7 @@ void TableReader::finish() {
     if (std::find(known_.begin(), known_.end(), key.str()) != known_.end()) continue;
     const Position at = key.source().begin.line ? positionOf(key.source()) : position();
     diag_.add(at, keyPath(key.str()),
-              "unknown key " + quoted(key.str()) + didYouMean(key.str(), known_));
+              "unknown key " + inQuotes(key.str()) + didYouMean(key.str(), known_));
   }
 }
 

@@ -66,7 +66,7 @@ class Diagnostics {
 };
 
 // Text checks shared by the sections.
-std::string quoted(std::string_view text);  // 'text'
+std::string inQuotes(std::string_view text);  // 'text'
 std::string lowerCase(std::string_view text);
 std::string upperCase(std::string_view text);
 bool isToken(std::string_view text);     // RFC 9110 token: header and cookie names, methods

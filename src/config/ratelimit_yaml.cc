@@ -177,9 +177,9 @@ const char* yamlTypeName(const YAML::Node& node) {
   return "!!str";
 }
 
-class Loader {
+class YamlLoader {
  public:
-  explicit Loader(const std::string& file) : file_(file) {}
+  explicit YamlLoader(const std::string& file) : file_(file) {}
 
   // The domain of the descriptors loaded next (their limits' paths begin with it).
   std::string domain;
@@ -457,7 +457,7 @@ RateLimitYaml& RateLimitYaml::operator=(RateLimitYaml&&) noexcept = default;
 
 bool RateLimitYaml::addFile(const std::string& file, std::string_view text, bool merge_domains,
                             std::string& error) {
-  Loader loader(file);
+  YamlLoader loader(file);
   YAML::Node loaded;
   try {
     loaded = YAML::Load(std::string(text));

@@ -36,7 +36,7 @@ constexpr double kControlPerStream = 4;
 constexpr double kControlPerData = 2;
 // After the last GOAWAY went out: how long reads are discarded before the socket closes (so
 // that unread client bytes do not turn our FIN into a RST that destroys the GOAWAY).
-constexpr uint64_t kLingerMs = 2000;
+constexpr uint64_t kSessionLingerMs = 2000;
 // HPACK bombs: a header block of a few KB can decode to hundreds of MB (one large literal in
 // the dynamic table, then the one-byte reference to it over and over), and nghttp2 checks
 // every decoded value before our callback sees it. Up to max_request_header_bytes +
@@ -179,7 +179,7 @@ void H2Session::closeAfterWrites() {
   state_ = State::Lingering;
   send_later_.stop();
   transport_.shutdownWrite();
-  armTimer(TimerRole::Linger, kLingerMs);
+  armTimer(TimerRole::Linger, kSessionLingerMs);
 }
 
 void H2Session::closeNow() {

@@ -14,7 +14,7 @@ namespace {
 constexpr size_t kMaxPendingBytes = 64 * 1024;
 // How long a closing connection keeps reading (and discarding) after its last response, so
 // that unread request bytes do not turn our FIN into a RST that destroys that response.
-constexpr uint64_t kLingerMs = 2000;
+constexpr uint64_t kClientLingerMs = 2000;
 
 http::ParserLimits requestLimits(const config::ServerConfig& server) {
   http::ParserLimits limits;
@@ -405,7 +405,7 @@ void Http1Connection::onWriteDrained() {
       transport_.shutdownWrite();
       transport_.readStart();
       timer_role_ = TimerRole::Linger;
-      timer_.start(kLingerMs);
+      timer_.start(kClientLingerMs);
       return;
     case State::Tunnel:
       exchange_.onClientDrained();

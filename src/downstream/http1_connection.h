@@ -60,7 +60,7 @@ class Http1Connection final : public proxy::ExchangeOwner, public http::ParserCa
                     // the client sends meanwhile is discarded)
     Tunnel,         // after a 101: bytes flow raw both ways, through the exchange
     TunnelClosing,  // both sides of the tunnel ended: closed once the last bytes went out
-    Lingering,      // FIN sent: reads are discarded until the client closes, or kLingerMs
+    Lingering,      // FIN sent: reads are discarded until the client closes, or kClientLingerMs
     Aborting,       // the exchange cut its response: closed on the next loop iteration
     HandedOver,     // the client sent the HTTP/2 preface: an H2Session has the connection
     Closed,

@@ -22,7 +22,7 @@ constexpr uint32_t kAssumedMaxConcurrentStreams = 100;
 // have gathered (and always when it empties).
 constexpr size_t kCompactBytes = 64 * 1024;
 // A closing connection waits this long for its last frames (GOAWAY) to leave.
-constexpr uint64_t kLingerMs = 1000;
+constexpr uint64_t kCloseLingerMs = 1000;
 // RFC 9113 6.5.2: a field's size is its name, its value and 32.
 constexpr size_t kFieldOverhead = 32;
 
@@ -189,7 +189,7 @@ void H2UpstreamConnection::onConnectTimer(void* self) noexcept {
     c->closeTransport();
     return;
   }
-  // Closing: the last frames did not leave within kLingerMs.
+  // Closing: the last frames did not leave within kCloseLingerMs.
   if (c->state_ == State::Closing) c->transport_->close();
 }
 
@@ -358,7 +358,7 @@ void H2UpstreamConnection::closeTransport() {
   send_later_.stop();
   response_timer_.stop();
   if (transport_->pendingBytes() > 0 && !transport_->isClosing()) {
-    connect_timer_.start(kLingerMs);  // onWriteDrained() closes it sooner
+    connect_timer_.start(kCloseLingerMs);  // onWriteDrained() closes it sooner
     return;
   }
   transport_->close();
