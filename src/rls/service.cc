@@ -237,13 +237,12 @@ void Call::runShouldRateLimit(std::string_view message) {
     group.call = this;
     group.first = each ? i : 0;
     if (each) group.own.push_back(applied[i]);
-    group.pending =
-        worker_.decisions().decide(snapshot_->valkey, each ? group.own : applied, &group, keep);
+    group.pending = worker_.decisions().decide(snapshot_->valkey, limitsOf(group), &group, keep);
   }
   // A group Valkey takes no call for (not connected, not answering) is decided by on_error
   // now; its answer still goes from the loop.
   for (Group& group : groups_) {
-    if (!group.pending) decided(group, ratelimit::decisionOnError(each ? group.own : applied));
+    if (!group.pending) decided(group, ratelimit::decisionOnError(limitsOf(group)));
   }
 }
 
@@ -255,7 +254,7 @@ void Call::Group::onDecision(const ratelimit::Decision& decision) {
 void Call::Group::onDecisionError(std::string_view why) {
   pending = nullptr;
   SLUICE_LOG_DEBUG("valkey: no decision ({}), on_error decides", logging::sanitize(why));
-  call->decided(*this, ratelimit::decisionOnError(own.empty() ? call->plan_->applied : own));
+  call->decided(*this, ratelimit::decisionOnError(call->limitsOf(*this)));
 }
 
 void Call::decided(const Group& group, const ratelimit::Decision& decision) {
@@ -286,11 +285,7 @@ void Call::answerPlan(const ratelimit::Decision* decision) {
 void Call::answer(std::string message) {
   if (deliver_.active() || grpc_status_ != 0) return;
   message_ = frameMessage(message);
-  if (in_owner_call_) {
-    deliver_.start(0);
-  } else {
-    deliver();  // (may delete this)
-  }
+  send();
 }
 
 void Call::fail(int grpc_status, std::string error) {
@@ -299,11 +294,19 @@ void Call::fail(int grpc_status, std::string error) {
   grpc_status_ = grpc_status;
   error_ = std::move(error);
   message_.clear();
+  send();
+}
+
+void Call::send() {
   if (in_owner_call_) {
     deliver_.start(0);
   } else {
     deliver();  // (may delete this)
   }
+}
+
+const std::vector<ratelimit::AppliedLimit>& Call::limitsOf(const Group& group) const {
+  return group.own.empty() ? plan_->applied : group.own;
 }
 
 void Call::onDeliver(void* self) { static_cast<Call*>(self)->deliver(); }

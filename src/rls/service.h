@@ -127,6 +127,10 @@ class Call final : public upstream::UpstreamRequest {
   // to the owner now, or from the loop when the owner is calling this (in_owner_call_).
   void answer(std::string message);
   void fail(int grpc_status, std::string error);
+  // The answer goes: now, or from the loop when the owner is calling this.
+  void send();
+  // A group's limits: its own one (charge = "each"), else the whole plan's.
+  const std::vector<ratelimit::AppliedLimit>& limitsOf(const Group& group) const;
   static void onDeliver(void* self);
   void deliver();
   void finish();
