@@ -452,4 +452,14 @@ void rlsMessages(const uint8_t* data, size_t size) {
   (void)rls::decodeHealthCheckRequest(bytes);
 }
 
+const std::array<NamedTarget, 7> kTargets = {{
+    {"request", requestPath},
+    {"config", configLoader},
+    {"response", responsePath},
+    {"chunked", chunkedBody},
+    {"admin", adminRequest},
+    {"http2", http2Frames},
+    {"rls", rlsMessages},
+}};
+
 }  // namespace sluice::fuzz

@@ -1,9 +1,10 @@
 #pragma once
 
-// The fuzz targets' bodies, shared by the libFuzzer drivers (tests/fuzz/fuzz_*.cc, built with
+// The fuzz targets' bodies, shared by the libFuzzer driver (tests/fuzz/fuzz_main.cc, built with
 // clang when SLUICE_FUZZ=ON) and by a doctest that replays the corpus and every regression
 // input under the normal test build, so a crash found once stays a test forever.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 
@@ -43,5 +44,12 @@ void http2Frames(const uint8_t* data, size_t size);
 // envoyproxy/ratelimit YAML file instead (src/config/ratelimit_yaml.h): loaded or refused, with
 // FILE:LINE:COL, never a crash.
 void rlsMessages(const uint8_t* data, size_t size);
+
+using Target = void (*)(const uint8_t* data, size_t size);
+struct NamedTarget {
+  const char* name;  // its corpus (tests/fuzz/corpus/<name>) and its binary (fuzz_<name>)
+  Target body;
+};
+extern const std::array<NamedTarget, 7> kTargets;
 
 }  // namespace sluice::fuzz

@@ -1,7 +1,0 @@
-// libFuzzer driver; the body is sluice::fuzz::requestPath (tests/fuzz/targets.cc).
-#include "targets.h"
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  sluice::fuzz::requestPath(data, size);
-  return 0;
-}

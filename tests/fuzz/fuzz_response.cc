@@ -1,7 +1,0 @@
-// libFuzzer driver; the body is sluice::fuzz::responsePath (tests/fuzz/targets.cc).
-#include "targets.h"
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  sluice::fuzz::responsePath(data, size);
-  return 0;
-}
