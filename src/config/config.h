@@ -271,6 +271,12 @@ struct RlsDescriptorConfig {
   std::vector<size_t> key_entries;
   // As the metrics name it, envoyproxy/ratelimit's way: "key1_value1.key2".
   std::string pattern;
+  // A concurrency limit's: the entry whose value names the slot a call takes (unique per
+  // request: Envoy's x-request-id), and whether the pattern frees that slot instead (the call
+  // Envoy sends when the stream is done: apply_on_stream_done).
+  static constexpr size_t kNoSlot = static_cast<size_t>(-1);
+  size_t slot_entry = kNoSlot;
+  bool release = false;
 };
 
 // [rls]: Sluice as Envoy's rate limit service (PRODUCT.md "Rate limit service for Envoy").

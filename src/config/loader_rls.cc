@@ -134,12 +134,7 @@ void Loader::loadRlsDescriptor(TableReader& r, RlsConfig& rls) {
     if (const auto* entry = limits_.find(*name)) {
       d.limit_index = entry->index;
       limit = &config_.limits[entry->index];
-      if (limit->algorithm == Algorithm::Concurrency) {
-        r.error("limit", "limit " + inQuotes(*name) +
-                             " is a concurrency limit: its slot would need a release, which "
-                             "ShouldRateLimit has no call for (not served in this version)");
-        limit = nullptr;
-      } else if (!limit->cost_from_header.empty()) {
+      if (!limit->cost_from_header.empty()) {
         r.error("limit", "limit " + inQuotes(*name) +
                              " has cost_from: a rate limit service never sees the response");
         limit = nullptr;
@@ -150,7 +145,36 @@ void Loader::loadRlsDescriptor(TableReader& r, RlsConfig& rls) {
   } else if (!r.has("limit")) {
     r.missing("limit");
   }
-  // The entries whose values key the limit: `key`, else every entry without a fixed value.
+  // A concurrency limit's slot: named by the value of the entry `slot`, taken by the call, or
+  // freed (`release`).
+  if (auto release = r.boolean("release")) d.release = *release;
+  if (auto slot = r.string("slot")) {
+    size_t i = 0;
+    while (i < d.entries.size() && d.entries[i].key != *slot) ++i;
+    if (i == d.entries.size()) {
+      if (entries_ok) r.error("slot", "not a key of entries: " + inQuotes(*slot));
+      entries_ok = false;
+    } else if (!d.entries[i].value.empty()) {
+      r.error("slot", "entry " + inQuotes(*slot) +
+                          " has a fixed value: a slot is named by a value unique per request");
+      entries_ok = false;
+    } else {
+      d.slot_entry = i;
+    }
+  }
+  const bool concurrency = limit && limit->algorithm == Algorithm::Concurrency;
+  if (concurrency && !r.has("slot")) {
+    r.error("limit", "limit " + inQuotes(d.limit) +
+                         " is a concurrency limit: `slot` names the entry whose value (unique "
+                         "per request, as Envoy's x-request-id) names the slot a call takes");
+  } else if (limit && !concurrency && r.has("slot")) {
+    r.error("slot", "limit " + inQuotes(d.limit) + " is not a concurrency limit: it has no slots");
+  } else if (limit && !concurrency && d.release) {
+    r.error("release",
+            "limit " + inQuotes(d.limit) + " is not a concurrency limit: it has no slots to free");
+  }
+  // The entries whose values key the limit: `key`, else every entry without a fixed value but
+  // the slot's.
   const bool has_key = r.has("key");
   if (auto items = r.strings("key")) {
     for (const StringItem& item : *items) {
@@ -161,12 +185,16 @@ void Loader::loadRlsDescriptor(TableReader& r, RlsConfig& rls) {
           diag_.add(*item.node, item.path, "not a key of entries: " + inQuotes(item.value));
         }
         entries_ok = false;
+      } else if (i == d.slot_entry) {
+        diag_.add(*item.node, item.path,
+                  "the slot's entry " + inQuotes(item.value) + " cannot key the limit too");
+        entries_ok = false;
       }
       d.key_entries.push_back(i);
     }
   } else if (!has_key) {
     for (size_t i = 0; i < d.entries.size(); ++i) {
-      if (d.entries[i].value.empty()) d.key_entries.push_back(i);
+      if (d.entries[i].value.empty() && i != d.slot_entry) d.key_entries.push_back(i);
     }
   }
   if (limit && entries_ok && d.key_entries.size() != limit->by.size()) {

@@ -247,17 +247,16 @@ void Admission::keepSlots(const ratelimit::Decision* decision) {
     const ratelimit::AppliedLimit& l = applied_[i];
     if (l.config->algorithm != config::Algorithm::Concurrency) continue;
     const int64_t lease_ms = l.config->lease.count();
-    if (decision && i < decision->limits.size()) {
-      const ratelimit::LimitResult& r = decision->limits[i];
-      if (decision->verdict == ratelimit::Decision::Verdict::Allow &&
-          r.outcome == ratelimit::Outcome::Allowed) {
+    switch (ratelimit::slotFate(decision, i)) {
+      case ratelimit::SlotFate::Held:
         slots_.push_back(leases.hold(snapshot_->valkey, l.key, l.lease, lease_ms));
-        continue;
-      }
-      if (r.known()) continue;  // Valkey refused it (or the request): no slot was taken
+        break;
+      case ratelimit::SlotFate::NotTaken:
+        break;
+      case ratelimit::SlotFate::Unknown:  // late, failed, or nobody waits: freed
+        leases.release(snapshot_->valkey, l.key, l.lease, lease_ms);
+        break;
     }
-    // Late, failed, or nobody waits: the call may have taken the slot.
-    leases.release(snapshot_->valkey, l.key, l.lease, lease_ms);
   }
 }
 

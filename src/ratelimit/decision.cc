@@ -101,6 +101,15 @@ LimitResult limitResultFromReply(const AppliedLimit& limit, const LimitReply& l)
   return r;
 }
 
+SlotFate slotFate(const Decision* decision, size_t i) {
+  if (!decision || i >= decision->limits.size()) return SlotFate::Unknown;
+  const LimitResult& r = decision->limits[i];
+  if (decision->verdict == Decision::Verdict::Allow && r.outcome == Outcome::Allowed) {
+    return SlotFate::Held;
+  }
+  return r.known() ? SlotFate::NotTaken : SlotFate::Unknown;
+}
+
 Decision decisionOnError(const std::vector<AppliedLimit>& limits) {
   Decision d;
   for (const AppliedLimit& l : limits) {

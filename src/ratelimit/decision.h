@@ -91,6 +91,15 @@ LimitResult limitResultFromReply(const AppliedLimit& limit, const LimitReply& re
 // never refuses, whatever its on_error.
 Decision decisionOnError(const std::vector<AppliedLimit>& limits);
 
+// What became of the concurrency slot that limit `i` of a decision's call asked for
+// (`decision` null: none came, the call was cancelled or failed).
+enum class SlotFate {
+  Held,      // the call was allowed: the slot is taken
+  NotTaken,  // Valkey refused the call (this limit or another): nothing was taken
+  Unknown,   // late, failed, cancelled, or decided by on_error: the call may have taken it
+};
+SlotFate slotFate(const Decision* decision, size_t i);
+
 // Refused from the deny cache: limits[i] stays refused for left_ms[i] (0: not in the cache,
 // not asked). Retry-After is the longest of these waits.
 Decision decisionFromCache(const std::vector<AppliedLimit>& limits,

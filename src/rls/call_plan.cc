@@ -84,6 +84,10 @@ const YamlLimitSet::Counted* YamlLimitSet::find(const ConfiguredLimit* limit) co
   return it == limits_.end() ? nullptr : &it->second;
 }
 
+std::string slotName(std::string_view value, const ServiceSettings& settings) {
+  return "rls" + ratelimit::hashedPart(value, settings.key_secret);
+}
+
 std::string limitKeyName(std::string_view path) { return "rls." + ratelimit::encodeKeyPart(path); }
 
 TomlMappings::TomlMappings(const config::Config& config) {
@@ -123,10 +127,28 @@ Unit unitOfWindow(config::Duration window) {
   return Unit::Year;
 }
 
-// A descriptor decided by the Sluice limit of a [[rls.descriptor]] pattern: its key is the
-// limit's own, of the entries' values in the order of its `by` (so that the gateway's requests
-// and the service's calls share a counter when their values agree; an ip part in its
+// The counter of a descriptor under the Sluice limit of a [[rls.descriptor]] pattern: the
+// limit's own key, of the entries' values in the order of its `by` (so that the gateway's
+// requests and the service's calls share a counter when their values agree; an ip part in its
 // canonical text, as the gateway writes it).
+std::string mappedKey(const TomlMappings& toml, size_t index, const Descriptor& descriptor,
+                      const ServiceSettings& settings) {
+  const config::RlsDescriptorConfig& pattern = toml.pattern(index);
+  const config::LimitConfig& limit = toml.limit(index);
+  std::string key;
+  ratelimit::beginLimitKey(&key, settings.key_prefix, limit.name);
+  for (size_t part = 0; part < limit.by.size() && part < pattern.key_entries.size(); ++part) {
+    const std::string& value = descriptor.entries[pattern.key_entries[part]].value;
+    std::optional<IpAddress> ip;
+    if (limit.by[part].kind == config::KeyPartKind::Ip) ip = IpAddress::parse(value);
+    ratelimit::appendKeyPart(&key, part, limit.by[part], ip ? ip->unmapped().toString() : value,
+                             settings.key_secret);
+  }
+  ratelimit::endLimitKey(&key);
+  return key;
+}
+
+// A descriptor decided by the Sluice limit of a [[rls.descriptor]] pattern.
 ratelimit::AppliedLimit mappedLimit(const TomlMappings& toml, size_t index,
                                     const Descriptor& descriptor, uint64_t hits,
                                     const ServiceSettings& settings) {
@@ -134,21 +156,20 @@ ratelimit::AppliedLimit mappedLimit(const TomlMappings& toml, size_t index,
   const config::LimitConfig& limit = toml.limit(index);
   ratelimit::AppliedLimit applied;
   applied.config = &limit;
-  ratelimit::beginLimitKey(&applied.key, settings.key_prefix, limit.name);
-  for (size_t part = 0; part < limit.by.size() && part < pattern.key_entries.size(); ++part) {
-    const std::string& value = descriptor.entries[pattern.key_entries[part]].value;
-    std::optional<IpAddress> ip;
-    if (limit.by[part].kind == config::KeyPartKind::Ip) ip = IpAddress::parse(value);
-    ratelimit::appendKeyPart(&applied.key, part, limit.by[part],
-                             ip ? ip->unmapped().toString() : value, settings.key_secret);
-  }
-  ratelimit::endLimitKey(&applied.key);
+  applied.key = mappedKey(toml, index, descriptor, settings);
   ratelimit::resolveQuota(limit, nullptr, &applied);
-  // The limit's cost for each hit, bounded: never a wrapped one.
-  const uint64_t max = static_cast<uint64_t>(ratelimit::kMaxCost);
-  const uint64_t cost = static_cast<uint64_t>(std::max<int64_t>(limit.cost, 0));
-  applied.cost =
-      static_cast<int64_t>(cost != 0 && hits > max / cost ? max : std::min(hits * cost, max));
+  if (pattern.slot_entry != config::RlsDescriptorConfig::kNoSlot) {
+    // A concurrency limit: the call takes one slot, named by its slot entry, whatever hits
+    // it asks for (a slot is one request in flight).
+    applied.lease = slotName(descriptor.entries[pattern.slot_entry].value, settings);
+    applied.cost = 1;
+  } else {
+    // The limit's cost for each hit, bounded: never a wrapped one.
+    const uint64_t max = static_cast<uint64_t>(ratelimit::kMaxCost);
+    const uint64_t cost = static_cast<uint64_t>(std::max<int64_t>(limit.cost, 0));
+    applied.cost =
+        static_cast<int64_t>(cost != 0 && hits > max / cost ? max : std::min(hits * cost, max));
+  }
   applied.charge = ratelimit::Charge::Now;
   return applied;
 }
@@ -195,13 +216,26 @@ std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet
                                                descriptor.limit->unit, false, settings));
         limit_config = plan->overrides.back().get();
       }
+    } else if (out.mapping != TomlMappings::kNone && toml->pattern(out.mapping).release) {
+      const config::RlsDescriptorConfig& pattern = toml->pattern(out.mapping);
+      out.kind = DescriptorPlan::Kind::Release;
+      out.index = plan->releases.size();
+      plan->releases.push_back({&toml->limit(out.mapping),
+                                mappedKey(*toml, out.mapping, descriptor, settings),
+                                slotName(descriptor.entries[pattern.slot_entry].value, settings)});
+      continue;
     } else if (out.mapping != TomlMappings::kNone) {
       const config::LimitConfig& limit = toml->limit(out.mapping);
+      const size_t slot = toml->pattern(out.mapping).slot_entry;
       out.kind = DescriptorPlan::Kind::Counted;
       out.current = {static_cast<uint32_t>(std::min<int64_t>(std::max<int64_t>(limit.limit, 0),
                                                              std::numeric_limits<uint32_t>::max())),
                      unitOfWindow(limit.window), limit.name};
       out.shadow = limit.shadow;
+      if (slot != config::RlsDescriptorConfig::kNoSlot && descriptor.entries[slot].value.empty()) {
+        out.kind = DescriptorPlan::Kind::Zero;  // a slot needs a name: refused
+        continue;
+      }
       out.index = plan->applied.size();
       plan->applied.push_back(
           mappedLimit(*toml, out.mapping, descriptor, request.hitsFor(i), settings));
@@ -266,6 +300,7 @@ DescriptorResult descriptorResult(const DescriptorPlan& descriptor,
                                   const ratelimit::Decision* decision) {
   switch (descriptor.kind) {
     case DescriptorPlan::Kind::NoLimit:
+    case DescriptorPlan::Kind::Release:
       return DescriptorResult::None;
     case DescriptorPlan::Kind::Unlimited:
       return DescriptorResult::WithinLimit;
@@ -302,6 +337,7 @@ RateLimitResponse answer(const CallPlan& plan, const ratelimit::Decision* decisi
     status.code = Code::Ok;
     switch (d.kind) {
       case DescriptorPlan::Kind::NoLimit:
+      case DescriptorPlan::Kind::Release:
         break;
       case DescriptorPlan::Kind::Unlimited:
         status.limit_remaining = std::numeric_limits<uint32_t>::max();

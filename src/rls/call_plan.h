@@ -91,6 +91,7 @@ struct DescriptorPlan {
     Unlimited,  // unlimited: OK, limit_remaining 2^32 - 1
     Counted,    // decided by Valkey: applied[index]
     Zero,       // requests_per_unit 0: always OVER_LIMIT, nothing to count
+    Release,    // a [[rls.descriptor]] release pattern's: its slot freed (releases[index]), OK
   };
   Kind kind = Kind::NoLimit;
   CurrentLimit current;  // the limit as the response states it (Counted, Zero)
@@ -103,15 +104,28 @@ struct DescriptorPlan {
   size_t mapping = TomlMappings::kNone;
 };
 
+// A concurrency slot a call frees: the slot `slot` of the counter `key` of the limit `config`.
+struct SlotRelease {
+  const config::LimitConfig* config = nullptr;
+  std::string key;
+  std::string slot;
+};
+
 struct CallPlan {
   std::vector<DescriptorPlan> descriptors;  // one per request descriptor, in order
   std::vector<ratelimit::AppliedLimit> applied;
+  std::vector<SlotRelease> releases;
   // Configurations of the limits overrides asked for (the applied limits point to them).
   std::vector<std::unique_ptr<config::LimitConfig>> overrides;
   // What the other applied limits' configurations live in (the caller's: its configuration),
   // kept as long as the plan.
   std::shared_ptr<const void> keep_alive;
 };
+
+// The name of the slot a call takes or frees on a concurrency limit: of the value of its
+// pattern's slot entry, hashed (the value is the caller's; the name is bounded and opaque), in
+// a namespace of its own ("rls~..."; the gateway's own slots are named otherwise).
+std::string slotName(std::string_view value, const ServiceSettings& settings);
 
 // `toml`: the [[rls.descriptor]] patterns, which a descriptor matches before the YAML (a
 // limit override of the call still comes first); null: none.

@@ -5,6 +5,7 @@
 #include "core/logging.h"
 #include "http/grpc.h"
 #include "http/message.h"
+#include "ratelimit/leases.h"
 #include "stats/stats.h"
 #include "worker/worker_context.h"
 
@@ -146,7 +147,11 @@ Call::Call(worker::WorkerContext& worker, std::shared_ptr<worker::Snapshot> snap
 }
 
 Call::~Call() {
-  for (Group& group : groups_) worker_.decisions().cancel(group.pending);
+  for (Group& group : groups_) {
+    if (!group.pending) continue;
+    worker_.decisions().cancel(group.pending);
+    freeSlots(group, nullptr);  // what its call takes is freed right after it
+  }
 }
 
 void Call::start(const upstream::OutgoingRequest& request) {
@@ -218,6 +223,14 @@ void Call::runShouldRateLimit(std::string_view message) {
   }
   plan_ = planCall(service.yaml(), service.limits(), request, service.settings(), &service.toml());
   domain_ = std::move(request.domain);
+  // The slots the call frees (Envoy's call when a stream is done), whatever its other
+  // descriptors' decision: each on its counter's store, after the decisions queued before.
+  if (snapshot_->valkey) {
+    for (const SlotRelease& release : plan_->releases) {
+      worker_.leases().release(snapshot_->valkey, release.key, release.slot,
+                               release.config->lease.count());
+    }
+  }
   const std::vector<ratelimit::AppliedLimit>& applied = plan_->applied;
   if (applied.empty()) {
     answerPlan(nullptr);
@@ -257,7 +270,23 @@ void Call::Group::onDecisionError(std::string_view why) {
   call->decided(*this, ratelimit::decisionOnError(call->limitsOf(*this)));
 }
 
+void Call::freeSlots(const Group& group, const ratelimit::Decision* decision) {
+  const std::vector<ratelimit::AppliedLimit>& limits = limitsOf(group);
+  for (size_t i = 0; i < limits.size(); ++i) {
+    const ratelimit::AppliedLimit& l = limits[i];
+    // A slot taken is held until the call that frees it, or for its lease at most: nothing
+    // renews it (the release may reach another instance).
+    if (l.lease.empty() || ratelimit::slotFate(decision, i) != ratelimit::SlotFate::Unknown) {
+      continue;
+    }
+    if (snapshot_->valkey) {
+      worker_.leases().release(snapshot_->valkey, l.key, l.lease, l.config->lease.count());
+    }
+  }
+}
+
 void Call::decided(const Group& group, const ratelimit::Decision& decision) {
+  freeSlots(group, &decision);
   for (size_t i = 0; i < decision.limits.size() && group.first + i < decision_.limits.size(); ++i) {
     decision_.limits[group.first + i] = decision.limits[i];
   }

@@ -119,6 +119,9 @@ class Call final : public upstream::UpstreamRequest {
   void run();
   void runShouldRateLimit(std::string_view message);
   void runHealthCheck(std::string_view message);
+  // The concurrency slots a group's call may have taken though `decision` (null: none came)
+  // does not say so (late, failed, cancelled, on_error's): freed.
+  void freeSlots(const Group& group, const ratelimit::Decision* decision);
   // A group's decision (Valkey's, or its on_error's) came: the answer once every one did.
   void decided(const Group& group, const ratelimit::Decision& decision);
   // The answer to ShouldRateLimit (`decision` null: no limit counted), its descriptors counted.

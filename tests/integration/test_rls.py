@@ -7,7 +7,8 @@ The limits are envoyproxy/ratelimit's YAML ([rls] config), counted on a real red
 fixed windows (aligned as that service aligns them): per-descriptor statuses, the RateLimit
 fields for Envoy's response, all-or-nothing across descriptors (and charge = "each" for that
 service's way), hits_addend, a limit override, unlimited, shadow_mode, bad messages
-(INVALID_ARGUMENT, nothing charged), Valkey down (on_error, within the deadline), health.
+(INVALID_ARGUMENT, nothing charged), Valkey down (on_error, within the deadline), health;
+Sluice's own limits by [[rls.descriptor]], concurrency slots taken and freed by calls.
 Run time: about 10 s."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from conftest import free_port, metric_sum, ratelimit_toml, route_cfg
+from conftest import TIMER_SLACK_S, free_port, metric_sum, ratelimit_toml, route_cfg
 from harness.gateway import wait_admin, wait_until
 from harness.valkey import avoid_window_boundary, hashed_part
 
@@ -500,6 +501,83 @@ def test_toml_patterns_decide_with_sluice_limits_shared_with_the_gateway(
         assert codes(pb, r) == ["OVER_LIMIT", "OK"], r
     finally:
         valkey.resume()
+
+
+def test_a_concurrency_limit_takes_a_named_slot_that_the_stream_done_call_frees(
+        sluice_factory, upstream, valkey, tmp_path, pb, client_factory):
+    """A [[rls.descriptor]] on a concurrency limit: a call takes the slot its request_id names
+    (as the gateway's requests take theirs, in one counter), the call Envoy sends when the
+    stream is done (apply_on_stream_done, a pattern with release = true) frees it, on any
+    instance; a slot nobody frees ends with its lease; a call refused takes nothing."""
+    from conftest import sluice_with_limits
+    port, other_port = free_port(), free_port()
+    limits = [{"name": "in_flight", "algorithm": "concurrency", "by": ["ip"], "limit": 2,
+               "lease": "2s"},
+              {"name": "per_ip", "algorithm": "fixed_window", "by": ["ip"], "limit": 100,
+               "window": "1h"}]
+    patterns = ('[[rls.descriptor]]\ndomain = "edge"\n'
+                'entries = ["remote_address", "request_id"]\nlimit = "in_flight"\n'
+                'slot = "request_id"\n'
+                '[[rls.descriptor]]\ndomain = "edge"\n'
+                'entries = ["remote_address", "request_id", "sluice=release"]\n'
+                'limit = "in_flight"\nslot = "request_id"\nrelease = true\n'
+                '[[rls.descriptor]]\ndomain = "edge"\nentries = ["tenant"]\nlimit = "per_ip"\n')
+    gws = [sluice_with_limits(sluice_factory, upstream, valkey, limits,
+                              [route_cfg("api", ["in_flight"])],
+                              extra_toml=f'[rls]\nlisten = "127.0.0.1:{p}"\n' + patterns)
+           for p in (port, other_port)]
+    c, other = client_factory(port), client_factory(other_port)
+    key = "rl:v2:in_flight:{10.0.0.1}"
+
+    def take(rid, via=c):
+        return codes(pb, via.call([("remote_address", "10.0.0.1"), ("request_id", rid)]))[0]
+
+    def free(rid, via=c):
+        r = via.call([("remote_address", "10.0.0.1"), ("request_id", rid), ("sluice", "release")])
+        assert codes(pb, r) == ["OK"], r
+
+    def held(of=key):
+        now = valkey.client.time()
+        return valkey.client.zcount(of, f"({now[0] * 1_000_000 + now[1]}", "+inf")
+
+    assert [take("r1"), take("r2"), take("r3")] == ["OK", "OK", "OVER_LIMIT"]
+    assert held() == 2
+    r = c.call([("remote_address", "10.0.0.1"), ("request_id", "r3")])
+    assert r.statuses[0].current_limit.requests_per_unit == 2, r
+    assert r.statuses[0].limit_remaining == 0, r
+    # The stream-done call, on the other instance, frees r1's slot: r3 gets one.
+    free("r1", via=other)
+    wait_until(held, lambda n: n == 1, 3.0, step=0.02)
+    assert take("r3", via=other) == "OK"
+    # Freeing a slot twice, or one never taken, changes nothing.
+    free("r1")
+    free("never")
+    assert take("r4") == "OVER_LIMIT" and held() == 2
+    # A call refused by another of its descriptors takes no slot (all-or-nothing).
+    assert codes(pb, c.call([("tenant", "t")], hits_addend=100)) == ["OK"]
+    r = c.call([("remote_address", "10.0.0.1"), ("request_id", "r5")], [("tenant", "t")])
+    assert codes(pb, r) == ["OVER_LIMIT", "OVER_LIMIT"], r
+    free("r2")
+    free("r3")
+    wait_until(held, lambda n: n == 0, 3.0, step=0.02)
+    r = c.call([("remote_address", "10.0.0.1"), ("request_id", "r5")], [("tenant", "t")])
+    assert codes(pb, r) == ["OK", "OVER_LIMIT"] and held() == 0, r
+    # The gateway's requests from an address count in the same slots as the calls for it.
+    local = [("remote_address", "127.0.0.1")]
+    assert [codes(pb, c.call(local + [("request_id", rid)]))[0] for rid in ("g1", "g2")] == \
+        ["OK", "OK"]
+    assert gws[0].get("/echo").status == 429
+    c.call(local + [("request_id", "g1"), ("sluice", "release")])
+    wait_until(lambda: held("rl:v2:in_flight:{127.0.0.1}"), lambda n: n == 1, 3.0, step=0.02)
+    assert gws[1].get("/echo").status == 200
+    # A slot nobody frees ends with its lease (2 s): nothing renews a call's slot.
+    assert [take("r6"), take("r7")] == ["OK", "OK"]
+    t0 = time.monotonic()
+    wait_until(held, lambda n: n == 0, 2.0 + TIMER_SLACK_S + 1.0, step=0.05)
+    assert time.monotonic() - t0 > 1.0
+    assert take("r8") == "OK"
+    # A slot needs a name: an empty request_id is refused without asking Valkey.
+    assert take("") == "OVER_LIMIT"
 
 
 README_EXAMPLES = {

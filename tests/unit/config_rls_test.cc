@@ -195,7 +195,7 @@ key = ["user", "route"]
     CHECK(errors("[[rls.descriptor]]\ndomain = \"d\"\nentries = []\nlimit = \"per_ip\"\n")
               .find("must list 1 to 16 keys") != std::string::npos);
     CHECK(errors("[[rls.descriptor]]\ndomain = \"d\"\nentries = [\"a\"]\nlimit = \"slots\"\n")
-              .find("is a concurrency limit") != std::string::npos);
+              .find("is a concurrency limit: `slot` names the entry") != std::string::npos);
     e = errors(
         "[[rls.descriptor]]\ndomain = \"d\"\nentries = [\"a\", \"b\"]\nlimit = \"per_ip\"\n");
     CHECK(e.find("t.toml:23:11: rls.descriptor[0].entries: limit 'per_ip' is keyed on 1 part(s) "
@@ -209,5 +209,57 @@ key = ["user", "route"]
         "[[rls.descriptor]]\ndomain = \"d\"\nentries = [\"a\"]\nlimit = \"per_ip\"\n");
     CHECK(e.find("rls.descriptor[1].entries: the same pattern as rls.descriptor[0]") !=
           std::string::npos);
+  }
+
+  TEST_CASE("a concurrency limit: the slot's entry names a call's slot; release frees it") {
+    LoadResult ok = load(R"([[rls.descriptor]]
+domain = "edge"
+entries = ["remote_address", "request_id"]
+limit = "slots"
+slot = "request_id"
+[[rls.descriptor]]
+domain = "edge"
+entries = ["remote_address", "request_id", "sluice=release"]
+limit = "slots"
+slot = "request_id"
+release = true
+)");
+    REQUIRE_MESSAGE(ok.ok(), (ok.errors.empty() ? "" : ok.errors[0].toString()));
+    const auto& d = ok.config->rls->descriptors;
+    REQUIRE(d.size() == 2);
+    CHECK(d[0].slot_entry == 1);
+    CHECK_FALSE(d[0].release);
+    CHECK(d[0].key_entries == std::vector<size_t>{0});  // the slot's entry keys nothing
+    CHECK(d[1].slot_entry == 1);
+    CHECK(d[1].release);
+    CHECK(d[1].key_entries == std::vector<size_t>{0});
+    CHECK(ok.config->rls->descriptors[1].pattern == "remote_address.request_id.sluice_release");
+  }
+
+  TEST_CASE("refused: a slot without a concurrency limit, a slot no entry names or keying") {
+    auto errors = [&](std::string_view rls) {
+      LoadResult r = load(rls);
+      std::string all;
+      for (const ConfigError& e : r.errors) all += e.toString() + "\n";
+      return all;
+    };
+    const std::string head = "[[rls.descriptor]]\ndomain = \"d\"\n";
+    CHECK(errors(head + "entries = [\"a\", \"r\"]\nlimit = \"per_ip\"\nslot = \"r\"\n")
+              .find("rls.descriptor[0].slot: limit 'per_ip' is not a concurrency limit") !=
+          std::string::npos);
+    CHECK(errors(head + "entries = [\"a\"]\nlimit = \"per_ip\"\nrelease = true\n")
+              .find("rls.descriptor[0].release: limit 'per_ip' is not a concurrency limit") !=
+          std::string::npos);
+    CHECK(errors(head + "entries = [\"a\"]\nlimit = \"slots\"\nslot = \"r\"\n")
+              .find("rls.descriptor[0].slot: not a key of entries: 'r'") != std::string::npos);
+    CHECK(errors(head + "entries = [\"a\", \"r=1\"]\nlimit = \"slots\"\nslot = \"r\"\n")
+              .find("rls.descriptor[0].slot: entry 'r' has a fixed value") != std::string::npos);
+    CHECK(errors(head + "entries = [\"a\", \"r\"]\nlimit = \"slots\"\nslot = \"r\"\n" +
+                 "key = [\"r\"]\n")
+              .find("rls.descriptor[0].key[0]: the slot's entry 'r' cannot key the limit too") !=
+          std::string::npos);
+    CHECK(errors(head + "entries = [\"a\", \"r\"]\nlimit = \"slots\"\nslot = \"r\"\n" +
+                 "release = \"yes\"\n")
+              .find("rls.descriptor[0].release") != std::string::npos);
   }
 }

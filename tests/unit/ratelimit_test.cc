@@ -572,6 +572,25 @@ TEST_SUITE("ratelimit: decision") {
     CHECK(none.limits.empty());
   }
 
+  TEST_CASE("slotFate: held when the call was allowed, not taken when Valkey refused") {
+    LimitConfig slots = limitConfig("slots", Algorithm::Concurrency, {}, 2, 30000);
+    LimitConfig rate = limitConfig("rate", Algorithm::FixedWindow, {}, 5, 60000);
+    Decision allowed;
+    allowed.limits.resize(2);
+    CHECK((slotFate(&allowed, 0) == SlotFate::Held));
+    Decision refused = allowed;  // another limit refused the call: nothing taken
+    refused.verdict = Decision::Verdict::Deny;
+    refused.limits[1].outcome = Outcome::Denied;
+    CHECK((slotFate(&refused, 0) == SlotFate::NotTaken));
+    refused.limits[0].outcome = Outcome::Denied;  // this one refused
+    CHECK((slotFate(&refused, 0) == SlotFate::NotTaken));
+    // No decision, one beyond the call's limits, or on_error's: the call may have taken it.
+    CHECK((slotFate(nullptr, 0) == SlotFate::Unknown));
+    CHECK((slotFate(&allowed, 2) == SlotFate::Unknown));
+    const Decision error = decisionOnError({applied(slots, "k1"), applied(rate, "k2")});
+    CHECK((slotFate(&error, 0) == SlotFate::Unknown));
+  }
+
   TEST_CASE("decisionFromCache: the cached limit refuses, the others were not asked") {
     LimitConfig a = limitConfig("a", Algorithm::SlidingWindow, {}, 100, 60000);
     LimitConfig b = limitConfig("b", Algorithm::FixedWindow, {}, 5, 60000);

@@ -351,4 +351,74 @@ limit = "per_user"
                    &toml)
               ->applied.empty());
   }
+
+  TEST_CASE("[[rls.descriptor]] on a concurrency limit: a slot named by a value, or freed") {
+    const config::LoadResult loaded = config::loadConfigString(R"([[limit]]
+name = "in_flight"
+algorithm = "concurrency"
+by = ["ip"]
+limit = 2
+lease = "30s"
+[rls]
+listen = "127.0.0.1:8081"
+[[rls.descriptor]]
+domain = "edge"
+entries = ["remote_address", "request_id"]
+limit = "in_flight"
+slot = "request_id"
+[[rls.descriptor]]
+domain = "edge"
+entries = ["remote_address", "request_id", "sluice=release"]
+limit = "in_flight"
+slot = "request_id"
+release = true
+)",
+                                                               "t.toml");
+    REQUIRE_MESSAGE(loaded.ok(), (loaded.errors.empty() ? "" : loaded.errors[0].toString()));
+    const config::Config& config = *loaded.config;
+    const TomlMappings toml(config);
+    Fixture f;
+    f.settings.key_prefix = config.valkey.key_prefix;
+    auto descriptor = [](std::vector<std::pair<const char*, const char*>> entries) {
+      Descriptor d;
+      for (const auto& [key, value] : entries) d.entries.push_back({key, value});
+      return d;
+    };
+    RateLimitRequest take =
+        call({descriptor({{"remote_address", "10.0.0.1"}, {"request_id", "r1"}})});
+    take.hits_addend = 5;  // a slot is one request in flight, whatever the hits
+    const auto taken = planCall(f.yaml, *f.set, take, f.settings, &toml);
+    REQUIRE(taken->applied.size() == 1);
+    CHECK(taken->releases.empty());
+    const std::string key = ratelimit::limitKey(config.valkey, config.limits[0], {"10.0.0.1"});
+    CHECK(taken->applied[0].key == key);
+    CHECK(taken->applied[0].cost == 1);
+    CHECK(taken->applied[0].lease == slotName("r1", f.settings));
+    CHECK(slotName("r1", f.settings).rfind("rls~", 0) == 0);
+    CHECK(slotName("r1", f.settings) != slotName("r2", f.settings));
+    CHECK(taken->descriptors[0].current.requests_per_unit == 2);
+
+    const auto freed = planCall(
+        f.yaml, *f.set,
+        call({descriptor(
+            {{"remote_address", "10.0.0.1"}, {"request_id", "r1"}, {"sluice", "release"}})}),
+        f.settings, &toml);
+    CHECK(freed->applied.empty());
+    REQUIRE(freed->releases.size() == 1);
+    CHECK(freed->releases[0].config == &config.limits[0]);
+    CHECK(freed->releases[0].key == key);
+    CHECK(freed->releases[0].slot == taken->applied[0].lease);
+    CHECK((freed->descriptors[0].kind == DescriptorPlan::Kind::Release));
+    const RateLimitResponse ok = answer(*freed, nullptr, f.settings);
+    CHECK((ok.overall_code == Code::Ok));
+    CHECK_FALSE(ok.statuses[0].current_limit);
+    CHECK((descriptorResult(freed->descriptors[0], nullptr) == DescriptorResult::None));
+
+    // A slot needs a name: an empty value is refused, nothing asked of Valkey.
+    const auto unnamed = planCall(
+        f.yaml, *f.set, call({descriptor({{"remote_address", "10.0.0.1"}, {"request_id", ""}})}),
+        f.settings, &toml);
+    CHECK(unnamed->applied.empty());
+    CHECK((answer(*unnamed, nullptr, f.settings).overall_code == Code::OverLimit));
+  }
 }
