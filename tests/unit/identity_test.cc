@@ -428,8 +428,9 @@ TEST_SUITE("identity: request facts") {
     using sluice::config::KeyPart;
     using Kind = sluice::config::KeyPartKind;
     // A list of the keys seen per object made this quadratic: 4,000 keys took 25 ms and 60,000
-    // took 2.95 s (1.8e9 comparisons). With a hash set per object, 60,000 take about 90 ms
-    // (the parse itself; a few times that under the sanitizers): the bound sits between.
+    // took 2.95 s (1.8e9 comparisons). With a hash set per object, 60,000 take about 90 ms.
+    // What is checked is the growth, not a time (which depends on the build and the machine):
+    // 20 times the keys take about 20 times as long when linear, 400 times when quadratic.
     auto object = [](int n, const char* last) {
       std::string body = "{";
       for (int i = 0; i < n; ++i)
@@ -437,17 +438,22 @@ TEST_SUITE("identity: request facts") {
       return body + last + "}";
     };
     const KeyPart user{Kind::Json, "user", "json:user"};
-    const std::string large = object(60000, R"("user":"alice")");
-    auto best = std::chrono::steady_clock::duration::max();
-    for (int run = 0; run < 2; ++run) {  // the better of two: the machine may be shared
-      const auto start = std::chrono::steady_clock::now();
-      const auto field = bodyField(user, "application/json", large);
-      best = std::min(best, std::chrono::steady_clock::now() - start);
-      CHECK(field.value == "alice");
-      CHECK_FALSE(field.ambiguous);
-    }
-    INFO("60,000 keys: " << std::chrono::duration<double>(best).count() * 1e3 << " ms");
-    CHECK(best < std::chrono::milliseconds(1500));
+    auto best_of_two = [&](int keys) {  // the better of two: the machine may be shared
+      const std::string body = object(keys, R"("user":"alice")");
+      auto best = std::chrono::steady_clock::duration::max();
+      for (int run = 0; run < 2; ++run) {
+        const auto start = std::chrono::steady_clock::now();
+        const auto field = bodyField(user, "application/json", body);
+        best = std::min(best, std::chrono::steady_clock::now() - start);
+        CHECK(field.value == "alice");
+        CHECK_FALSE(field.ambiguous);
+      }
+      return std::chrono::duration<double>(best).count();
+    };
+    const double small = best_of_two(3000);
+    const double large = best_of_two(60000);
+    INFO("3,000 keys: " << small * 1e3 << " ms, 60,000 keys: " << large * 1e3 << " ms");
+    CHECK(large < 80 * small);
     // A duplicate is still found: the first key again, after 60,000 others.
     const auto duplicate =
         bodyField(user, "application/json", object(60000, R"("k0":"again","user":"alice")"));
