@@ -38,6 +38,18 @@ end
 -- A reply of redis.pcall that is an error (a key of another type).
 local function failed(result) return type(result) == 'table' and result.err ~= nil end
 
+-- Whether the slot `slot` of key index k is held: live in the key, or taken earlier in this
+-- call.
+local function held(k, key, slot)
+  if queued[k] == call then
+    for _, name in ipairs(taken_of[k]) do
+      if name == slot then return true end
+    end
+  end
+  if wrong_of[k] then return false end
+  return redis.call('ZSCORE', key, slot) ~= false
+end
+
 local function check(k, key, value, p, now_us, slot)
   if seen[k] ~= call then
     seen[k] = call
@@ -50,6 +62,9 @@ local function check(k, key, value, p, now_us, slot)
     end
     key_of[k], count_of[k], wrong_of[k] = key, count, wrong
   end
+  -- A slot is one request's: a name already held is refused (a second take of it would hold
+  -- nothing more and count nothing).
+  if slot and held(k, key, slot) then return false end
   return count_of[k] + p.cost <= p.limit
 end
 

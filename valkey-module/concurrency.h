@@ -40,7 +40,7 @@ struct Concurrency : KeyStates<ConcurrencyKey> {
   double now = 0;
   bool peek = false;  // a peek counts the live slots and removes nothing (readonly)
 
-  bool check(int k, const Params& p) {
+  bool check(int k, const Params& p, String* slot) {
     S& st = at(k);
     if (!st.seen) {
       st.seen = true;
@@ -68,7 +68,25 @@ struct Concurrency : KeyStates<ConcurrencyKey> {
       st.count = count;
       st.wrong = wrong;
     }
+    // A slot is one request's: a name already held is refused (a second take of it would hold
+    // nothing more and count nothing).
+    if (slot != nullptr && held(k, slot)) return false;
     return st.count + p.cost <= p.limit;
+  }
+
+  // Whether the slot `slot` of key index k is held: live in the key, or taken earlier in this
+  // call.
+  bool held(int k, String* slot) {
+    S& st = s[k];
+    if (st.queued) {
+      for (String* name : st.taken) {
+        if (view(name) == view(slot)) return true;
+      }
+    }
+    if (st.wrong) return false;
+    c->release(k);
+    Reply score(vm::Call(c->ctx, "ZSCORE", "ss", c->keys[k - 1], slot));
+    return !score.failed() && score.string().has_value();
   }
 
   void settle(int k, const Params& p, bool allowed, bool charge, String* slot) {

@@ -186,7 +186,7 @@ struct Modules {
     concurrency.peek = false;
   }
 
-  bool check(int k, const Params& p) {
+  bool check(int k, const Params& p, String* slot) {
     switch (p.module) {
       case kFixedWindow:
         return fixed_window.check(k, p);
@@ -197,7 +197,7 @@ struct Modules {
       case kTokenBucket:
         return token_bucket.check(k, p);
       case kConcurrency:
-        return concurrency.check(k, p);
+        return concurrency.check(k, p, slot);
       default:
         fail("unknown algorithm " + algorithmText(p));
     }
@@ -335,7 +335,7 @@ void decideOne(Modules& m, CallState& c, const List& list, double k, Out& out, c
     double i = list.limits[0].at != 0 ? list.limits[0].at : k + 1;
     if (i > c.nkeys) noKey(i);
     int ki = static_cast<int>(i);
-    bool allowed = m.check(ki, p);
+    bool allowed = m.check(ki, p, nullptr);
     m.settle(ki, p, allowed, allowed || p.count_denied, nullptr);
     m.report(ki, p, allowed, out);
     return;
@@ -362,7 +362,7 @@ void decideOne(Modules& m, CallState& c, const List& list, double k, Out& out, c
       s = s + 1;
     }
     int ki = static_cast<int>(i);
-    bool allowed = m.check(ki, p);
+    bool allowed = m.check(ki, p, slot);
     if (list.special && p.forced) allowed = true;
     indices[j] = ki;
     fits[j] = allowed;
@@ -667,7 +667,7 @@ int peekCommand(Ctx* ctx, String** argv, int argc) {
     m.concurrency.peek = true;
     Out& out = w.out;
     out.clear();
-    bool allowed = m.check(1, p);
+    bool allowed = m.check(1, p, nullptr);
     m.report(1, p, allowed, out);
     vm::ReplyWithArray(ctx, 3);
     for (size_t i = 0; i < 3; ++i) vm::ReplyWithLongLong(ctx, lua::toInteger(out[i]));

@@ -39,6 +39,23 @@ def test_slots_are_taken_until_full_and_named_by_their_requests(valkey):
     assert 29_000 < c.pttl("s:k") <= 45_000, "a lease (and a spread of up to half of it)"
 
 
+def test_a_name_already_held_is_refused_in_a_later_call_or_the_same_one(valkey):
+    """A slot is one request's: a second take of a held name would hold nothing more (one
+    member) and count nothing, so it is refused; once the name is freed, or its lease ended,
+    it may be taken again."""
+    c = valkey.client
+    assert [r[0] for r in call(c, [[("s:k", slots(3, name="a"))]]).results] == [1]
+    decided = call(c, [[("s:k", slots(3, name="a"))], [("s:k", slots(3, name="b"))],
+                       [("s:k", slots(3, name="b"))]])
+    assert [r[0] for r in decided.results] == [0, 1, 0]
+    assert sorted(c.zrange("s:k", 0, -1)) == ["a", "b"]
+    assert undo_call(c, [("s:k", slots(3, name="a"))], 0) == 1
+    assert call(c, [[("s:k", slots(3, name="a"))]]).results[0][0] == 1
+    c.zadd("s:k", {"b": server_time_us(c) - 1})  # b's lease ended
+    assert call(c, [[("s:k", slots(3, name="b"))]]).results[0][0] == 1
+    assert c.zcard("s:k") == 2
+
+
 def test_a_refusing_limit_takes_no_slot_and_a_missing_slot_charges_nothing(valkey):
     c = valkey.client
     avoid_window_boundary(c, 60.0, 2.0)
