@@ -341,7 +341,13 @@ std::string encodeRateLimitRequest(const RateLimitRequest& request) {
 
 std::string encodeRateLimitResponse(const RateLimitResponse& response) {
   std::string out;
-  out.reserve(32 + response.statuses.size() * 48 + response.response_headers_to_add.size() * 48);
+  appendRateLimitResponse(response, out);
+  return out;
+}
+
+void appendRateLimitResponse(const RateLimitResponse& response, std::string& out) {
+  out.reserve(out.size() + 32 + response.statuses.size() * 48 +
+              response.response_headers_to_add.size() * 48);
   Writer writer(out);
   if (response.overall_code != Code::Unknown) {
     writer.varint(response_field::kOverallCode, static_cast<uint64_t>(response.overall_code));
@@ -377,7 +383,6 @@ std::string encodeRateLimitResponse(const RateLimitResponse& response) {
   }
   writeHeaders(writer, response_field::kResponseHeadersToAdd, response.response_headers_to_add);
   writeHeaders(writer, response_field::kRequestHeadersToAdd, response.request_headers_to_add);
-  return out;
 }
 
 bool decodeRateLimitResponse(std::string_view bytes, RateLimitResponse& out) {

@@ -108,6 +108,8 @@ struct RateLimitResponse {
 };
 
 std::string encodeRateLimitResponse(const RateLimitResponse& response);
+// The same, appended to `out` (after a frame's header, say).
+void appendRateLimitResponse(const RateLimitResponse& response, std::string& out);
 // Reads one back (tests, fuzz round trips); false on malformed bytes.
 bool decodeRateLimitResponse(std::string_view bytes, RateLimitResponse& out);
 

@@ -117,16 +117,21 @@ UnaryMessage unaryMessage(std::string_view body, size_t max_bytes) {
   return out;
 }
 
+void endFrame(std::string& framed) {
+  const auto n = static_cast<uint32_t>(framed.size() - kFrameHeader);
+  framed[0] = '\0';
+  framed[1] = static_cast<char>(n >> 24);
+  framed[2] = static_cast<char>((n >> 16) & 0xff);
+  framed[3] = static_cast<char>((n >> 8) & 0xff);
+  framed[4] = static_cast<char>(n & 0xff);
+}
+
 std::string frameMessage(std::string_view message) {
   std::string out;
   out.reserve(kFrameHeader + message.size());
-  const auto n = static_cast<uint32_t>(message.size());
-  out += '\0';
-  out += static_cast<char>(n >> 24);
-  out += static_cast<char>((n >> 16) & 0xff);
-  out += static_cast<char>((n >> 8) & 0xff);
-  out += static_cast<char>(n & 0xff);
+  out.resize(kFrameHeader);
   out += message;
+  endFrame(out);
   return out;
 }
 
@@ -210,7 +215,8 @@ void Call::runHealthCheck(std::string_view message) {
   }
   const bool serving =
       !worker_.draining() && snapshot_->valkey && worker_.stats().valkey_connected.value() == 1;
-  answer(encodeHealthCheckResponse(serving ? ServingStatus::Serving : ServingStatus::NotServing));
+  answer(frameMessage(
+      encodeHealthCheckResponse(serving ? ServingStatus::Serving : ServingStatus::NotServing)));
 }
 
 void Call::runShouldRateLimit(std::string_view message) {
@@ -308,12 +314,16 @@ void Call::answerPlan(const ratelimit::Decision* decision) {
       (*counters)[result].inc();
     }
   }
-  answer(encodeRateLimitResponse(rls::answer(*plan_, decision, service.settings())));
+  // Written after the frame's header, which is filled in once its length is known.
+  std::string framed(kFrameHeader, '\0');
+  appendRateLimitResponse(rls::answer(*plan_, decision, service.settings()), framed);
+  endFrame(framed);
+  answer(std::move(framed));
 }
 
-void Call::answer(std::string message) {
+void Call::answer(std::string framed) {
   if (deliver_.active() || grpc_status_ != 0) return;
-  message_ = frameMessage(message);
+  message_ = std::move(framed);
   send();
 }
 

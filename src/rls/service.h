@@ -77,6 +77,8 @@ struct UnaryMessage {
 UnaryMessage unaryMessage(std::string_view body, size_t max_bytes);
 // `message` framed (uncompressed).
 std::string frameMessage(std::string_view message);
+// Fills in the frame's header of `framed`: its first 5 bytes, before the message (uncompressed).
+void endFrame(std::string& framed);
 
 class Call final : public upstream::UpstreamRequest {
  public:
@@ -126,9 +128,10 @@ class Call final : public upstream::UpstreamRequest {
   void decided(const Group& group, const ratelimit::Decision& decision);
   // The answer to ShouldRateLimit (`decision` null: no limit counted), its descriptors counted.
   void answerPlan(const ratelimit::Decision* decision);
-  // The answer: a message with grpc-status 0, or none with `grpc_status` and `error`. It goes
-  // to the owner now, or from the loop when the owner is calling this (in_owner_call_).
-  void answer(std::string message);
+  // The answer: a message (framed) with grpc-status 0, or none with `grpc_status` and
+  // `error`. It goes to the owner now, or from the loop when the owner is calling this
+  // (in_owner_call_).
+  void answer(std::string framed);
   void fail(int grpc_status, std::string error);
   // The answer goes: now, or from the loop when the owner is calling this.
   void send();

@@ -1,6 +1,7 @@
 // Who the client is (src/identity/client_address.h) and what a limit's key can be made of
 // (src/identity/request_facts.h).
 
+#include <arpa/inet.h>
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -245,6 +246,25 @@ TEST_SUITE("identity: client address") {
           resolveClientAddress(ip("203.0.113.9"), headers({{"X-Forwarded-For", "  "}}), proxies());
       CHECK(c.forwarded_for == "203.0.113.9");
     }
+  }
+}
+
+TEST_SUITE("identity: address text") {
+  TEST_CASE("an IPv4 address is written as inet_ntop writes it") {
+    for (unsigned a : {0u, 1u, 9u, 10u, 99u, 100u, 199u, 200u, 255u}) {
+      for (unsigned b : {0u, 7u, 42u, 255u}) {
+        const std::string text =
+            std::to_string(a) + "." + std::to_string(b) + ".0." + std::to_string((a * 7 + b) % 256);
+        const auto ip = sluice::IpAddress::parse(text);
+        REQUIRE(ip);
+        char expected[INET_ADDRSTRLEN];
+        REQUIRE(inet_ntop(AF_INET, ip->bytes().data(), expected, sizeof expected) != nullptr);
+        CHECK(ip->toString() == expected);
+        CHECK(ip->toString() == text);
+      }
+    }
+    CHECK(sluice::IpAddress::parse("::ffff:10.0.0.1")->unmapped().toString() == "10.0.0.1");
+    CHECK(sluice::IpAddress::parse("2001:DB8::7")->toString() == "2001:db8::7");
   }
 }
 
