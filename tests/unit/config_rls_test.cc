@@ -151,6 +151,13 @@ limit = 3
         std::string(kLimits) + "[rls]\nlisten = \"127.0.0.1:8081\"\n" + std::string(rls), "t.toml");
   }
 
+  // Every error of loading these [rls] tables, one per line.
+  std::string errors(std::string_view rls) {
+    std::string all;
+    for (const ConfigError& e : load(rls).errors) all += e.toString() + "\n";
+    return all;
+  }
+
   TEST_CASE("a pattern maps a domain's descriptors to a Sluice limit, keyed by their values") {
     LoadResult ok = load(R"([[rls.descriptor]]
 domain = "edge"
@@ -176,12 +183,6 @@ key = ["user", "route"]
   }
 
   TEST_CASE("refused: missing keys, bad entries, unknown or unusable limits, part counts") {
-    auto errors = [&](std::string_view rls) {
-      LoadResult r = load(rls);
-      std::string all;
-      for (const ConfigError& e : r.errors) all += e.toString() + "\n";
-      return all;
-    };
     CHECK(errors("[[rls.descriptor]]\n").find("rls.descriptor[0].domain: required key") !=
           std::string::npos);
     std::string e = errors(
@@ -237,12 +238,6 @@ release = true
   }
 
   TEST_CASE("refused: a slot without a concurrency limit, a slot no entry names or keying") {
-    auto errors = [&](std::string_view rls) {
-      LoadResult r = load(rls);
-      std::string all;
-      for (const ConfigError& e : r.errors) all += e.toString() + "\n";
-      return all;
-    };
     const std::string head = "[[rls.descriptor]]\ndomain = \"d\"\n";
     CHECK(errors(head + "entries = [\"a\", \"r\"]\nlimit = \"per_ip\"\nslot = \"r\"\n")
               .find("rls.descriptor[0].slot: limit 'per_ip' is not a concurrency limit") !=
