@@ -466,18 +466,26 @@ def failover_gateway(sluice_factory, upstream, ha_cluster, limit, seeds):
 
 
 def kill_and_wait_for_promotion(ha_cluster, gw, traffic, primary, replica, survivor):
-    """SIGKILL of `primary`; requests until `replica` is primary in `survivor`'s view.
+    """SIGKILL of `primary`; requests until `replica` is primary in `survivor`'s view, or
+    until the gateway found the promotion first (it refreshes its slot map between two of
+    our looks at the survivor's, and may ask the promoted replica itself).
     Returns (time of the kill, time the promotion was seen, time /ready went 503)."""
     t_kill = time.monotonic()
     ha_cluster.kill(primary)
     t_promoted = t_unready = None
+    slot = slot_of_prefix_port(ha_cluster, survivor)
     while t_promoted is None:
         assert time.monotonic() - t_kill < 20, "no promotion within 20 s"
         status = traffic.step()
+        if status == 200:
+            # Only the promoted replica can have decided it: a replica answers MOVED.
+            assert ha_cluster.owner(slot, via=replica) == replica, \
+                "200 while the slot's primary is dead and its replica not promoted"
+            t_promoted = traffic.log[-1][0]
+            break
         assert status == 503, f"{status} while the slot's primary is dead"
         if t_unready is None and gw.admin_get("/ready")[0] == 503:
             t_unready = time.monotonic()
-        slot = slot_of_prefix_port(ha_cluster, survivor)
         if ha_cluster.owner(slot, via=survivor) == replica:
             t_promoted = time.monotonic()
         time.sleep(0.01)
