@@ -20,6 +20,9 @@
 H2UP_VARIANTS="sluice sluice-h2c"
 H2UP_SHAPES=${BENCH_H2UP_SHAPES:-c10m10}
 H2UP_POOL_ENDPOINTS=${BENCH_H2UP_POOL_ENDPOINTS:-500}
+# sluice-h2c-spread (not in the default variants; --variants "sluice sluice-h2c sluice-h2c-spread"):
+# [[upstream]] max_concurrent_streams, streams per upstream connection
+H2UP_SPREAD_STREAMS=${BENCH_H2UP_SPREAD_STREAMS:-25}
 H2UP_POOL_DURATION=${BENCH_H2UP_POOL_DURATION:-3s}
 
 # Targets (issue 44), sluice-h2c against sluice on every load.
@@ -29,6 +32,11 @@ H2UP_CPU_RATIO_MAX=1.15
 # The upstream of a Sluice variant: sluice_config writes these (run.sh sets the defaults).
 variant_sluice_h2c() {  # Sluice, one worker, no limit, h2c to the origin's HTTP/2 port
   SLUICE_ENDPOINTS="\"127.0.0.1:$UPSTREAM_H2_PORT\"" SLUICE_PROTOCOL=h2c sluice_variant "$1" "" </dev/null
+}
+
+variant_sluice_h2c_spread() {  # the same, at most H2UP_SPREAD_STREAMS streams per connection
+  SLUICE_ENDPOINTS="\"127.0.0.1:$UPSTREAM_H2_PORT\"" SLUICE_PROTOCOL=h2c \
+    SLUICE_UPSTREAM_STREAMS=$H2UP_SPREAD_STREAMS sluice_variant "$1" "" </dev/null
 }
 
 # The origin's h2c server, inside run.sh's upstream nginx (start_upstream).

@@ -42,6 +42,8 @@
 #   BENCH_H2UP_SHAPES=c10m10 --mode h2-upstream: its h2load shapes
 #   BENCH_H2UP_POOL_ENDPOINTS=500  --mode h2-upstream: endpoints (pooled connections) of the
 #                            idle pooled connection test (0: skip it)
+#   BENCH_H2UP_SPREAD_STREAMS=25  --mode h2-upstream: max_concurrent_streams of the
+#                            sluice-h2c-spread variant
 #   BENCH_GRPC_SHAPES="c10m10 c50m1"  --mode grpc: its h2load shapes
 #   BENCH_MODE=all           all | throughput | idle | handshake | mix | mix-cluster | h2 |
 #                            h2-upstream | grpc | rls
@@ -487,6 +489,7 @@ access_log = "off"
 name = "origin"
 endpoints = [${SLUICE_ENDPOINTS:-"\"127.0.0.1:$UPSTREAM_PORT\""}]
 ${SLUICE_PROTOCOL:+protocol = \"$SLUICE_PROTOCOL\"}
+${SLUICE_UPSTREAM_STREAMS:+max_concurrent_streams = $SLUICE_UPSTREAM_STREAMS}
 
 EOF
   [[ $MIX_MODE == 1 || $H2_CLIENTS == 1 ]] && printf '%s\n' "$MIX_IDENTITY_TOML"

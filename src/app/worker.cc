@@ -32,7 +32,8 @@ std::string clusterSignature(const config::UpstreamConfig& u) {
   s += "|" + std::to_string(u.connect_timeout.count()) + "|" +
        std::to_string(u.response_timeout.count()) + "|" + std::to_string(u.idle_timeout.count()) +
        "|" + std::to_string(u.fail_timeout.count()) + "|" + std::to_string(u.max_idle_connections) +
-       "|" + (u.tls ? "tls" : "plain") + "|" + std::to_string(static_cast<int>(u.protocol));
+       "|" + (u.tls ? "tls" : "plain") + "|" + std::to_string(static_cast<int>(u.protocol)) + "|" +
+       std::to_string(u.max_concurrent_streams);
   return s;
 }
 

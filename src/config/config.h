@@ -137,6 +137,9 @@ struct UpstreamConfig {
   Duration idle_timeout{Duration(60000)};  // pooled keep-alive connections
   Duration fail_timeout{Duration(10000)};  // an endpoint that failed is skipped this long
   size_t max_idle_connections = 64;        // per endpoint, per worker
+  // h2c / h2: streams one upstream connection carries at most (and never more than the
+  // peer's SETTINGS_MAX_CONCURRENT_STREAMS); 0: the peer's limit alone.
+  uint32_t max_concurrent_streams = 0;
   std::optional<UpstreamTlsConfig> tls;
 
   // One socket address per endpoint, same order. Filled by the server (DNS) before the

@@ -57,7 +57,8 @@ void Loader::loadUpstream(TableReader& r) {
   if (tls_on) u.tls = std::move(tls);
 
   // HTTP/1.1, HTTP/2 in clear with prior knowledge (h2c), HTTP/2 over TLS chosen by ALPN (h2).
-  if (auto v = r.string("protocol")) {
+  const std::optional<std::string> protocol = r.string("protocol");
+  if (const auto& v = protocol) {
     if (*v == "h2" && !tls_on) {
       r.error("protocol", "'h2' is HTTP/2 over TLS and needs tls = true ('h2c': in clear)");
     } else if (*v == "h2c" && tls_on) {
@@ -68,6 +69,14 @@ void Loader::loadUpstream(TableReader& r) {
       u.protocol = UpstreamProtocol::H2c;
     } else if (*v != "http1") {
       r.error("protocol", "expected 'http1', 'h2c' or 'h2', got " + inQuotes(*v));
+    }
+  }
+  // HTTP/2 only (a protocol refused above has its own error already).
+  if (auto v = r.integer("max_concurrent_streams", 1, 10000)) {
+    if (!r.has("protocol") || protocol == "http1") {
+      r.error("max_concurrent_streams", "HTTP/2 only: needs protocol = 'h2c' or 'h2'");
+    } else {
+      u.max_concurrent_streams = static_cast<uint32_t>(*v);
     }
   }
 }

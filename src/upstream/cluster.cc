@@ -35,6 +35,7 @@ Cluster::Cluster(uv_loop_t* loop, const config::UpstreamConfig& config,
     // An idle connection is checked every half idle_timeout: a peer gone silently is found
     // before a request is sent into it.
     options.ping_interval_ms = idle_timeout_ms_ / 2;
+    options.max_concurrent_streams = config.max_concurrent_streams;
     options.stats = &stats_;  // (the cluster outlives its connections: they hold it)
     h2_ = std::make_unique<H2Pool>(loop, *this, options, tls_);
   }

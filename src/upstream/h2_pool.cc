@@ -218,7 +218,7 @@ H2Pool::Acquired H2Pool::acquire(std::shared_ptr<ConnectionPool> cluster, size_t
     }
   }
   for (Pending& pending : connecting_) {
-    if (pending.endpoint == endpoint && pending.waiting.size() < kMaxWaiting) {
+    if (pending.endpoint == endpoint && pending.waiting.size() < maxWaiting()) {
       out.request = new H2UpstreamRequest(*this, std::move(cluster), endpoint, owner, nullptr);
       pending.waiting.push_back(out.request);
       return out;

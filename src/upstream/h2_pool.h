@@ -4,8 +4,9 @@
 // endpoint, the connections that requests open streams on, each up to its peer's
 // SETTINGS_MAX_CONCURRENT_STREAMS; a new connection when every one is full, draining (a
 // GOAWAY moves new streams to a new connection while the old one's streams finish) or gone.
-// A request that comes while a connection is being made waits for it (up to kMaxWaiting per
-// connection; more make another).
+// A request that comes while a connection is being made waits for it (up to maxWaiting() per
+// connection; more make another). `max_concurrent_streams` caps the streams of a connection
+// below the peer's limit, so that busy traffic spreads over several connections.
 //
 // H2UpstreamRequest is one request on one stream: the UpstreamRequest the exchange talks to.
 // It deletes itself once the exchange let go of it (release(), abort()) or was told its
@@ -122,6 +123,12 @@ class H2Pool final : public H2ConnectionCallbacks {
   void forget(H2UpstreamRequest* request);
 
   static constexpr size_t kMaxWaiting = 100;
+  // Requests that may wait for one connection being made: kMaxWaiting, or fewer when the
+  // upstream's max_concurrent_streams says the connection takes fewer streams.
+  size_t maxWaiting() const {
+    const uint32_t cap = options_.max_concurrent_streams;
+    return cap != 0 && cap < kMaxWaiting ? cap : kMaxWaiting;
+  }
 
  private:
   struct Pending {

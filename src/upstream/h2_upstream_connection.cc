@@ -195,8 +195,9 @@ void H2UpstreamConnection::onConnectTimer(void* self) noexcept {
 
 bool H2UpstreamConnection::canOpenStream() const {
   if (state_ != State::Ready || goaway_received_) return false;
-  const uint32_t max =
+  uint32_t max =
       nghttp2_session_get_remote_settings(session_, NGHTTP2_SETTINGS_MAX_CONCURRENT_STREAMS);
+  if (options_.max_concurrent_streams != 0) max = std::min(max, options_.max_concurrent_streams);
   if (streams_.size() >= max) return false;
   return nghttp2_session_get_next_stream_id(session_) <=
          static_cast<uint32_t>(std::numeric_limits<int32_t>::max());

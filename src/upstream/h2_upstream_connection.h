@@ -118,6 +118,9 @@ struct H2UpstreamOptions {
   // What the upstream may send ahead of the owners' consume(): per stream and per connection.
   int32_t stream_window = 64 * 1024;
   int32_t connection_window = 1024 * 1024;
+  // Streams open at once at most, below the peer's SETTINGS_MAX_CONCURRENT_STREAMS; 0: the
+  // peer's limit alone.
+  uint32_t max_concurrent_streams = 0;
   // The series the connection counts in (itself, its streams); null: none.
   UpstreamStats* stats = nullptr;
 };

@@ -137,6 +137,26 @@ def test_many_streams_share_few_upstream_connections(sluice_factory, h2_upstream
                       protocol="h2c") == srv.connections
 
 
+def test_max_concurrent_streams_spreads_streams_over_more_connections(sluice_factory,
+                                                                     h2_upstream):
+    srv = h2_upstream()
+    gw = gateway(sluice_factory, srv, max_concurrent_streams=20)
+    assert gw.get("/status/200").status == 200  # the first connection is up, idle
+    client = open_h2(gw.port)
+    try:
+        ids = client.send_requests([("GET", "/slow/500")] * 60)
+        for s in client.responses(ids, timeout=20):
+            assert s.status == 200 and s.body == b"status 200", s
+    finally:
+        client.close()
+    # 60 at once, 20 per connection: three connections (the python server alone would take
+    # 100 on one), the first with the request that opened it.
+    assert srv.streams == 61, srv.streams
+    assert sorted(c.streams for c in srv.conns) == [20, 20, 21], [c.streams for c in srv.conns]
+    assert metric_sum(gw, "sluice_upstream_connections_total", upstream="app",
+                      protocol="h2c") == 3
+
+
 def test_a_reset_stream_is_a_502_and_a_silent_one_a_504_the_connection_goes_on(
         sluice_factory, h2_upstream):
     srv = h2_upstream()

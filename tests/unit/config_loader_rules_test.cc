@@ -668,6 +668,53 @@ protocol = "HTTP/1.1")") ==
           "t.toml:13:12: upstream[2].protocol: expected 'http1', 'h2c' or 'h2', got 'HTTP/1.1'");
   }
 
+  TEST_CASE("upstream max_concurrent_streams: HTTP/2 only, 1 to 10000, default the peer's") {
+    const auto config = load(R"([[upstream]]
+name = "a"
+endpoints = ["h:1"]
+protocol = "h2c"
+max_concurrent_streams = 25
+[[upstream]]
+name = "b"
+endpoints = ["h:1"]
+protocol = "h2c")");
+    REQUIRE(config->upstreams.size() == 2);
+    CHECK(config->upstreams[0].max_concurrent_streams == 25);
+    CHECK(config->upstreams[1].max_concurrent_streams == 0);
+    CHECK(errorsOf(R"([[upstream]]
+name = "a"
+endpoints = ["h:1"]
+max_concurrent_streams = 10
+[[upstream]]
+name = "b"
+endpoints = ["h:1"]
+protocol = "http1"
+max_concurrent_streams = 10
+[[upstream]]
+name = "c"
+endpoints = ["h:1"]
+protocol = "h2c"
+max_concurrent_streams = 0
+[[upstream]]
+name = "d"
+endpoints = ["h:1"]
+protocol = "h2c"
+max_concurrent_streams = 10001
+[[upstream]]
+name = "e"
+endpoints = ["h:1"]
+protocol = "HTTP/2"
+max_concurrent_streams = 10)") ==
+          "t.toml:4:26: upstream[0].max_concurrent_streams: HTTP/2 only: needs protocol = "
+          "'h2c' or 'h2'\n"
+          "t.toml:9:26: upstream[1].max_concurrent_streams: HTTP/2 only: needs protocol = "
+          "'h2c' or 'h2'\n"
+          "t.toml:14:26: upstream[2].max_concurrent_streams: must be between 1 and 10000, got 0\n"
+          "t.toml:19:26: upstream[3].max_concurrent_streams: must be between 1 and 10000, got "
+          "10001\n"
+          "t.toml:23:12: upstream[4].protocol: expected 'http1', 'h2c' or 'h2', got 'HTTP/2'");
+  }
+
   TEST_CASE("upstream TLS keys need tls = true, and client cert and key go together") {
     CHECK(errorsOf(R"([[upstream]]
 name = "a"

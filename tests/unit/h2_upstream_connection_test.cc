@@ -268,6 +268,35 @@ TEST_SUITE("H2UpstreamConnection") {
     CHECK(fieldValue(owner.trailers, "grpc-message") == "fine");
   }
 
+  TEST_CASE("the upstream's max_concurrent_streams caps the streams below the peer's limit") {
+    H2UpstreamOptions options;
+    options.max_concurrent_streams = 3;
+    Fixture f(options, ServerOptions{10, true});
+    std::vector<int32_t> held;
+    f.server.on_request = [&](H2Server&, ServerStream& st) { held.push_back(st.id); };
+    std::vector<std::unique_ptr<Owner>> owners;
+    while (f.c().canOpenStream() && owners.size() < 10) {
+      owners.push_back(std::make_unique<Owner>());
+      f.open(*owners.back(), request("GET", "/"), true);
+    }
+    CHECK(owners.size() == 3);  // (the peer takes 10)
+    REQUIRE(runUntil(f.loop(), [&] { return held.size() == 3; }));
+    CHECK_FALSE(f.c().canOpenStream());
+    // One ends: room for one more.
+    f.server.respond(held[0], 204, "");
+    REQUIRE(runUntil(f.loop(), [&] { return owners[0]->done(); }));
+    CHECK(f.c().canOpenStream());
+    owners.push_back(std::make_unique<Owner>());
+    f.open(*owners.back(), request("GET", "/"), true);
+    CHECK_FALSE(f.c().canOpenStream());
+    REQUIRE(runUntil(f.loop(), [&] { return held.size() == 4; }));
+    for (size_t i = 1; i < held.size(); ++i) f.server.respond(held[i], 204, "");
+    REQUIRE(runUntil(f.loop(), [&] {
+      return std::all_of(owners.begin(), owners.end(), [](auto& o) { return o->done(); });
+    }));
+    for (auto& o : owners) CHECK(o->status == 204);
+  }
+
   TEST_CASE("200 streams through max_concurrent_streams = 10, opened as others finish") {
     Fixture f({}, ServerOptions{10, true});
     f.server.on_request = [](H2Server& s, ServerStream& st) {

@@ -51,6 +51,7 @@ class _Conn:
         self.requests: dict[int, dict] = {}
         self.pending: dict[int, list] = {}  # stream -> [data left, trailers or None]
         self.closed = False
+        self.streams = 0  # requests received on this connection
 
     def send(self) -> None:
         data = self.h2.data_to_send()
@@ -90,6 +91,7 @@ class _Conn:
     def on_event(self, event) -> None:
         if isinstance(event, h2.events.RequestReceived):
             self.server.streams += 1
+            self.streams += 1
             self.requests[event.stream_id] = {"headers": list(event.headers),
                                               "body": bytearray(), "trailers": []}
         elif isinstance(event, h2.events.DataReceived):
