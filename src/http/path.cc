@@ -90,6 +90,19 @@ bool normalizePath(std::string_view path, bool strip_params, std::string* out, s
   return true;
 }
 
+bool isNormalPath(std::string_view path) {
+  if (path.empty() || path[0] != '/' || path.find('%') != std::string_view::npos) return false;
+  size_t start = 1;
+  while (true) {
+    const size_t slash = path.find('/', start);
+    const std::string_view segment = path.substr(
+        start, slash == std::string_view::npos ? std::string_view::npos : slash - start);
+    if (slash == std::string_view::npos) return segment != "." && segment != "..";
+    if (segment.empty() || segment == "." || segment == "..") return false;
+    start = slash + 1;
+  }
+}
+
 std::string_view withoutTrailingSlash(std::string_view path) {
   if (path.size() > 1 && path.back() == '/') path.remove_suffix(1);
   return path;

@@ -19,6 +19,11 @@ bool decodeUnreserved(std::string_view in, std::string* out, std::string* error)
 // is a dot-segment there too. A trailing slash is kept. Fails when ".." climbs above the root.
 bool normalizePath(std::string_view path, bool strip_params, std::string* out, std::string* error);
 
+// True when normalizePath(decodeUnreserved(path), false) would give `path` back unchanged:
+// it starts with '/' and has no %-escape, no empty segment but the last (a trailing slash),
+// and no "." or ".." segment. Most requests' paths are: they skip both copies.
+bool isNormalPath(std::string_view path);
+
 // A path as routes compare it: without the trailing slash (but "/" stays "/").
 std::string_view withoutTrailingSlash(std::string_view path);
 

@@ -62,12 +62,18 @@ std::optional<Target> parseTarget(std::string_view target, std::string* error) {
   }
   out.raw_path = std::string(raw_path);
   std::string decoded;
-  if (!http::decodeUnreserved(raw_path, &decoded, error)) return std::nullopt;
-  if (!http::normalizePath(decoded, false, &out.path, error)) return std::nullopt;
+  std::string_view path = raw_path;  // the path with its unreserved escapes decoded
+  if (http::isNormalPath(raw_path)) {
+    out.path = out.raw_path;  // (most requests: no copy to decode, no segments to resolve)
+  } else {
+    if (!http::decodeUnreserved(raw_path, &decoded, error)) return std::nullopt;
+    if (!http::normalizePath(decoded, false, &out.path, error)) return std::nullopt;
+    path = decoded;
+  }
   // A path that has no parameters matches as it is forwarded: one normalization, not two.
-  if (decoded.find(';') == std::string::npos) {
+  if (path.find(';') == std::string_view::npos) {
     out.match_path = out.path;
-  } else if (!http::normalizePath(decoded, true, &out.match_path, error)) {
+  } else if (!http::normalizePath(path, true, &out.match_path, error)) {
     return std::nullopt;
   }
   return out;

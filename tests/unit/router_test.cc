@@ -5,10 +5,12 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <string>
 #include <string_view>
 
 #include "config/loader.h"
+#include "http/path.h"
 #include "http/request_line.h"
 
 using sluice::config::Config;
@@ -297,6 +299,41 @@ TEST_SUITE("router: parseTarget") {
   TEST_CASE("the last escape of a path is decoded (no off-by-one at the end)") {
     CHECK(path("/a%41") == "/aA");
     CHECK(path("/%41") == "/A");
+  }
+
+  TEST_CASE("isNormalPath: exactly the paths that decoding and normalizing leave as they are") {
+    using sluice::http::decodeUnreserved;
+    using sluice::http::isNormalPath;
+    using sluice::http::normalizePath;
+    CHECK(isNormalPath("/"));
+    CHECK(isNormalPath("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"));
+    CHECK(isNormalPath("/a/b/"));
+    CHECK(isNormalPath("/a/.b/..c/;x"));
+    for (std::string_view p : {"", "a", "//", "/a//b", "/.", "/..", "/a/./b", "/a/../b", "/a/.",
+                               "/%41", "/a%2F", "/a/.."}) {
+      CHECK_MESSAGE(!isNormalPath(p), p);
+    }
+    // Every path of up to 5 characters from the bytes that matter, against the slow way.
+    const std::string alphabet = "/.%;a4";
+    size_t normal = 0;
+    std::string p;
+    std::function<void(size_t)> each = [&](size_t left) {
+      if (!p.empty() && p[0] == '/') {
+        std::string decoded, normalized, error;
+        const bool same = decodeUnreserved(p, &decoded, &error) &&
+                          normalizePath(decoded, false, &normalized, &error) && normalized == p;
+        CHECK_MESSAGE(isNormalPath(p) == same, p);
+        normal += same ? 1 : 0;
+      }
+      if (left == 0) return;
+      for (char c : alphabet) {
+        p.push_back(c);
+        each(left - 1);
+        p.pop_back();
+      }
+    };
+    each(5);
+    CHECK(normal > 100);
   }
 }
 
