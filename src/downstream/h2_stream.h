@@ -18,6 +18,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/recycled.h"
 #include "core/timer.h"
 #include "http/message.h"
 #include "proxy/exchange.h"
@@ -27,7 +28,7 @@ namespace sluice::downstream {
 
 class H2Session;
 
-class H2Stream final : public proxy::ExchangeOwner {
+class H2Stream final : public proxy::ExchangeOwner, public Recycled<H2Stream> {
  public:
   H2Stream(H2Session& session, int32_t id, uint64_t opened_ms);
   ~H2Stream() override;
