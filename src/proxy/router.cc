@@ -50,7 +50,9 @@ std::optional<Target> parseTarget(std::string_view target, std::string* error) {
     if (rest[0] == '?') {
       out.has_query = true;
       out.query = std::string(rest.substr(1));
-      out.path = out.match_path = out.raw_path = "/";
+      // (Copies of one string: GCC 12's -O3 sees a false -Wrestrict overlap in assigning "/".)
+      out.raw_path.push_back('/');
+      out.path = out.match_path = out.raw_path;
       return out;
     }
   }
