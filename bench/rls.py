@@ -132,6 +132,14 @@ def cmd_report(args):
     def ratio(a, b):
         return a / b if a is not None and b else None
 
+    def per_round(e, g, key):
+        return [ratio(a.get(key), b.get(key))
+                for a, b in zip(e.get("rounds") or [], g.get("rounds") or [])]
+
+    def rounds_text(values):
+        shown = [f"{v:.2f}" for v in values if v is not None]
+        return " ".join(shown) if shown else "-"
+
     plain = E.get("sluice") or {}
     for v, e in E.items():
         if not v.startswith("sluice+rls"):
@@ -143,6 +151,10 @@ def cmd_report(args):
             "own_cpu_ratio": ratio(own, g.get("gateway_cpu_us_per_req")),
             "own_cpu_ratio_plain": ratio(own, plain.get("gateway_cpu_us_per_req")),
             "rps_ratio": ratio(e.get("rps"), g.get("rps")),
+            # Round r of the call against round r of the gateway (the rounds alternate the
+            # variants, so the two ran close in time): how much the machine moved the ratio.
+            "own_cpu_ratio_per_round": per_round(e, g, "gateway_cpu_us_per_req"),
+            "valkey_cpu_ratio_per_round": per_round(e, g, "valkey_cpu_us_per_req"),
         }
         d = e["derived"]
         rows.append([v, gateway_of(v),
@@ -177,6 +189,12 @@ def cmd_report(args):
     print(table(rows, ["variant", "gateway", "Sluice us/call", "us/req", "ratio",
                        "/ plain sluice", "Valkey us/call", "us/req", "ratio", "calls/s ratio",
                        "FCALL/call", "answers", "descriptors"]))
+    print("\nThe same ratios round by round (a call's round against the gateway's round of the "
+          "same number):")
+    print(table([[v, rounds_text(e["derived"]["own_cpu_ratio_per_round"]),
+                  rounds_text(e["derived"]["valkey_cpu_ratio_per_round"])]
+                 for v, e in E.items() if v.startswith("sluice+rls")],
+                ["variant", "Sluice CPU ratio per round", "Valkey CPU ratio per round"]))
     print("\n== Targets ==")
     print(table([[c["variant"], c["check"],
                   "-" if c["value"] is None else (f"{c['value']:.3f}"
