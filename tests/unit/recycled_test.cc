@@ -39,6 +39,7 @@ TEST_SUITE("Recycled") {
       }
       b.reset();
       CHECK(Big::kept() == (SLUICE_RECYCLE ? 4u : 0u));
-    }).join();
+    })
+        .join();
   }
 }
