@@ -181,6 +181,7 @@ std::shared_ptr<CallPlan> planCall(const RateLimitYaml& yaml, const YamlLimitSet
                                    const TomlMappings* toml) {
   auto plan = std::make_shared<CallPlan>();
   plan->descriptors.resize(request.descriptors.size());
+  plan->applied.reserve(request.descriptors.size());
   // An unknown domain limits nothing.
   if (!yaml.hasDomain(request.domain) && !(toml && toml->hasDomain(request.domain))) return plan;
 
@@ -373,12 +374,8 @@ RateLimitResponse answer(const CallPlan& plan, const ratelimit::Decision* decisi
   }
   if (decision && settings.headers != config::RateLimitHeaders::None) {
     // The fields the gateway sends with its own answers (RateLimit-Policy and RateLimit,
-    // X-RateLimit-*), as Envoy adds them.
-    http::forEachFieldLine(
-        ratelimit::rateLimitHeaders(settings.headers, *decision),
-        [&](std::string_view name, std::string_view value) {
-          response.response_headers_to_add.push_back({std::string(name), std::string(value)});
-        });
+    // X-RateLimit-*), as Envoy adds them: the lines as written, each a HeaderValue on the wire.
+    response.response_header_lines = ratelimit::rateLimitHeaders(settings.headers, *decision);
   }
   return response;
 }

@@ -1,5 +1,6 @@
 #include "rls/messages.h"
 
+#include "http/headers.h"
 #include "rls/protobuf_wire.h"
 
 namespace sluice::rls {
@@ -347,7 +348,8 @@ std::string encodeRateLimitResponse(const RateLimitResponse& response) {
 
 void appendRateLimitResponse(const RateLimitResponse& response, std::string& out) {
   out.reserve(out.size() + 32 + response.statuses.size() * 48 +
-              response.response_headers_to_add.size() * 48);
+              response.response_headers_to_add.size() * 48 + response.response_header_lines.size() +
+              16);
   Writer writer(out);
   if (response.overall_code != Code::Unknown) {
     writer.varint(response_field::kOverallCode, static_cast<uint64_t>(response.overall_code));
@@ -382,6 +384,13 @@ void appendRateLimitResponse(const RateLimitResponse& response, std::string& out
     writer.end(mark);
   }
   writeHeaders(writer, response_field::kResponseHeadersToAdd, response.response_headers_to_add);
+  http::forEachFieldLine(response.response_header_lines,
+                         [&](std::string_view name, std::string_view value) {
+                           const size_t mark = writer.begin(response_field::kResponseHeadersToAdd);
+                           writer.bytes(header_field::kKey, name);
+                           writer.bytes(header_field::kValue, value);
+                           writer.end(mark);
+                         });
   writeHeaders(writer, response_field::kRequestHeadersToAdd, response.request_headers_to_add);
 }
 

@@ -104,6 +104,9 @@ struct RateLimitResponse {
   Code overall_code = Code::Unknown;
   std::vector<DescriptorStatus> statuses;  // one per request descriptor, in order
   std::vector<HeaderValue> response_headers_to_add;
+  // More response_headers_to_add, as the gateway writes its fields: "Name: value\r\n" lines
+  // (encoded after those above; decoding gives them back in response_headers_to_add).
+  std::string response_header_lines;
   std::vector<HeaderValue> request_headers_to_add;
 };
 

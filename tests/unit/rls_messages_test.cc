@@ -120,6 +120,11 @@ TEST_SUITE("rls: messages") {
     response.request_headers_to_add = {{"x-ratelimit-tenant", "t1"}};
     const std::string bytes = encodeRateLimitResponse(response);
     CHECK(hex(bytes) == kResponse);
+    // The same field given as a line, as the gateway writes it: the same bytes.
+    RateLimitResponse as_line = response;
+    as_line.response_headers_to_add.clear();
+    as_line.response_header_lines = "RateLimit: \"per-ip\";r=0;t=1\r\n";
+    CHECK(hex(encodeRateLimitResponse(as_line)) == kResponse);
 
     RateLimitResponse back;
     REQUIRE(decodeRateLimitResponse(bytes, back));
