@@ -169,13 +169,15 @@ DecodeResult decodeDescriptor(std::string_view bytes, const RequestLimits& limit
   return {true, {}};
 }
 
+void writeHeader(Writer& writer, uint32_t field, std::string_view key, std::string_view value) {
+  const size_t mark = writer.begin(field);
+  writer.bytes(header_field::kKey, key);
+  writer.bytes(header_field::kValue, value);
+  writer.end(mark);
+}
+
 void writeHeaders(Writer& writer, uint32_t field, const std::vector<HeaderValue>& headers) {
-  for (const HeaderValue& header : headers) {
-    const size_t mark = writer.begin(field);
-    writer.bytes(header_field::kKey, header.key);
-    writer.bytes(header_field::kValue, header.value);
-    writer.end(mark);
-  }
+  for (const HeaderValue& header : headers) writeHeader(writer, field, header.key, header.value);
 }
 
 bool readHeader(std::string_view bytes, HeaderValue& out) {
@@ -386,10 +388,7 @@ void appendRateLimitResponse(const RateLimitResponse& response, std::string& out
   writeHeaders(writer, response_field::kResponseHeadersToAdd, response.response_headers_to_add);
   http::forEachFieldLine(response.response_header_lines,
                          [&](std::string_view name, std::string_view value) {
-                           const size_t mark = writer.begin(response_field::kResponseHeadersToAdd);
-                           writer.bytes(header_field::kKey, name);
-                           writer.bytes(header_field::kValue, value);
-                           writer.end(mark);
+                           writeHeader(writer, response_field::kResponseHeadersToAdd, name, value);
                          });
   writeHeaders(writer, response_field::kRequestHeadersToAdd, response.request_headers_to_add);
 }
