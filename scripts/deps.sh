@@ -8,10 +8,10 @@ set -euo pipefail
 
 build=(
   cmake g++ make pkg-config
-  libuv1-dev libhiredis-dev libssl-dev libtomlplusplus-dev doctest-dev node-llhttp
+  libuv1-dev libhiredis-dev libssl-dev libtomlplusplus-dev doctest-dev node-llhttp libjemalloc-dev
   nlohmann-json3-dev libspdlog-dev libcli11-dev libnghttp2-dev libyaml-cpp-dev
 )
-runtime=(libuv1 libhiredis0.14 libnghttp2-14 libssl3 libspdlog1.10 libfmt9 libyaml-cpp0.7 ca-certificates)
+runtime=(libuv1 libhiredis0.14 libjemalloc2 libnghttp2-14 libssl3 libspdlog1.10 libfmt9 libyaml-cpp0.7 ca-certificates)
 test=(
   redis-server faketime python3 python3-pytest python3-pytest-xdist python3-redis python3-yaml curl openssl
   nghttp2-client python3-h2 python3-grpcio python3-protobuf protobuf-compiler libprotobuf-dev prometheus docker-compose clang-14 libclang-rt-14-dev clang-format-14

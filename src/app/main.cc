@@ -7,6 +7,15 @@
 #include "app/server.h"
 #include "config/loader.h"
 
+#ifdef SLUICE_JEMALLOC
+// jemalloc's settings, read at its start (MALLOC_CONF in the environment adds to them): freed
+// pages go back to the system after about a second, by jemalloc's background thread rather
+// than by the workers (as Valkey's and Redis's jemalloc-bg-thread), so that resident memory
+// returns to its baseline after a burst of connections, as with glibc's trimming.
+extern "C" const char* malloc_conf;
+const char* malloc_conf = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0";
+#endif
+
 int main(int argc, char** argv) {
   CLI::App cli{"Sluice: an HTTP reverse-proxy gateway with rate limits and quotas in Valkey"};
   cli.name("sluice");

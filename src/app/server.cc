@@ -17,6 +17,10 @@
 #include "core/logging.h"
 #include "stats/access_log.h"
 
+// jemalloc's control interface, when the binary links jemalloc (a weak reference: null without).
+extern "C" int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen)
+    __attribute__((weak));
+
 namespace sluice::app {
 
 namespace {
@@ -211,9 +215,15 @@ int Server::run() {
 }
 
 void Server::onTrimTimer(void* context) noexcept {
-  // glibc keeps memory that connections freed (after a burst of 10,000, say) in its arenas:
-  // hand it back, so that resident memory returns to its baseline. Cheap when there is none.
-  malloc_trim(0);
+  // The allocator keeps memory that connections freed (after a burst of 10,000, say) in its
+  // arenas: hand it back, so that resident memory returns to its baseline. Cheap when there is
+  // none. The binary's allocator is jemalloc (CMakeLists.txt: SLUICE_MALLOC) when mallctl is
+  // there; glibc's otherwise (the sanitizer builds, the unit tests).
+  if (mallctl) {
+    mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0);  // 4096: MALLCTL_ARENAS_ALL
+  } else {
+    malloc_trim(0);
+  }
   static_cast<Server*>(context)->trim_timer_->start(kTrimIntervalMs);
 }
 
