@@ -79,12 +79,24 @@ size_t varintSize(uint64_t value) {
   return n;
 }
 
-void Writer::rawVarint(uint64_t value) {
+namespace {
+
+// Writes the varint of `value` at `out` (room for 10 bytes); returns its size.
+size_t encodeVarint(uint64_t value, char* out) {
+  size_t n = 0;
   while (value >= 0x80) {
-    out_.push_back(static_cast<char>((value & 0x7F) | 0x80));
+    out[n++] = static_cast<char>((value & 0x7F) | 0x80);
     value >>= 7;
   }
-  out_.push_back(static_cast<char>(value));
+  out[n++] = static_cast<char>(value);
+  return n;
+}
+
+}  // namespace
+
+void Writer::rawVarint(uint64_t value) {
+  char bytes[10];
+  out_.append(bytes, encodeVarint(value, bytes));
 }
 
 void Writer::tag(uint32_t field, WireType type) {
@@ -110,16 +122,8 @@ size_t Writer::begin(uint32_t field) {
 void Writer::end(size_t mark) {
   // The length goes before the message's bytes: they move up by its size (messages here are
   // small; one move per embedded message).
-  const size_t length = out_.size() - mark;
   char prefix[10];
-  size_t n = 0;
-  uint64_t value = length;
-  while (value >= 0x80) {
-    prefix[n++] = static_cast<char>((value & 0x7F) | 0x80);
-    value >>= 7;
-  }
-  prefix[n++] = static_cast<char>(value);
-  out_.insert(mark, prefix, n);
+  out_.insert(mark, prefix, encodeVarint(out_.size() - mark, prefix));
 }
 
 }  // namespace sluice::rls::wire
