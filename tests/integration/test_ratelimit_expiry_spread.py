@@ -15,7 +15,10 @@ SLUICE_EXPIRY_TIMEOUT (default 100ms): the issue's 25 ms needs a machine whose o
 stalls stay below it (on a shared 2-core machine they do not, expiry or not). It runs alone
 (scripts/integration.sh), after the parallel tests: beside them (cluster suites, sanitizer
 builds) Valkey's process was once held off the CPU for 107 ms inside one expire cycle, a stall
-of the machine's, not of the expiry."""
+of the machine's, not of the expiry. A storm across which the server's clock stepped more than
+2 s between two looks is run once more: that is the whole machine stopping (a VM paused for a
+snapshot once did it for 12 s, and Valkey had run no expire cycle yet when asked for its key
+count); a real storm of Valkey's would repeat, and fail the second attempt."""
 
 import collections
 import os
@@ -99,22 +102,15 @@ def fill(valkey, limit: dict, count: int, batch: int = 1000) -> None:
         pipe.execute()
 
 
-@pytest.mark.once  # (long: once, on the normal build; pytest.ini)
-@pytest.mark.alone  # a deadline of Valkey's latency: no other test's load beside it
-def test_200000_keys_ending_together_fail_no_decision(sluice_factory, upstream, valkey):
-    if is_asan_build():
-        # Valkey's expiry against a 25 ms deadline, slow (200,000 keys): run once, on the
-        # normal build and on Valkey (.ci/run); under ASan the gateway's own slowness, not
-        # Valkey's, decides whether a probe misses 25 ms.
-        pytest.skip("a timing test of Valkey's expiry: the normal build runs it")
-    count = 200_000
-    window_s = WINDOW_MS / 1000
-    cfg = limit_cfg("probe", "fixed_window", 1_000_000, "20s", on_error="deny")
-    gw = sluice_with_limits(sluice_factory, upstream, valkey, [cfg],
-                            valkey_options={"timeout": TIMEOUT})
-    limit = {"algorithm": "fixed_window", "limit": 1_000_000, "window_ms": WINDOW_MS}
+STALL_S = 2.0  # a step of the server's clock between two looks that only a stopped machine makes
+
+
+def storm(valkey, gw, limit: dict, count: int) -> dict:
+    """Fills `count` keys early in a window, then probes the gateway from 1 s before the
+    window's end until the spread is over and a second more. What it saw, with the largest step
+    of the server's clock between two looks while probing (clock_step_s)."""
     c = valkey.client
-    c.config_set("latency-monitor-threshold", 5)
+    window_s = WINDOW_MS / 1000
     # Fill early in a window, so that every key ends with it.
     sleep_until_window_offset(c, window_s, 0.2)
     window = server_time_us(c) // (WINDOW_MS * 1000)
@@ -126,22 +122,59 @@ def test_200000_keys_ending_together_fail_no_decision(sluice_factory, upstream, 
     assert c.dbsize() >= count
     end_us = (window + 1) * WINDOW_MS * 1000
     # Probe from 1 s before the end until the spread is over (10 s) and a second more.
-    while server_time_us(c) < end_us - 1_000_000:
+    now = server_time_us(c)
+    while now < end_us - 1_000_000:
         time.sleep(0.05)
-    statuses, slowest = collections.Counter(), 0.0
-    while server_time_us(c) < end_us + (SPREAD_MS + 1000) * 1000:
+        now = server_time_us(c)
+    statuses, slowest, step_us = collections.Counter(), 0.0, 0
+    while True:
+        before = now
+        now = server_time_us(c)
+        step_us = max(step_us, now - before)
+        if now >= end_us + (SPREAD_MS + 1000) * 1000:
+            break
         t = time.monotonic()
         statuses[gw.get("/status/200").status] += 1
         slowest = max(slowest, time.monotonic() - t)
-    left = c.dbsize()
     latency = c.execute_command("LATENCY", "HISTORY", "expire-cycle")
     info = c.info("server")
     server = f"valkey {info['valkey_version']}" if "valkey_version" in info else \
         f"redis {info['redis_version']}"
-    print(f"\n[expiry] {server}, deadline {TIMEOUT}: {count} keys filled in "
-          f"{filled_s:.1f} s; across the end: {dict(statuses)}, "
-          f"slowest answer {slowest * 1000:.1f} ms, keys left {left}, "
-          f"expire-cycle latency events (ms) {[ms for _, ms in latency]}")
-    assert left < count // 100, "the keys expired"
-    assert statuses[503] == 0, dict(statuses)
-    assert metric_sum(gw, "sluice_ratelimit_decisions_total", outcome="error_denied") == 0
+    return {"server": server, "deadline": TIMEOUT, "keys": count, "filled_s": round(filled_s, 1),
+            "statuses": dict(statuses), "slowest_ms": round(slowest * 1000, 1),
+            "left": c.dbsize(), "expire_cycle_ms": [ms for _, ms in latency],
+            "clock_step_s": step_us / 1e6}
+
+
+@pytest.mark.once  # (long: once, on the normal build; pytest.ini)
+@pytest.mark.alone  # a deadline of Valkey's latency: no other test's load beside it
+def test_200000_keys_ending_together_fail_no_decision(sluice_factory, upstream, valkey):
+    if is_asan_build():
+        # Valkey's expiry against a 25 ms deadline, slow (200,000 keys): run once, on the
+        # normal build and on Valkey (.ci/run); under ASan the gateway's own slowness, not
+        # Valkey's, decides whether a probe misses 25 ms.
+        pytest.skip("a timing test of Valkey's expiry: the normal build runs it")
+    count = 200_000
+    cfg = limit_cfg("probe", "fixed_window", 1_000_000, "20s", on_error="deny")
+    gw = sluice_with_limits(sluice_factory, upstream, valkey, [cfg],
+                            valkey_options={"timeout": TIMEOUT})
+    limit = {"algorithm": "fixed_window", "limit": 1_000_000, "window_ms": WINDOW_MS}
+    c = valkey.client
+    c.config_set("latency-monitor-threshold", 5)
+    # A storm across which the machine itself stopped (a pause of the whole VM: its clock jumps,
+    # and Valkey has not yet run an expire cycle when it is asked) measured nothing: once more.
+    for attempt in (1, 2):
+        denied_before = metric_sum(gw, "sluice_ratelimit_decisions_total", outcome="error_denied")
+        run = storm(valkey, gw, limit, count)
+        print(f"\n[expiry] attempt {attempt}: {run}")
+        if run["clock_step_s"] <= STALL_S:
+            break
+        c.flushall()
+        c.execute_command("LATENCY", "RESET")
+    assert run["clock_step_s"] <= STALL_S, \
+        f"the server's clock stepped {run['clock_step_s']:.1f} s between two looks in both " \
+        "attempts: the machine stopped twice, or Valkey did (a storm repeats, a pause does not)"
+    assert run["left"] < count // 100, "the keys expired"
+    assert run["statuses"].get(503, 0) == 0, run
+    assert metric_sum(gw, "sluice_ratelimit_decisions_total",
+                      outcome="error_denied") == denied_before
