@@ -31,6 +31,11 @@ local MAX_DEBT_US = 2147483647e6
 -- Float sums of `window / limit` are exact to far below a microsecond; this absorbs their
 -- rounding, so that `burst` requests at one instant all fit.
 local SLACK_US = 1e-6
+-- ... and so does this, relative to the bucket (2^-40 of it): a day's bucket is 8.64e10 us,
+-- where one step of a double is 1.5e-5 us, so that seven tokens of a 7-per-day bucket added one
+-- by one came to a step above 7 * T and the seventh request at one instant did not fit. Far
+-- below a token (burst * 2^-40 of one, burst < 2^32): never a token more.
+local SLACK_OF_BUCKET = 1 / 1099511627776
 
 -- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to half the
 -- window (at most 5 minutes), drawn per key, so that keys written together do not all expire
@@ -67,7 +72,8 @@ local function check(k, key, value, p, now_us)
   end
   local debt = debt_of[k]
   local token_us = p.window * 1000 / p.limit
-  return debt + p.cost * token_us <= min(p.burst * token_us, MAX_DEBT_US) + SLACK_US
+  local bucket = min(p.burst * token_us, MAX_DEBT_US)
+  return debt + p.cost * token_us <= bucket + bucket * SLACK_OF_BUCKET + SLACK_US
 end
 
 local function settle(k, p, allowed, charge)

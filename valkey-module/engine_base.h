@@ -40,6 +40,7 @@ constexpr double kMaxStored = 4503599627370496;  // 2^52: fixed/sliding window c
 constexpr double kWindows = 4294967296;          // window numbers modulo 2^32
 constexpr double kMaxDebtUs = 2147483647e6;      // token_bucket MAX_DEBT_US
 constexpr double kSlackUs = 1e-6;                // token_bucket SLACK_US
+constexpr double kSlackOfBucket = 1 / 1099511627776.0;  // token_bucket SLACK_OF_BUCKET (2^-40)
 // A sliding_log's list never grows past this: a request whose charge would is an error (its
 // own), before anything is charged.
 constexpr double kMaxLogEntries = static_cast<double>(proto::kMaxLogEntries);

@@ -35,7 +35,8 @@ struct TokenBucket : KeyStates<TokenBucketKey> {
       st.window = p.window;
     }
     double token_us = p.window * 1000 / p.limit;
-    return st.debt + p.cost * token_us <= lua::min(p.burst * token_us, kMaxDebtUs) + kSlackUs;
+    double bucket = lua::min(p.burst * token_us, kMaxDebtUs);
+    return st.debt + p.cost * token_us <= bucket + bucket * kSlackOfBucket + kSlackUs;
   }
 
   void settle(int k, const Params& p, bool allowed, bool charge) {

@@ -497,6 +497,27 @@ def comparable(results):
             for r in results]
 
 
+def test_token_bucket_admits_its_whole_burst_at_one_instant(valkey):
+    """`burst` requests of one call (one instant) on a fresh bucket all fit, and one more does
+    not, for every burst up to 40 and windows up to 30 days. A 7-per-day bucket used to admit
+    6: seven tokens of 8.64e10 / 7 us added one by one came to one step of a double above
+    7 * T, beyond the microsecond of slack (found by the batch test below, seed 3686638562)."""
+    c = valkey.client
+    wrong = []
+    for window_ms in (1000, 60_000, 3_600_000, 86_400_000, 7 * 86_400_000, 30 * 86_400_000):
+        for limit in range(1, 41):
+            for cost in {1, 2, 3} & set(range(1, limit + 1)):
+                tb = {"algorithm": "token_bucket", "limit": limit, "burst": limit,
+                      "window_ms": window_ms, "cost": cost}
+                key = f"tb:{window_ms}:{limit}:{cost}"
+                fits = limit // cost
+                results = decide_many(c, [[(key, tb)] for _ in range(fits + 1)])
+                admitted = [r[0] for r in results]
+                if admitted != [1] * fits + [0]:
+                    wrong.append((window_ms, limit, cost, admitted.count(1)))
+    assert not wrong, f"(window_ms, limit, cost, admitted): {wrong[:10]} ({len(wrong)} in all)"
+
+
 @pytest.mark.parametrize("algorithm", ALL)
 def test_decide_batches_decide_as_one_request_at_a_time(valkey, algorithm):
     """Random sequences of requests (one or two limits, a few keys shared between them, random
