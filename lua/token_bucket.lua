@@ -28,13 +28,12 @@ local random = math.random
 -- now + MAX_DEBT_US, far below 2^53 us, where doubles stop being exact, until the year 2187.
 local MAX_DEBT_US = 2147483647e6
 
--- Float sums of `window / limit` are exact to far below a microsecond; this absorbs their
--- rounding, so that `burst` requests at one instant all fit.
+-- The rounding of float sums of `window / limit` is absorbed, so that `burst` requests at one
+-- instant all fit: a microsecond, and 2^-40 of the bucket, since a sum's rounding grows with
+-- it (a day's bucket is 8.64e10 us, where one step of a double is 1.5e-5 us: seven tokens of a
+-- 7-per-day bucket added one by one came a step above 7 * T). Both far below a token (burst *
+-- 2^-40 of one, burst < 2^32): never a token more.
 local SLACK_US = 1e-6
--- ... and so does this, relative to the bucket (2^-40 of it): a day's bucket is 8.64e10 us,
--- where one step of a double is 1.5e-5 us, so that seven tokens of a 7-per-day bucket added one
--- by one came to a step above 7 * T and the seventh request at one instant did not fit. Far
--- below a token (burst * 2^-40 of one, burst < 2^32): never a token more.
 local SLACK_OF_BUCKET = 1 / 1099511627776
 
 -- The expiry spread (ms; as in fixed_window.lua): a random extra life of up to half the
