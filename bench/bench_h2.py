@@ -201,6 +201,8 @@ def runs_table(directory, prefix, variants, rounds, ref):
              "p99_us": med([d["latency_us"]["p99"] for d in runs]),
              "max_us": med([d["latency_us"]["max"] for d in runs]),
              "gateway_cpu_us_per_req": med([d.get("gateway_cpu_us_per_req") for d in runs]),
+             "upstream_cpu_us_per_req": med([d.get("upstream_cpu_us_per_req") for d in runs]),
+             "upstream_writes_per_req": med([d.get("upstream_writes_per_req") for d in runs]),
              "valkey_cpu_us_per_req": med([d.get("valkey_cpu_us_per_req") for d in runs]),
              "upstream_connections_opened": med([d.get("upstream_connections_opened") for d in runs]),
              "non2xx": sum(d.get("non2xx", 0) for d in runs),
@@ -339,19 +341,45 @@ def cmd_h2_report(args):
 # ---------------------------------------------------------------- --mode h2-upstream
 
 
+def h2up_origins(variants, ref):
+    """The variants by origin, each origin's variants with the reference they are measured
+    against: [(origin, reference, variants)]. A variant named *-h2o has h2o as its origin
+    (its reference: sluice-h2o, the HTTP/1.1 upstream to h2o), the others the upstream nginx
+    (reference: ref)."""
+    out = []
+    for origin, of in (("nginx", lambda v: not v.endswith("-h2o")), ("h2o", lambda v: v.endswith("-h2o"))):
+        group = [v for v in variants if of(v)]
+        if not group:
+            continue
+        r = ref if origin == "nginx" else "sluice-h2o"
+        out.append((origin, r if r in group else group[0], group))
+    return out
+
+
+def origin_note(v, e):
+    """The origin's side of a variant's runs (medians): its CPU and its write system calls per
+    request (an HTTP/2 origin that writes each stream's frames on their own makes several)."""
+    cpu, writes = e.get("upstream_cpu_us_per_req"), e.get("upstream_writes_per_req")
+    return (f"  {v}: origin CPU {'-' if cpu is None else f'{cpu:.1f}'} us/req, "
+            f"origin write calls {'-' if writes is None else f'{writes:.2f}'} per request")
+
+
 def cmd_h2up_report(args):
     """--mode h2-upstream (bench/h2_upstream.sh): the plain proxy with an h2c upstream against
     the same with an HTTP/1.1 upstream, for HTTP/1.1 clients (wrk) and HTTP/2 clients (h2load
-    shapes), and the memory of idle pooled upstream connections of either protocol."""
+    shapes), on each origin (nginx; h2o), and the memory of idle pooled upstream connections
+    of either protocol."""
     meta = json.loads(args.meta)
     variants = args.variants.split()
-    ref = args.reference
-    summary = {"meta": meta, "mode": "h2-upstream", "reference": ref, "loads": {}, "pool": {},
+    origins = h2up_origins(variants, args.reference)
+    summary = {"meta": meta, "mode": "h2-upstream", "reference": args.reference,
+               "references": {o: r for o, r, _ in origins}, "loads": {}, "pool": {},
                "targets": {"rps_ratio_min": args.rps_ratio_min, "cpu_ratio_max": args.cpu_ratio_max},
                "checks": []}
     checks = summary["checks"]
     lines = [f"Upstream protocols: the same Sluice (one worker, no limit) with an h2c upstream and "
-             f"with an HTTP/1.1 upstream (nginx {meta.get('nginx')} as the origin on both), "
+             f"with an HTTP/1.1 upstream, to one origin speaking both (nginx {meta.get('nginx')}; "
+             f"h2o for the *-h2o variants), "
              f"{meta.get('duration')} per run, {args.rounds} round(s) in alternating order, medians; "
              f"{meta.get('cpus')} CPU(s), load average {meta.get('load_average_start')} -> "
              f"{meta.get('load_average_end')}",
@@ -360,14 +388,16 @@ def cmd_h2up_report(args):
     loads = [("wrk", f"HTTP/1.1 clients: wrk -c{meta.get('connections')} -t{meta.get('threads')} keep-alive")]
     loads += [(f"h2_{shape}", f"HTTP/2 clients: h2load {shape.replace('c', '-c').replace('m', ' -m', 1)} -t1")
               for shape in args.shapes.split()]
-    for prefix, title in loads:
-        per, rows, notes = runs_table(args.dir, prefix, variants, args.rounds, ref)
-        summary["loads"][prefix] = per
-        lines.append(f"{title} (ratios against {ref}; GW us/req: Sluice's CPU per request)")
+    for (prefix, title), (origin, ref, group) in ((ld, og) for ld in loads for og in origins):
+        per, rows, notes = runs_table(args.dir, prefix, group, args.rounds, ref)
+        summary["loads"].setdefault(prefix, {}).update(per)
+        lines.append(f"{title}, origin {origin} (ratios against {ref}; GW us/req: Sluice's CPU "
+                     f"per request)")
         lines.append(table(rows, RUNS_HEADER))
         lines.extend(notes)
+        lines.extend(origin_note(v, per[v]) for v in group)
         lines.append("")
-        for v in variants:
+        for v in group:
             e = per[v]
             checks.append({"check": f"{prefix} {v}: non-2xx and errors",
                            "value": e["non2xx"] + e["socket_errors"], "target": "0",

@@ -321,6 +321,19 @@ def cpu_seconds(root):
     return total / ticks
 
 
+def write_syscalls(root):
+    """Write system calls (write, writev, send...: /proc/PID/io syscw) of a process and its
+    descendants so far; None when unreadable."""
+    total = 0
+    for pid in tree_pids(root):
+        try:
+            with open(f"/proc/{pid}/io") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("syscw:"))
+        except (OSError, StopIteration, ValueError):
+            return None
+    return total
+
+
 def stub_status(port):
     """accepts and requests of an nginx stub_status page (None if unavailable)."""
     if not port:
@@ -406,6 +419,7 @@ def cmd_probe(args):
     accepts, requests = stub_status(args.status_port)
     data = {"time": time.monotonic(), "gateway_cpu_s": cpu_seconds(args.pid),
             "upstream_cpu_s": cpu_seconds(args.upstream_pid),
+            "upstream_writes": write_syscalls(args.upstream_pid),
             "upstream_accepts": accepts, "upstream_requests": requests}
     if args.valkey_port:
         data["valkey_commandstats"] = valkey_commandstats(args.valkey_port)

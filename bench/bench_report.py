@@ -194,6 +194,8 @@ def cmd_wrk_parse(args):
         data["gateway_cpu_s"] = after["gateway_cpu_s"] - before["gateway_cpu_s"]
         data["gateway_cpu_us_per_req"] = data["gateway_cpu_s"] * 1e6 / n
         data["upstream_cpu_us_per_req"] = (after["upstream_cpu_s"] - before["upstream_cpu_s"]) * 1e6 / n
+        if before.get("upstream_writes") is not None and after.get("upstream_writes") is not None:
+            data["upstream_writes_per_req"] = (after["upstream_writes"] - before["upstream_writes"]) / n
         if before.get("upstream_accepts") is not None and after.get("upstream_accepts") is not None:
             # Each status query is one connection and one request of its own.
             data["upstream_connections_opened"] = after["upstream_accepts"] - before["upstream_accepts"] - 1

@@ -17,7 +17,7 @@
 # "pool" origin), one wrk connection sending requests round-robin until every endpoint has
 # its pooled connection; memory after minus memory before, per connection the origin accepted.
 
-H2UP_VARIANTS="sluice sluice-h2c"
+H2UP_VARIANTS="sluice sluice-h2c sluice-h2o sluice-h2c-h2o"
 H2UP_SHAPES=${BENCH_H2UP_SHAPES:-c10m10}
 H2UP_POOL_ENDPOINTS=${BENCH_H2UP_POOL_ENDPOINTS:-500}
 # sluice-h2c-spread (not in the default variants; --variants "sluice sluice-h2c sluice-h2c-spread"):
@@ -37,6 +37,48 @@ variant_sluice_h2c() {  # Sluice, one worker, no limit, h2c to the origin's HTTP
 variant_sluice_h2c_spread() {  # the same, at most H2UP_SPREAD_STREAMS streams per connection
   SLUICE_ENDPOINTS="\"127.0.0.1:$UPSTREAM_H2_PORT\"" SLUICE_PROTOCOL=h2c \
     SLUICE_UPSTREAM_STREAMS=$H2UP_SPREAD_STREAMS sluice_variant "$1" "" </dev/null
+}
+
+# The same pair with h2o as the origin (h2o_origin below): an origin that gathers the frames
+# of many streams into one write, where nginx writes each stream's frames on their own.
+variant_sluice_h2o() {  # Sluice, one worker, no limit, HTTP/1.1 to h2o
+  SLUICE_ENDPOINTS="\"127.0.0.1:$H2O_PORT\"" sluice_variant "$1" "" </dev/null
+  GW_ORIGIN_PID[$1]=$H2O_PID GW_ORIGIN_STATUS[$1]=0
+}
+
+variant_sluice_h2c_h2o() {  # Sluice, one worker, no limit, h2c to h2o
+  SLUICE_ENDPOINTS="\"127.0.0.1:$H2O_PORT\"" SLUICE_PROTOCOL=h2c sluice_variant "$1" "" </dev/null
+  GW_ORIGIN_PID[$1]=$H2O_PID GW_ORIGIN_STATUS[$1]=0
+}
+
+# h2o (Debian's, one thread) on one port for both protocols (HTTP/1.1, and h2c by prior
+# knowledge), answering GET / with 200 "ok" (a static file). Started when a variant needs it.
+H2O_PID=0 H2O_PORT=0
+h2o_origin() {
+  local d=$WORK/h2o
+  mkdir -p "$d/www"
+  printf ok >"$d/www/index.html"
+  next_port; H2O_PORT=$PORT_OUT
+  { [[ $EUID -ne 0 ]] || echo "user: root"  # (as root, h2o would switch to nobody)
+    cat <<EOF
+num-threads: 1
+error-log: $d/error.log
+listen:
+  host: 127.0.0.1
+  port: $H2O_PORT
+hosts:
+  default:
+    paths:
+      /:
+        file.dir: $d/www
+EOF
+  } >"$d/h2o.conf"
+  "${TASKSET_CLIENT[@]}" h2o -c "$d/h2o.conf" >"$d/stdout.log" 2>&1 &
+  H2O_PID=$!
+  STARTED+=("$H2O_PID")
+  "${HELPER[@]}" wait-http --port "$H2O_PORT" --pid "$H2O_PID" \
+    || die "the h2o origin did not start: $(cat "$d/error.log" "$d/stdout.log" 2>/dev/null)"
+  log "origin h2o $(h2o --version | head -n 1 | cut -d' ' -f3)  pid $H2O_PID  127.0.0.1:$H2O_PORT"
 }
 
 # The origin's h2c server, inside run.sh's upstream nginx (start_upstream).

@@ -224,6 +224,7 @@ command -v wrk >/dev/null || APT+=(wrk)
 [[ $MODE != h2* && $MODE != grpc ]] || command -v h2load >/dev/null || APT+=(nghttp2-client)
 [[ $MODE != grpc ]] || "$PY" -c "import h2" 2>/dev/null || APT+=(python3-h2)
 command -v nginx >/dev/null || APT+=(nginx-light)  # nginx-light has the ssl module
+! needs '*h2o*' || command -v h2o >/dev/null || APT+=(h2o)
 if [[ $MODE == rls ]]; then  # bench/rls_load.c is built here
   command -v cc >/dev/null || APT+=(gcc libc6-dev)
   [[ -f /usr/include/nghttp2/nghttp2.h ]] || APT+=(libnghttp2-dev)
@@ -242,12 +243,13 @@ if ((${#APT[@]})); then
   [[ $EUID -eq 0 ]] || SUDO=(sudo)
   "${SUDO[@]}" apt-get update
   DEBIAN_FRONTEND=noninteractive "${SUDO[@]}" apt-get install -y "${APT[@]}"
-  # The packages start the system nginx (port 80) and redis-server (6379); the benchmark
+  # The packages start the system nginx and h2o (port 80) and redis-server (6379); the benchmark
   # uses neither: it starts its own on free ports.
 fi
 command -v wrk >/dev/null || die "wrk not found"
 command -v nginx >/dev/null || die "nginx not found"
 [[ $MODE != h2* && $MODE != grpc ]] || command -v h2load >/dev/null || die "h2load not found (nghttp2-client)"
+! needs '*h2o*' || command -v h2o >/dev/null || die "h2o not found (package h2o)"
 TASKSET_GW=() TASKSET_CLIENT=()
 if [[ $PIN == 1 ]]; then
   command -v taskset >/dev/null || die "BENCH_PIN=1 needs taskset (util-linux)"
@@ -265,6 +267,7 @@ declare -A GW_PID GW_PORT GW_ADMIN GW_LOG GW_KIND GW_EXIT GW_STOP_S GW_CRASH
 declare -A GW_TLS GW_VALKEY GW_RESUMED_LOG   # 1 = HTTPS listener; 1 = uses Valkey; nginx log
 declare -A GW_SCRIPT                         # wrk script (default: wrk_report.lua)
 declare -A GW_CLUSTER GW_KEY_PREFIX          # 1 = uses the Valkey Cluster; its key_prefix
+declare -A GW_ORIGIN_PID GW_ORIGIN_STATUS     # its origin when not the upstream nginx (pid; 0)
 
 cleanup() {
   local rc=$?
@@ -610,6 +613,7 @@ if awk -v l="${LOAD_START%% *}" -v n="$(nproc)" 'BEGIN { exit !(l > n / 2) }'; t
 fi
 
 start_upstream
+! needs '*h2o*' || h2o_origin
 if [[ $MODE == grpc ]]; then  # every Sluice proxies to the origin's gRPC server
   SLUICE_ENDPOINTS="\"127.0.0.1:$UPSTREAM_GRPC_PORT\"" SLUICE_PROTOCOL=h2c
   grpc_request_file
@@ -710,8 +714,8 @@ probe() {
     extra+=(--count-keys "${GW_KEY_PREFIX[$1]}")
   fi
   [[ -n ${GW_RESUMED_LOG[$1]:-} ]] && extra+=(--count-lines "${GW_RESUMED_LOG[$1]}")
-  "${HELPER[@]}" probe --pid "${GW_PID[$1]}" --upstream-pid "$UPSTREAM_PID" \
-    --status-port "$UPSTREAM_STATUS_PORT" "${extra[@]}" --out "$2" || true
+  "${HELPER[@]}" probe --pid "${GW_PID[$1]}" --upstream-pid "${GW_ORIGIN_PID[$1]:-$UPSTREAM_PID}" \
+    --status-port "${GW_ORIGIN_STATUS[$1]:-$UPSTREAM_STATUS_PORT}" "${extra[@]}" --out "$2" || true
 }
 
 # BENCH_HANDSHAKE_TOOL=s_time: $HANDSHAKE_CLIENTS processes of `openssl s_time -new` (a new
