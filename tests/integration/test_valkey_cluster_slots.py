@@ -13,7 +13,8 @@ import pytest
 import redis
 
 from conftest import (avoid_window_boundary, hashed_part, limit_cfg, metric_sum,
-                      parallel_requests, parse_rl_list, ratelimit_toml, route_cfg, wait_admin)
+                      parallel_requests, parse_rl_list, ratelimit_toml, route_cfg, wait_admin,
+                      wait_metric)
 from rawhttp import RawClient, build_request
 from test_valkey_cluster import Cluster
 
@@ -226,6 +227,11 @@ def test_a_slot_taken_in_one_slot_is_freed_when_another_refuses(sluice_factory, 
     assert int(cluster.cli(owner_s, "EXISTS", key_s)) == 0, "no slot left behind"
     # The slot is free: another request of that client (another B) passes.
     assert gw.get("/status/200", [("X-A", a), ("X-B", b + "-2")]).status == 200
+    # Its slot is freed after its response went out (the release goes with the worker's next
+    # flush, and the client may look first): once the owner answered both releases (this
+    # request's and the first one's), the key is gone.
+    assert wait_metric(gw, "sluice_concurrency_lease_calls_total", lambda v: v >= 2,
+                       timeout=5.0, op="release", result="done") == 2
     assert int(cluster.cli(owner_s, "EXISTS", key_s)) == 0
 
 
