@@ -2,7 +2,7 @@
 """Helper of bench/run.sh (Python 3 standard library only).
 
 Subcommands:
-  free-ports N                  print N free TCP ports on 127.0.0.1, one a line
+  free-ports N [--avoid P...]   print N free TCP ports on 127.0.0.1, one a line (not P...)
   wait-http --port P --pid PID  wait until GET / on 127.0.0.1:P answers 200 "ok" (--tls: HTTPS)
   wait-valkey --port P          wait until a redis-server / valkey-server answers PING
   wrk-parse --in TXT --out JSON extract the WRKJSON line printed by wrk_report.lua
@@ -43,6 +43,7 @@ def add_tool_commands(sub):
     """free-ports, wait-http, wait-valkey, valkey-monitor, wrk-parse."""
     s = sub.add_parser("free-ports")
     s.add_argument("n", type=int)
+    s.add_argument("--avoid", type=int, nargs="*", default=[], help="ports not to hand out")
     s.set_defaults(func=cmd_free_ports)
 
     s = sub.add_parser("wait-http")

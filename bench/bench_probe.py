@@ -33,10 +33,12 @@ def cmd_free_ports(args):
     """Free ports below the kernel's ephemeral range: the ports are taken minutes later, and
     one of the range could meanwhile be the local port of an outgoing connection (a load
     tool's, a gateway's to its upstream: thousands per run), which a listener then cannot
-    bind."""
+    bind. --avoid: ports handed out before and not bound yet (run.sh's own list), which a
+    later call must not hand out again."""
     low, _ = ephemeral_range()
     first = max(1024, min(10000, low - 4 * args.n))
-    candidates = list(range(first, low))
+    avoid = set(args.avoid)
+    candidates = [p for p in range(first, low) if p not in avoid]
     random.shuffle(candidates)
     socks = []
     try:

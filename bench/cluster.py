@@ -4,8 +4,9 @@ against a Valkey Cluster, side by side (standard library only; the shared pieces
 bench.py and mix.py).
 
 Subcommands:
-  ports N                          N free loopback ports whose cluster bus port (+10000) is
-                                   free too
+  ports N [--avoid P...]           N free loopback ports whose cluster bus port (+10000) is
+                                   free too, neither of them one of P... (ports run.sh handed
+                                   out and has not bound yet)
   wait --nodes port:pid,...        wait until every node says cluster_state:ok
   seed --nodes ... --keys N --tenants T --out JSON
                                    the tenants of the mix, each hash on the primary of its slot
@@ -81,10 +82,10 @@ def cmd_ports(args):
             return True
         except OSError:
             return False
-    rng, out = random.Random(), []
+    rng, out, avoid = random.Random(), [], set(args.avoid)
     for _ in range(1000):
         p = rng.randrange(20000, 30000)
-        if p not in out and free(p) and free(p + 10000):
+        if p not in out and not {p, p + 10000} & avoid and free(p) and free(p + 10000):
             out.append(p)
             if len(out) == args.n:
                 print("\n".join(map(str, out)))
@@ -373,6 +374,7 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("ports")
     s.add_argument("n", type=int)
+    s.add_argument("--avoid", type=int, nargs="*", default=[])
     s.set_defaults(func=cmd_ports)
     s = sub.add_parser("wait")
     s.add_argument("--nodes", required=True)

@@ -45,7 +45,7 @@ ensure_valkey_cluster() {
   fi
   # The cluster bus of a node listens on its port + 10000: ports whose bus port is free too.
   local ports
-  mapfile -t ports < <("$PY" "$BENCH_DIR/cluster.py" ports "$CLUSTER_PRIMARIES")
+  mapfile -t ports < <("$PY" "$BENCH_DIR/cluster.py" ports "$CLUSTER_PRIMARIES" --avoid "${FREE[@]}")
   ((${#ports[@]} == CLUSTER_PRIMARIES)) || die "no free ports for the cluster"
   for ((i = 1; i <= CLUSTER_PRIMARIES; i++)); do
     d=$WORK/cluster/node$i

@@ -97,7 +97,8 @@ POOL_PID=0 POOL_STATUS_PORT=0 POOL_H1_ENDPOINTS="" POOL_H2_ENDPOINTS=""
 h2up_start_pool_origin() {
   local d=$WORK/pool i h1="" h2="" ports
   mkdir -p "$d"
-  mapfile -t ports < <("${HELPER[@]}" free-ports $((2 * H2UP_POOL_ENDPOINTS + 1)))
+  # (not one of run.sh's ports still to be taken: the pool Sluices listen on those)
+  mapfile -t ports < <("${HELPER[@]}" free-ports $((2 * H2UP_POOL_ENDPOINTS + 1)) --avoid "${FREE[@]}")
   ((${#ports[@]} == 2 * H2UP_POOL_ENDPOINTS + 1)) || die "not enough free ports for the pool origin"
   POOL_STATUS_PORT=${ports[0]}
   for ((i = 1; i <= H2UP_POOL_ENDPOINTS; i++)); do
