@@ -381,8 +381,8 @@ def cmd_h2up_report(args):
              f"with an HTTP/1.1 upstream, to one origin speaking both (nginx {meta.get('nginx')}; "
              f"h2o for the *-h2o variants), "
              f"{meta.get('duration')} per run, {args.rounds} round(s) in alternating order, medians; "
-             f"{meta.get('cpus')} CPU(s), load average {meta.get('load_average_start')} -> "
-             f"{meta.get('load_average_end')}",
+             f"{meta.get('cpus')} CPU(s){', Sluice alone on CPU 1 (BENCH_PIN)' if meta.get('pinned') else ''}, "
+             f"load average {meta.get('load_average_start')} -> {meta.get('load_average_end')}",
              f"Sluice {meta.get('git_commit')} ({meta.get('sluice_bin')}), {meta.get('wrk')}, "
              f"{meta.get('h2load')}", ""]
     loads = [("wrk", f"HTTP/1.1 clients: wrk -c{meta.get('connections')} -t{meta.get('threads')} keep-alive")]

@@ -85,7 +85,8 @@
 #   BENCH_MONITOR_DURATION=3s  extra run of each variant with limits, watched with Valkey
 #                            MONITOR, to count the commands Sluice sends per request
 #   BENCH_IDLE_CYCLES=3      open/measure/close cycles of the idle-connection test
-#   BENCH_PIN=0              1: gateways on CPU 1, wrk + upstream + Valkey on CPU 0 (taskset)
+#   BENCH_PIN=0              1: gateways on CPU 1, wrk + upstream + Valkey on the other CPUs
+#                            (taskset; CPU 0 on a machine of two)
 #   BENCH_MINUTE_GUARD=0     1 (default of --mode mix-cluster): no measured keep-alive run spans
 #                            a minute boundary, where the mix's one-minute keys all expire (the
 #                            run waits until 2 s past it)
@@ -253,8 +254,13 @@ command -v nginx >/dev/null || die "nginx not found"
 TASKSET_GW=() TASKSET_CLIENT=()
 if [[ $PIN == 1 ]]; then
   command -v taskset >/dev/null || die "BENCH_PIN=1 needs taskset (util-linux)"
-  [[ $(nproc) -ge 2 ]] || die "BENCH_PIN=1 needs 2 CPUs"
-  TASKSET_GW=(taskset -c 1) TASKSET_CLIENT=(taskset -c 0)
+  cpus=$(nproc)
+  ((cpus >= 2)) || die "BENCH_PIN=1 needs 2 CPUs"
+  # The gateway (one worker) alone on CPU 1; the load, the origin and Valkey on every other
+  # CPU (0, and 2 and up where there are more): with 4 or more, the gateway sets the pace.
+  others=0
+  ((cpus == 2)) || others="0,2-$((cpus - 1))"
+  TASKSET_GW=(taskset -c 1) TASKSET_CLIENT=(taskset -c "$others")
 fi
 
 # ------------------------------------------------------------------ 2. build
