@@ -15,7 +15,7 @@ scripts/build.sh --sanitize >/dev/null
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-targets=(request config response chunked admin http2 rls)
+targets=(request config response chunked admin http2 rls h2upstream)
 pids=()
 for target in "${targets[@]}"; do
   mkdir -p "$work/$target" "$work/artifacts-$target"

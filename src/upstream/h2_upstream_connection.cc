@@ -91,13 +91,24 @@ H2UpstreamConnection* H2UpstreamConnection::create(uv_loop_t* loop,
   return new H2UpstreamConnection(loop, options, callbacks);
 }
 
+H2UpstreamConnection* H2UpstreamConnection::createConnected(uv_loop_t* loop,
+                                                            const H2UpstreamOptions& options,
+                                                            H2ConnectionCallbacks* callbacks,
+                                                            net::Transport* transport) {
+  auto* c = new H2UpstreamConnection(loop, options, callbacks, transport);
+  transport->setCallbacks(c);
+  c->deferred_.start(0);  // onDeferred(): connected, from the loop
+  return c;
+}
+
 H2UpstreamConnection::H2UpstreamConnection(uv_loop_t* loop, const H2UpstreamOptions& options,
-                                           H2ConnectionCallbacks* callbacks)
+                                           H2ConnectionCallbacks* callbacks,
+                                           net::Transport* connected)
     : loop_(loop),
       options_(options),
       callbacks_(callbacks),
-      tcp_(new net::TcpTransport(loop)),
-      transport_(tcp_),
+      tcp_(connected ? nullptr : new net::TcpTransport(loop)),
+      transport_(connected ? connected : tcp_),
       connect_timer_(loop, onConnectTimer, this),
       send_later_(loop, onSendLater, this),
       deferred_(loop, onDeferred, this),
@@ -311,7 +322,12 @@ void H2UpstreamConnection::close() {
 
 void H2UpstreamConnection::onDeferred(void* self) noexcept {
   auto* c = static_cast<H2UpstreamConnection*>(self);
-  if (c->close_requested_ && c->state_ != State::Closing) c->terminate(UpstreamError::Reset);
+  if (c->close_requested_ && c->state_ != State::Closing) {
+    c->terminate(UpstreamError::Reset);
+    return;
+  }
+  // Made over a connected transport (createConnected()): connected now.
+  if (c->state_ == State::Connecting && !c->tcp_) c->onConnected(0);
 }
 
 void H2UpstreamConnection::failStream(Stream& s, H2StreamFailure failure) {

@@ -131,6 +131,14 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   static H2UpstreamConnection* create(uv_loop_t* loop, const H2UpstreamOptions& options,
                                       H2ConnectionCallbacks* callbacks);
 
+  // A connection over `transport`, connected already: a stand-in for a socket (the fuzz target
+  // of the frames an upstream sends, tests/fuzz/targets.cc). The connection owns it from now
+  // on, as the transport it dials, and is its callbacks; onH2Ready() follows from the loop,
+  // as after connect(), which must not be called on it.
+  static H2UpstreamConnection* createConnected(uv_loop_t* loop, const H2UpstreamOptions& options,
+                                               H2ConnectionCallbacks* callbacks,
+                                               net::Transport* transport);
+
   // Starts connecting to `address`; `tls` (may be null: h2c) must offer ALPN h2
   // (TlsClientContext::Alpn::H2), `host` is the name verified and sent as SNI. A libuv error
   // when the attempt cannot even start: then nothing is called back and the caller must
@@ -183,7 +191,7 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   struct Stream;
 
   H2UpstreamConnection(uv_loop_t* loop, const H2UpstreamOptions& options,
-                       H2ConnectionCallbacks* callbacks);
+                       H2ConnectionCallbacks* callbacks, net::Transport* connected = nullptr);
   ~H2UpstreamConnection() override;
 
   // net::TransportCallbacks
@@ -239,7 +247,7 @@ class H2UpstreamConnection final : public net::TransportCallbacks {
   uv_loop_t* loop_;
   H2UpstreamOptions options_;
   H2ConnectionCallbacks* callbacks_;
-  net::TcpTransport* tcp_;     // the socket; owned by transport_
+  net::TcpTransport* tcp_;     // the socket; owned by transport_ (null: createConnected())
   net::Transport* transport_;  // tcp_, or TLS over it; owned, deleted after its onClosed
   std::string host_;
   nghttp2_session* session_ = nullptr;

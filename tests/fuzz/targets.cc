@@ -1,6 +1,7 @@
 #include "targets.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -22,6 +23,7 @@
 #include "ratelimit/keys.h"
 #include "rls/messages.h"
 #include "stats/stats.h"
+#include "upstream/h2_upstream_connection.h"
 #include "worker/worker_context.h"
 
 namespace sluice::fuzz {
@@ -370,6 +372,165 @@ void http2Frames(const uint8_t* data, size_t size) {
   for (int i = 0; i < 16 && uv_loop_close(&loop) != 0; ++i) uv_run(&loop, UV_RUN_NOWAIT);
 }
 
+namespace {
+
+// A broken invariant of the h2upstream target: which one, then abort (a crash for libFuzzer).
+#define H2UP_CHECK(condition)                                                            \
+  do {                                                                                   \
+    if (!(condition)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: %s does not hold\n", __FILE__, __LINE__, #condition); \
+      std::abort();                                                                      \
+    }                                                                                    \
+  } while (0)
+
+// The upstream's end of one HTTP/2 connection, without a socket; the connection owns it (as
+// the transport it dials). What Sluice writes is dropped; feed() is what the upstream sends; a
+// close is complete when finishClose() says so (onClosed(): the connection deletes itself and
+// this).
+class UpstreamFuzzTransport final : public net::Transport {
+ public:
+  void write(std::string_view data) override { written += data.size(); }
+  void writev(const std::string_view* parts, size_t count) override {
+    for (size_t i = 0; i < count; ++i) written += parts[i].size();
+  }
+  size_t pendingBytes() const override { return 0; }
+  void readStart() override { reading = true; }
+  void readStop() override { reading = false; }
+  void shutdownWrite() override {}
+  void close() override { closed = true; }
+  bool isClosing() const override { return closed; }
+  const sockaddr* peerAddress() const override { return nullptr; }
+  std::string_view scheme() const override { return "http"; }
+
+  void feed(const char* data, size_t len) { callbacks_->onRead(data, len); }
+  void end() { callbacks_->onReadEnd(UV_EOF); }
+  void finishClose() { callbacks_->onClosed(); }
+
+  size_t written = 0;
+  bool reading = false;
+  bool closed = false;
+};
+
+// The pool's and the exchanges' side: opens the streams once the connection is ready, takes
+// their DATA (or, as the input says, leaves it untaken, or cancels a stream at its head), and
+// checks what each stream hears: its head once, before any DATA or trailers; exactly one last
+// call (complete or error), and nothing after it; every stream ended before the connection
+// is gone, which happens once.
+class UpstreamFuzzOwner final : public upstream::H2ConnectionCallbacks {
+ public:
+  struct Stream final : upstream::H2StreamCallbacks {
+    UpstreamFuzzOwner* owner = nullptr;
+    int32_t id = -1;
+    bool head = false;
+    bool ended = false;
+
+    void onH2Head(int status, std::vector<http::Header>&, bool) override {
+      H2UP_CHECK(!ended && !head && status >= 200 && status <= 999);
+      head = true;
+      if (owner->cancel_at_head && this == &owner->streams.back()) {
+        ended = true;  // nothing more is heard of it
+        owner->connection->cancel(id);
+      }
+    }
+    void onH2Data(const char*, size_t len) override {
+      H2UP_CHECK(!ended && head);
+      if (owner->consume) owner->connection->consume(id, len);
+    }
+    void onH2Trailers(std::vector<http::Header>&) override { H2UP_CHECK(!ended && head); }
+    void onH2Complete() override {
+      H2UP_CHECK(!ended && head);
+      ended = true;
+    }
+    void onH2Error(const upstream::H2StreamFailure&) override {
+      H2UP_CHECK(!ended);
+      ended = true;
+    }
+  };
+
+  void onH2Ready(upstream::H2UpstreamConnection& c) override {
+    H2UP_CHECK(!ready);
+    ready = true;
+    connection = &c;
+    for (Stream& s : streams) {
+      const bool post = with_body && &s == &streams.front();
+      s.owner = this;
+      s.id = c.openStream({{":method", post ? "POST" : "GET"},
+                           {":scheme", "http"},
+                           {":authority", "origin"},
+                           {":path", "/"}},
+                          &s, !post);
+      if (s.id < 0) {
+        s.ended = true;  // not opened: nothing is heard of it
+        continue;
+      }
+      if (post) {
+        c.writeBody(s.id, "hello", 5);
+        c.endStream(s.id, {{"x-trailer", "1"}});
+      }
+    }
+  }
+  void onH2ConnectFailed(upstream::H2UpstreamConnection&, upstream::UpstreamError) override {
+    H2UP_CHECK(!"a connected transport cannot fail to connect");
+  }
+  void onH2Closed(upstream::H2UpstreamConnection&) override {
+    H2UP_CHECK(!gone);
+    for (const Stream& s : streams) H2UP_CHECK(!ready || s.ended);
+    gone = true;
+  }
+
+  std::vector<Stream> streams;  // (its size is set before the connection is made)
+  upstream::H2UpstreamConnection* connection = nullptr;
+  bool consume = true;
+  bool cancel_at_head = false;
+  bool with_body = false;
+  bool ready = false;
+  bool gone = false;
+};
+
+}  // namespace
+
+void h2UpstreamFrames(const uint8_t* data, size_t size) {
+  if (size < 2) return;
+  const size_t piece = 1 + data[0] % 97;
+  uv_loop_t loop;
+  uv_loop_init(&loop);
+  {
+    UpstreamFuzzOwner owner;
+    owner.streams.resize(1 + (data[1] >> 4) % 8);
+    owner.consume = !(data[1] & 1);
+    owner.cancel_at_head = data[1] & 2;
+    owner.with_body = data[1] & 4;
+    upstream::H2UpstreamOptions options;
+    options.max_response_header_bytes = 1024;
+    options.stream_window = 4096;
+    options.connection_window = 16384;
+    options.max_concurrent_streams = (data[1] & 8) ? 2 : 0;
+    auto* transport = new UpstreamFuzzTransport;
+    upstream::H2UpstreamConnection::createConnected(&loop, options, &owner, transport);
+    uv_run(&loop, UV_RUN_NOWAIT);  // connected: the preface, SETTINGS and the requests go out
+    std::string_view rest(reinterpret_cast<const char*>(data + 2), size - 2);
+    while (!rest.empty() && !transport->closed) {
+      const size_t n = std::min(piece, rest.size());
+      if (transport->reading) transport->feed(rest.data(), n);
+      rest.remove_prefix(n);
+      uv_run(&loop, UV_RUN_NOWAIT);  // what the connection sends and reports from the loop
+    }
+    // The upstream closes its end, then the closing completes.
+    if (!transport->closed) transport->end();
+    for (int i = 0; i < 4 && !transport->closed; ++i) uv_run(&loop, UV_RUN_NOWAIT);
+    H2UP_CHECK(transport->closed);  // a connection whose peer left must close
+    transport->finishClose();
+    H2UP_CHECK(owner.gone);
+  }
+  // The timers' handles close from the loop; then nothing is left on it.
+  int closed = uv_loop_close(&loop);
+  for (int i = 0; i < 16 && closed != 0; ++i) {
+    uv_run(&loop, UV_RUN_NOWAIT);
+    closed = uv_loop_close(&loop);
+  }
+  H2UP_CHECK(closed == 0);
+}
+
 void rlsMessages(const uint8_t* data, size_t size) {
   if (size < 2) return;
   if (data[0] == 'Y') {
@@ -452,7 +613,7 @@ void rlsMessages(const uint8_t* data, size_t size) {
   (void)rls::decodeHealthCheckRequest(bytes);
 }
 
-const std::array<NamedTarget, 7> kTargets = {{
+const std::array<NamedTarget, 8> kTargets = {{
     {"request", requestPath},
     {"config", configLoader},
     {"response", responsePath},
@@ -460,6 +621,7 @@ const std::array<NamedTarget, 7> kTargets = {{
     {"admin", adminRequest},
     {"http2", http2Frames},
     {"rls", rlsMessages},
+    {"h2upstream", h2UpstreamFrames},
 }};
 
 }  // namespace sluice::fuzz

@@ -45,11 +45,20 @@ void http2Frames(const uint8_t* data, size_t size);
 // FILE:LINE:COL, never a crash.
 void rlsMessages(const uint8_t* data, size_t size);
 
+// The HTTP/2 upstream connection (src/upstream/h2_upstream_connection.h) on what an upstream
+// sends: the input's bytes (after two that choose the piece size, how many streams, whether
+// their DATA is taken, a stream cancelled at its head, a request body with trailers, a cap on
+// concurrent streams) are the server's side of one connection, on a loop and a transport of
+// its own, with no socket. Every stream hears its head once before its DATA and trailers, then
+// exactly one last call; the connection closes once its peer left, after every stream ended,
+// and leaves no handle open on the loop.
+void h2UpstreamFrames(const uint8_t* data, size_t size);
+
 using Target = void (*)(const uint8_t* data, size_t size);
 struct NamedTarget {
   const char* name;  // its corpus (tests/fuzz/corpus/<name>) and its binary (fuzz_<name>)
   Target body;
 };
-extern const std::array<NamedTarget, 7> kTargets;
+extern const std::array<NamedTarget, 8> kTargets;
 
 }  // namespace sluice::fuzz

@@ -43,4 +43,5 @@ TEST_CASE("fuzz corpus and regressions replay without a crash") {
   CHECK(replay("admin", sluice::fuzz::adminRequest) >= 5);
   CHECK(replay("http2", sluice::fuzz::http2Frames) >= 5);
   CHECK(replay("rls", sluice::fuzz::rlsMessages) >= 5);
+  CHECK(replay("h2upstream", sluice::fuzz::h2UpstreamFrames) >= 10);
 }
