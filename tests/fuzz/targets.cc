@@ -294,8 +294,11 @@ void responsePath(const uint8_t* data, size_t size) {
 
 namespace {
 
-// The connection's side of an HTTP/2 session without a socket: what is written is dropped
-// (counted), nothing is pending, a close is only recorded.
+// A connection's transport without a socket: what is written is dropped (counted), nothing is
+// pending, a close is only recorded. The HTTP/2 session's (on the stack: the peer's bytes go
+// to the session directly), and the HTTP/2 upstream connection's (owned by the connection, as
+// the transport it dials): feed() is what the upstream sends, end() its FIN, and a close is
+// complete when finishClose() says so (onClosed(): the connection deletes itself and this).
 class FuzzTransport final : public net::Transport {
  public:
   void write(std::string_view data) override { written += data.size(); }
@@ -303,15 +306,20 @@ class FuzzTransport final : public net::Transport {
     for (size_t i = 0; i < count; ++i) written += parts[i].size();
   }
   size_t pendingBytes() const override { return 0; }
-  void readStart() override {}
-  void readStop() override {}
+  void readStart() override { reading = true; }
+  void readStop() override { reading = false; }
   void shutdownWrite() override { shut = true; }
   void close() override { closed = true; }
   bool isClosing() const override { return closed; }
   const sockaddr* peerAddress() const override { return nullptr; }
   std::string_view scheme() const override { return "http"; }
 
+  void feed(const char* data, size_t len) { callbacks_->onRead(data, len); }
+  void end() { callbacks_->onReadEnd(UV_EOF); }
+  void finishClose() { callbacks_->onClosed(); }
+
   size_t written = 0;
+  bool reading = false;
   bool shut = false;
   bool closed = false;
 };
@@ -382,34 +390,6 @@ namespace {
       std::abort();                                                                      \
     }                                                                                    \
   } while (0)
-
-// The upstream's end of one HTTP/2 connection, without a socket; the connection owns it (as
-// the transport it dials). What Sluice writes is dropped; feed() is what the upstream sends; a
-// close is complete when finishClose() says so (onClosed(): the connection deletes itself and
-// this).
-class UpstreamFuzzTransport final : public net::Transport {
- public:
-  void write(std::string_view data) override { written += data.size(); }
-  void writev(const std::string_view* parts, size_t count) override {
-    for (size_t i = 0; i < count; ++i) written += parts[i].size();
-  }
-  size_t pendingBytes() const override { return 0; }
-  void readStart() override { reading = true; }
-  void readStop() override { reading = false; }
-  void shutdownWrite() override {}
-  void close() override { closed = true; }
-  bool isClosing() const override { return closed; }
-  const sockaddr* peerAddress() const override { return nullptr; }
-  std::string_view scheme() const override { return "http"; }
-
-  void feed(const char* data, size_t len) { callbacks_->onRead(data, len); }
-  void end() { callbacks_->onReadEnd(UV_EOF); }
-  void finishClose() { callbacks_->onClosed(); }
-
-  size_t written = 0;
-  bool reading = false;
-  bool closed = false;
-};
 
 // The pool's and the exchanges' side: opens the streams once the connection is ready, takes
 // their DATA (or, as the input says, leaves it untaken, or cancels a stream at its head), and
@@ -505,7 +485,7 @@ void h2UpstreamFrames(const uint8_t* data, size_t size) {
     options.stream_window = 4096;
     options.connection_window = 16384;
     options.max_concurrent_streams = (data[1] & 8) ? 2 : 0;
-    auto* transport = new UpstreamFuzzTransport;
+    auto* transport = new FuzzTransport;
     upstream::H2UpstreamConnection::createConnected(&loop, options, &owner, transport);
     uv_run(&loop, UV_RUN_NOWAIT);  // connected: the preface, SETTINGS and the requests go out
     std::string_view rest(reinterpret_cast<const char*>(data + 2), size - 2);
